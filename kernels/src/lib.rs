@@ -1,0 +1,19 @@
+//! Copy and reduce kernels over raw byte buffers, and the data types and operators they
+//! understand.
+//!
+//! [`reference`] is the scalar oracle: one element at a time, NCCL's arithmetic, no
+//! alignment needs. Every faster executor is tested by comparing its output with it.
+//!
+//! Architecture Invariant: kernels take `&mut [u8]`/`&[u8]` and a [`DataType`]; they never
+//! allocate, lock or dispatch per element, so a runtime can call them on any slice of any
+//! buffer it owns.
+
+mod dtype;
+mod element;
+mod error;
+mod op;
+pub mod reference;
+
+pub use dtype::{DataType, UnknownDataType};
+pub use error::KernelError;
+pub use op::{ReduceOp, UnknownReduceOp};

@@ -1,0 +1,94 @@
+//! The scalar reference kernels: the oracle every executor's output is checked against.
+//!
+//! Each kernel reads and writes little-endian bytes one element at a time, so buffers need
+//! no alignment and the result does not depend on the host's SIMD width. Element arithmetic
+//! (wrapping integers, half types through `f32`, NaN-losing `max`/`min`) lives in
+//! `element.rs`; this file checks the buffers and walks them.
+
+use crate::element::{with_element_type, Element};
+use crate::{DataType, KernelError, ReduceOp};
+
+/// Copies `src` into `dst` byte for byte; a copy needs no data type.
+pub fn copy(dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
+    check_same_length(dst, src)?;
+    dst.copy_from_slice(src);
+    Ok(())
+}
+
+/// Combines `src` into `dst` elementwise: `dst[i] = dst[i] (op) src[i]`.
+///
+/// `Avg` combines as `Sum`, matching NCCL, which divides once after all ranks are summed;
+/// call [`finish_avg`] on the final buffer.
+pub fn reduce(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: &mut [u8],
+    src: &[u8],
+) -> Result<(), KernelError> {
+    check_same_length(dst, src)?;
+    check_whole_elements(dtype, dst)?;
+    with_element_type!(dtype, Scalar => reduce_elements::<Scalar>(op, dst, src));
+    Ok(())
+}
+
+/// Divides every element of `buf` by `n_ranks`: the last step of an `Avg` reduction.
+///
+/// Integers truncate toward zero; `f16`/`bf16` divide in `f32` and round to nearest-even.
+/// NCCL instead pre-multiplies float inputs by `1/n_ranks`, so float results may differ from
+/// a GPU run in the last place; checkers compare floats with a tolerance.
+pub fn finish_avg(dtype: DataType, buf: &mut [u8], n_ranks: usize) -> Result<(), KernelError> {
+    if n_ranks == 0 {
+        return Err(KernelError::ZeroRanks);
+    }
+    check_whole_elements(dtype, buf)?;
+    with_element_type!(dtype, Scalar => divide_elements::<Scalar>(buf, n_ranks));
+    Ok(())
+}
+
+fn check_same_length(dst: &[u8], src: &[u8]) -> Result<(), KernelError> {
+    if dst.len() == src.len() {
+        Ok(())
+    } else {
+        Err(KernelError::LengthMismatch {
+            dst_bytes: dst.len(),
+            src_bytes: src.len(),
+        })
+    }
+}
+
+fn check_whole_elements(dtype: DataType, buf: &[u8]) -> Result<(), KernelError> {
+    if buf.len() % dtype.size_bytes() == 0 {
+        Ok(())
+    } else {
+        Err(KernelError::PartialElement {
+            dtype,
+            bytes: buf.len(),
+        })
+    }
+}
+
+/// Picks the operator once, so the per-element loop is monomorphic.
+fn reduce_elements<T: Element>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
+    match op {
+        ReduceOp::Sum | ReduceOp::Avg => combine_each(dst, src, T::sum),
+        ReduceOp::Prod => combine_each(dst, src, T::prod),
+        ReduceOp::Max => combine_each(dst, src, T::max),
+        ReduceOp::Min => combine_each(dst, src, T::min),
+    }
+}
+
+fn combine_each<T: Element>(dst: &mut [u8], src: &[u8], combine: impl Fn(T, T) -> T) {
+    let dst_elements = dst.chunks_exact_mut(T::SIZE);
+    for (dst_element, src_element) in dst_elements.zip(src.chunks_exact(T::SIZE)) {
+        combine(T::load(dst_element), T::load(src_element)).store(dst_element);
+    }
+}
+
+fn divide_elements<T: Element>(buf: &mut [u8], n_ranks: usize) {
+    for element in buf.chunks_exact_mut(T::SIZE) {
+        T::divide(T::load(element), n_ranks).store(element);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -29,10 +29,7 @@ pub enum DataType {
 
 /// A name that is neither an nccl-tests data type name nor a short alias.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error(
-    "unknown data type `{name}`; expected one of: {}",
-    accepted_data_type_names()
-)]
+#[error("unknown data type `{name}`; expected one of: {}", accepted_data_type_names())]
 pub struct UnknownDataType {
     pub name: String,
 }
@@ -74,10 +71,7 @@ impl DataType {
 
     /// Whether the type is floating point, so results are compared with a tolerance.
     pub const fn is_float(self) -> bool {
-        matches!(
-            self,
-            DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16
-        )
+        matches!(self, DataType::F16 | DataType::F32 | DataType::F64 | DataType::Bf16)
     }
 
     /// The name nccl-tests uses for `-d`; this is what `Display` prints.
@@ -134,13 +128,8 @@ impl FromStr for DataType {
         DataType::ALL
             .iter()
             .copied()
-            .find(|dtype| {
-                name.eq_ignore_ascii_case(dtype.nccl_name())
-                    || name.eq_ignore_ascii_case(dtype.short_name())
-            })
-            .ok_or_else(|| UnknownDataType {
-                name: name.to_owned(),
-            })
+            .find(|dtype| name.eq_ignore_ascii_case(dtype.nccl_name()) || name.eq_ignore_ascii_case(dtype.short_name()))
+            .ok_or_else(|| UnknownDataType { name: name.to_owned() })
     }
 }
 
@@ -216,15 +205,17 @@ mod tests {
     }
 
     #[test]
+    fn serde_uses_the_printed_name() {
+        let json = serde_json::to_string(&DataType::Bf16).unwrap();
+        assert_eq!(json, "\"bfloat16\"");
+        let parsed: Vec<DataType> = serde_json::from_str("[\"half\", \"u64\"]").unwrap();
+        assert_eq!(parsed, [DataType::F16, DataType::U64]);
+        assert!(serde_json::from_str::<DataType>("\"complex\"").is_err());
+    }
+
+    #[test]
     fn float_types() {
-        let floats: Vec<DataType> = DataType::ALL
-            .iter()
-            .copied()
-            .filter(|d| d.is_float())
-            .collect();
-        assert_eq!(
-            floats,
-            [DataType::F16, DataType::F32, DataType::F64, DataType::Bf16]
-        );
+        let floats: Vec<DataType> = DataType::ALL.iter().copied().filter(|d| d.is_float()).collect();
+        assert_eq!(floats, [DataType::F16, DataType::F32, DataType::F64, DataType::Bf16]);
     }
 }

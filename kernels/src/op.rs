@@ -24,23 +24,14 @@ pub enum ReduceOp {
 
 /// A name that is not one of `sum prod max min avg`.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error(
-    "unknown reduce op `{name}`; expected one of: {}",
-    accepted_reduce_op_names()
-)]
+#[error("unknown reduce op `{name}`; expected one of: {}", accepted_reduce_op_names())]
 pub struct UnknownReduceOp {
     pub name: String,
 }
 
 impl ReduceOp {
     /// Every operator, in NCCL code order.
-    pub const ALL: &'static [ReduceOp] = &[
-        ReduceOp::Sum,
-        ReduceOp::Prod,
-        ReduceOp::Max,
-        ReduceOp::Min,
-        ReduceOp::Avg,
-    ];
+    pub const ALL: &'static [ReduceOp] = &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
 
     /// The value of NCCL's `ncclRedOp_t` for this operator.
     pub const fn nccl_code(self) -> u8 {
@@ -84,9 +75,7 @@ impl FromStr for ReduceOp {
             .iter()
             .copied()
             .find(|op| name.eq_ignore_ascii_case(op.name()))
-            .ok_or_else(|| UnknownReduceOp {
-                name: name.to_owned(),
-            })
+            .ok_or_else(|| UnknownReduceOp { name: name.to_owned() })
     }
 }
 
@@ -132,20 +121,14 @@ mod tests {
     #[test]
     fn unknown_name_lists_accepted_names() {
         let error = "mean".parse::<ReduceOp>().unwrap_err();
-        assert_eq!(
-            error.to_string(),
-            "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg"
-        );
+        assert_eq!(error.to_string(), "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg");
     }
 
     #[test]
     fn serde_uses_the_printed_name() {
         let json = serde_json::to_string(&ReduceOp::Prod).unwrap();
         assert_eq!(json, "\"prod\"");
-        assert_eq!(
-            serde_json::from_str::<ReduceOp>("\"min\"").unwrap(),
-            ReduceOp::Min
-        );
+        assert_eq!(serde_json::from_str::<ReduceOp>("\"min\"").unwrap(), ReduceOp::Min);
         assert!(serde_json::from_str::<ReduceOp>("\"mean\"").is_err());
     }
 }

@@ -19,12 +19,7 @@ pub fn copy(dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
 ///
 /// `Avg` combines as `Sum`, matching NCCL, which divides once after all ranks are summed;
 /// call [`finish_avg`] on the final buffer.
-pub fn reduce(
-    dtype: DataType,
-    op: ReduceOp,
-    dst: &mut [u8],
-    src: &[u8],
-) -> Result<(), KernelError> {
+pub fn reduce(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
     check_same_length(dst, src)?;
     check_whole_elements(dtype, dst)?;
     with_element_type!(dtype, Scalar => reduce_elements::<Scalar>(op, dst, src));
@@ -49,21 +44,15 @@ fn check_same_length(dst: &[u8], src: &[u8]) -> Result<(), KernelError> {
     if dst.len() == src.len() {
         Ok(())
     } else {
-        Err(KernelError::LengthMismatch {
-            dst_bytes: dst.len(),
-            src_bytes: src.len(),
-        })
+        Err(KernelError::LengthMismatch { dst_bytes: dst.len(), src_bytes: src.len() })
     }
 }
 
 fn check_whole_elements(dtype: DataType, buf: &[u8]) -> Result<(), KernelError> {
-    if buf.len() % dtype.size_bytes() == 0 {
+    if buf.chunks_exact(dtype.size_bytes()).remainder().is_empty() {
         Ok(())
     } else {
-        Err(KernelError::PartialElement {
-            dtype,
-            bytes: buf.len(),
-        })
+        Err(KernelError::PartialElement { dtype, bytes: buf.len() })
     }
 }
 

@@ -1,1 +1,49 @@
-fn main() {}
+//! `collc`: the command-line front end. One module per subcommand; exit 0 on success, 1 on compile or
+//! verification errors, 2 on usage errors.
+
+mod args;
+mod build;
+mod check;
+mod library;
+mod list;
+mod report;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// collc: compile, verify and run collective-communication algorithms.
+#[derive(Parser)]
+#[command(name = "collc", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The embedded algorithm library: collective, name, cost formula, doc line.
+    List(list::ListArgs),
+    /// Compile one algorithm for one rank count, verify it, and print a stage's output.
+    Build(build::BuildArgs),
+    /// Verify an algorithm for a list or range of rank counts, in both placements.
+    Check(check::CheckArgs),
+}
+
+/// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
+const STACK_BYTES: usize = 256 << 20;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let worker = std::thread::Builder::new().stack_size(STACK_BYTES).spawn(move || match cli.command {
+        Command::List(a) => list::run(a),
+        Command::Build(a) => build::run(a),
+        Command::Check(a) => check::run(a),
+    });
+    match worker.map(|handle| handle.join()) {
+        Ok(Ok(code)) => ExitCode::from(code),
+        _ => {
+            eprintln!("error: collc stopped unexpectedly; please report this with the command you ran");
+            ExitCode::from(101)
+        }
+    }
+}

@@ -1,1 +1,84 @@
-//! placeholder
+//! collc-compiler: lowering, scheduling, optimisation and verification of collective algorithms.
+//!
+//! `compile` chains the stages: parse -> lower -> schedule -> optimise -> verify. Each stage is one public
+//! function. Architecture invariant: this crate does no I/O and starts no threads; only `verify` makes a
+//! `VerifiedSchedule`, and emitters take nothing else.
+
+pub mod collective;
+pub mod diag;
+pub mod emit;
+pub mod ir;
+pub mod lower;
+pub mod optimise;
+pub mod sched;
+
+pub mod verify;
+
+pub use collective::Collective;
+pub use diag::{Error, Errors};
+pub use lower::{lower, Bindings};
+pub use sched::{schedule, Placement, Schedule};
+pub use verify::{verify, VerifiedSchedule};
+
+/// Bounds on every stage, so that no input can take unbounded time or memory. All are configurable from the CLI.
+#[derive(Clone, Debug)]
+pub struct Limits {
+    pub syntax: collc_grammar::Limits,
+    pub max_ranks: u32,
+    pub max_eval_steps: u64,
+    pub max_call_depth: u32,
+    pub max_transfers: usize,
+    /// Chunk slots summed over all buffers of all ranks.
+    pub max_slots: u64,
+    pub max_channels: u32,
+    /// Errors reported before a stage stops looking for more.
+    pub max_errors: usize,
+    /// Messages a connection holds before a send blocks, in the deadlock check (NCCL's NCCL_STEPS is 8).
+    pub channel_slots: u32,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            syntax: collc_grammar::Limits::default(),
+            max_ranks: 1 << 16,
+            max_eval_steps: 4_000_000_000,
+            max_call_depth: 256,
+            max_transfers: 64 << 20,
+            max_slots: 1 << 28,
+            max_channels: 32,
+            max_errors: 20,
+            channel_slots: 8,
+        }
+    }
+}
+
+/// What to build: which placement, with which optimisations.
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    pub placement: Placement,
+    /// Fuse Recv+Reduce+Send chains into NCCL's fused instructions.
+    pub fuse: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { placement: Placement::OutOfPlace, fuse: true }
+    }
+}
+
+/// Parses, lowers, schedules, optimises and verifies one algorithm for one binding.
+pub fn compile(
+    source: &str,
+    bindings: &Bindings,
+    options: Options,
+    limits: &Limits,
+) -> Result<VerifiedSchedule, Errors> {
+    let file = collc_grammar::parse(source, &limits.syntax).map_err(Error::from)?;
+    let program = lower(&file, bindings, limits)?;
+    let mut sched = schedule(&program, options.placement);
+    if options.fuse {
+        optimise::fuse(&mut sched);
+    }
+    verify(sched, source, limits)
+}

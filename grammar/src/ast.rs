@@ -12,10 +12,7 @@ pub struct Span {
 
 impl Span {
     pub fn new(start: usize, end: usize) -> Self {
-        Span {
-            start: start as u32,
-            end: end as u32,
-        }
+        Span { start: start as u32, end: end as u32 }
     }
 
     pub fn len(self) -> usize {
@@ -60,37 +57,15 @@ pub struct Algorithm {
 #[derive(Clone, Debug, Serialize)]
 pub enum Item {
     /// `ranks p [where c]`
-    Ranks {
-        var: Ident,
-        constraint: Option<Expr>,
-        span: Span,
-    },
+    Ranks { var: Ident, constraint: Option<Expr>, span: Span },
     /// `nodes n local g [where c]`
-    Nodes {
-        nodes: Ident,
-        local: Ident,
-        constraint: Option<Expr>,
-        span: Span,
-    },
+    Nodes { nodes: Ident, local: Ident, constraint: Option<Expr>, span: Span },
     /// `root r [where c]`
-    Root {
-        var: Ident,
-        constraint: Option<Expr>,
-        span: Span,
-    },
+    Root { var: Ident, constraint: Option<Expr>, span: Span },
     /// `peer d [where c]`
-    Peer {
-        var: Ident,
-        constraint: Option<Expr>,
-        span: Span,
-    },
+    Peer { var: Ident, constraint: Option<Expr>, span: Span },
     /// `param k = default [where c]`
-    Param {
-        var: Ident,
-        default: Expr,
-        constraint: Option<Expr>,
-        span: Span,
-    },
+    Param { var: Ident, default: Expr, constraint: Option<Expr>, span: Span },
     /// `where c`
     Where { cond: Expr, span: Span },
     /// `chunks C`
@@ -121,43 +96,13 @@ pub struct Stmt {
 
 #[derive(Clone, Debug, Serialize)]
 pub enum StmtKind {
-    Let {
-        var: Ident,
-        value: Expr,
-    },
-    For {
-        var: Ident,
-        start: Expr,
-        end: Expr,
-        by: Option<Expr>,
-        body: Vec<Stmt>,
-    },
-    If {
-        cond: Expr,
-        then_body: Vec<Stmt>,
-        else_body: Option<Vec<Stmt>>,
-    },
-    Step {
-        body: Vec<Stmt>,
-    },
-    Send {
-        src: BufRef,
-        from: Expr,
-        to: Expr,
-        dst: Option<BufRef>,
-        reduce: bool,
-        channel: Option<Expr>,
-    },
-    Copy {
-        src: BufRef,
-        dst: BufRef,
-        on: Expr,
-    },
-    Reduce {
-        src: BufRef,
-        dst: BufRef,
-        on: Expr,
-    },
+    Let { var: Ident, value: Expr },
+    For { var: Ident, start: Expr, end: Expr, by: Option<Expr>, body: Vec<Stmt> },
+    If { cond: Expr, then_body: Vec<Stmt>, else_body: Option<Vec<Stmt>> },
+    Step { body: Vec<Stmt> },
+    Send { src: BufRef, from: Expr, to: Expr, dst: Option<BufRef>, reduce: bool, channel: Option<Expr> },
+    Copy { src: BufRef, dst: BufRef, on: Expr },
+    Reduce { src: BufRef, dst: BufRef, on: Expr },
 }
 
 /// `buf[start]` or `buf[start..end]`.

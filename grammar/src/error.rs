@@ -19,12 +19,7 @@ pub struct Limits {
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits {
-            max_source_bytes: 1 << 20,
-            max_nesting: 64,
-            max_ifs: 512,
-            max_expr_depth: 128,
-        }
+        Limits { max_source_bytes: 1 << 20, max_nesting: 64, max_ifs: 512, max_expr_depth: 128 }
     }
 }
 
@@ -42,11 +37,7 @@ pub struct SyntaxError {
 
 impl SyntaxError {
     pub fn new(message: impl Into<String>, span: Span, help: impl Into<String>) -> Self {
-        SyntaxError {
-            message: message.into(),
-            span,
-            help: help.into(),
-        }
+        SyntaxError { message: message.into(), span, help: help.into() }
     }
 
     /// An input rejected for its size, not its form.

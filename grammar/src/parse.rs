@@ -16,11 +16,8 @@ type Result<T> = std::result::Result<T, SyntaxError>;
 /// Parses one `.coll` file. Bounded in time and memory by `limits` (source size, nesting depth).
 pub fn parse(source: &str, limits: &Limits) -> Result<File> {
     check_limits(source, limits)?;
-    let mut pairs =
-        CollParser::parse(Rule::file, source).map_err(|e| from_pest(e, source.len()))?;
-    let file = pairs
-        .next()
-        .expect("pest returns the `file` rule it was asked for");
+    let mut pairs = CollParser::parse(Rule::file, source).map_err(|e| from_pest(e, source.len()))?;
+    let file = pairs.next().expect("pest returns the `file` rule it was asked for");
     let mut doc = Vec::new();
     let mut algorithm = None;
     for pair in file.into_inner() {
@@ -38,11 +35,7 @@ pub fn parse(source: &str, limits: &Limits) -> Result<File> {
 fn check_limits(source: &str, limits: &Limits) -> Result<()> {
     if source.len() > limits.max_source_bytes {
         return Err(SyntaxError::limit(
-            format!(
-                "the file is {} bytes; the limit is {}",
-                source.len(),
-                limits.max_source_bytes
-            ),
+            format!("the file is {} bytes; the limit is {}", source.len(), limits.max_source_bytes),
             Span::new(0, 0),
             "split the algorithm or raise the limit with --max-source-bytes",
         ));
@@ -81,10 +74,7 @@ fn doc_text(pair: &Pair<Rule>) -> String {
 }
 
 fn ident(pair: Pair<Rule>) -> Ident {
-    Ident {
-        name: pair.as_str().to_string(),
-        span: span_of(&pair),
-    }
+    Ident { name: pair.as_str().to_string(), span: span_of(&pair) }
 }
 
 fn is_keyword(rule: Rule) -> bool {
@@ -152,12 +142,7 @@ fn build_algorithm(pair: Pair<Rule>, limits: &Limits) -> Result<Algorithm> {
         }
         items.push(build_item(pair, std::mem::take(&mut pending_doc), limits)?);
     }
-    Ok(Algorithm {
-        name,
-        collective,
-        items,
-        span,
-    })
+    Ok(Algorithm { name, collective, items, span })
 }
 
 fn optional_constraint(
@@ -178,88 +163,45 @@ fn build_item(pair: Pair<Rule>, doc: Vec<String>, limits: &Limits) -> Result<Ite
     Ok(match rule {
         Rule::ranks_decl => {
             let var = ident(next());
-            Item::Ranks {
-                var,
-                constraint: optional_constraint(&mut parts, limits)?,
-                span,
-            }
+            Item::Ranks { var, constraint: optional_constraint(&mut parts, limits)?, span }
         }
         Rule::nodes_decl => {
             let nodes = ident(next());
             let local = ident(next());
-            Item::Nodes {
-                nodes,
-                local,
-                constraint: optional_constraint(&mut parts, limits)?,
-                span,
-            }
+            Item::Nodes { nodes, local, constraint: optional_constraint(&mut parts, limits)?, span }
         }
         Rule::root_decl => {
             let var = ident(next());
-            Item::Root {
-                var,
-                constraint: optional_constraint(&mut parts, limits)?,
-                span,
-            }
+            Item::Root { var, constraint: optional_constraint(&mut parts, limits)?, span }
         }
         Rule::peer_decl => {
             let var = ident(next());
-            Item::Peer {
-                var,
-                constraint: optional_constraint(&mut parts, limits)?,
-                span,
-            }
+            Item::Peer { var, constraint: optional_constraint(&mut parts, limits)?, span }
         }
         Rule::param_decl => {
             let var = ident(next());
             let default = build_expr(next(), limits)?;
-            Item::Param {
-                var,
-                default,
-                constraint: optional_constraint(&mut parts, limits)?,
-                span,
-            }
+            Item::Param { var, default, constraint: optional_constraint(&mut parts, limits)?, span }
         }
-        Rule::where_decl => Item::Where {
-            cond: build_expr(next(), limits)?,
-            span,
-        },
-        Rule::chunks_decl => Item::Chunks {
-            count: build_expr(next(), limits)?,
-            span,
-        },
+        Rule::where_decl => Item::Where { cond: build_expr(next(), limits)?, span },
+        Rule::chunks_decl => Item::Chunks { count: build_expr(next(), limits)?, span },
         Rule::scratch_decl => {
             let name = ident(next());
-            Item::Scratch {
-                name,
-                size: build_expr(next(), limits)?,
-                span,
-            }
+            Item::Scratch { name, size: build_expr(next(), limits)?, span }
         }
         Rule::fn_def => {
-            let mut all: Vec<Pair<Rule>> = std::iter::once(next())
-                .chain(parts.map(|(_, p)| p))
-                .collect();
+            let mut all: Vec<Pair<Rule>> = std::iter::once(next()).chain(parts.map(|(_, p)| p)).collect();
             let body = build_expr(all.pop().expect("fn body"), limits)?;
             let mut idents = all.into_iter().map(ident);
             let name = idents.next().expect("fn name");
-            Item::Fn(FnDef {
-                doc,
-                name,
-                params: idents.collect(),
-                body,
-                span,
-            })
+            Item::Fn(FnDef { doc, name, params: idents.collect(), body, span })
         }
         other => unreachable!("item rule {other:?} is not in the grammar's item list"),
     })
 }
 
 fn build_block(pair: Pair<Rule>, limits: &Limits) -> Result<Vec<Stmt>> {
-    pair.into_inner()
-        .filter(|p| p.as_rule() == Rule::stmt)
-        .map(|p| build_stmt(p, limits))
-        .collect()
+    pair.into_inner().filter(|p| p.as_rule() == Rule::stmt).map(|p| build_stmt(p, limits)).collect()
 }
 
 fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
@@ -270,10 +212,7 @@ fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
     let kind = match rule {
         Rule::let_stmt => {
             let var = ident(parts.next().expect("let name").1);
-            StmtKind::Let {
-                var,
-                value: build_expr(parts.next().expect("let value").1, limits)?,
-            }
+            StmtKind::Let { var, value: build_expr(parts.next().expect("let value").1, limits)? }
         }
         Rule::for_stmt => {
             let var = ident(parts.next().expect("for var").1);
@@ -281,20 +220,11 @@ fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
             let end = build_expr(parts.next().expect("for end").1, limits)?;
             let (keyword, next) = parts.next().expect("for body or step");
             let (by, body) = if keyword == Some(Rule::k_by) && next.as_rule() == Rule::expr {
-                (
-                    Some(build_expr(next, limits)?),
-                    parts.next().expect("for body").1,
-                )
+                (Some(build_expr(next, limits)?), parts.next().expect("for body").1)
             } else {
                 (None, next)
             };
-            StmtKind::For {
-                var,
-                start,
-                end,
-                by,
-                body: build_block(body, limits)?,
-            }
+            StmtKind::For { var, start, end, by, body: build_block(body, limits)? }
         }
         Rule::if_stmt => {
             let cond = build_expr(parts.next().expect("if cond").1, limits)?;
@@ -307,15 +237,9 @@ fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
                 }
                 Some((_, p)) => Some(build_block(p, limits)?),
             };
-            StmtKind::If {
-                cond,
-                then_body,
-                else_body,
-            }
+            StmtKind::If { cond, then_body, else_body }
         }
-        Rule::step_stmt => StmtKind::Step {
-            body: build_block(parts.next().expect("step body").1, limits)?,
-        },
+        Rule::step_stmt => StmtKind::Step { body: build_block(parts.next().expect("step body").1, limits)? },
         Rule::send_stmt => build_send(parts.map(|(k, p)| (k, p)).collect(), limits)?,
         Rule::copy_stmt | Rule::reduce_stmt => {
             let src = build_buf_ref(parts.next().expect("source").1, limits)?;
@@ -343,14 +267,7 @@ fn build_stmt_from_if(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
         Some((_, p)) if p.as_rule() == Rule::if_stmt => Some(vec![build_stmt_from_if(p, limits)?]),
         Some((_, p)) => Some(build_block(p, limits)?),
     };
-    Ok(Stmt {
-        kind: StmtKind::If {
-            cond,
-            then_body,
-            else_body,
-        },
-        span,
-    })
+    Ok(Stmt { kind: StmtKind::If { cond, then_body, else_body }, span })
 }
 
 fn build_send(parts: Vec<(Option<Rule>, Pair<Rule>)>, limits: &Limits) -> Result<StmtKind> {
@@ -383,12 +300,7 @@ fn build_buf_ref(pair: Pair<Rule>, limits: &Limits) -> Result<BufRef> {
     let buf = ident(inner.next().expect("buffer name"));
     let start = build_expr(inner.next().expect("chunk index"), limits)?;
     let end = inner.next().map(|p| build_expr(p, limits)).transpose()?;
-    Ok(BufRef {
-        buf,
-        start,
-        end,
-        span,
-    })
+    Ok(BufRef { buf, start, end, span })
 }
 
 fn pratt() -> &'static PrattParser<Rule> {
@@ -420,10 +332,7 @@ fn pratt() -> &'static PrattParser<Rule> {
 fn node(kind: ExprKind, span: Span, depth: usize, limits: &Limits) -> Result<(Expr, usize)> {
     if depth > limits.max_expr_depth {
         return Err(SyntaxError::limit(
-            format!(
-                "this expression nests {depth} operators deep; the limit is {}",
-                limits.max_expr_depth
-            ),
+            format!("this expression nests {depth} operators deep; the limit is {}", limits.max_expr_depth),
             span,
             "split it with `let` or a `fn`",
         ));
@@ -486,27 +395,9 @@ fn binop(rule: Rule) -> BinOp {
 fn build_primary(pair: Pair<Rule>, limits: &Limits) -> Result<(Expr, usize)> {
     let span = span_of(&pair);
     match pair.as_rule() {
-        Rule::int => Ok((
-            Expr {
-                kind: ExprKind::Int(parse_int(pair.as_str(), span)?),
-                span,
-            },
-            1,
-        )),
-        Rule::boolean => Ok((
-            Expr {
-                kind: ExprKind::Int((pair.as_str() == "true") as i64),
-                span,
-            },
-            1,
-        )),
-        Rule::ident => Ok((
-            Expr {
-                kind: ExprKind::Var(pair.as_str().to_string()),
-                span,
-            },
-            1,
-        )),
+        Rule::int => Ok((Expr { kind: ExprKind::Int(parse_int(pair.as_str(), span)?), span }, 1)),
+        Rule::boolean => Ok((Expr { kind: ExprKind::Int((pair.as_str() == "true") as i64), span }, 1)),
+        Rule::ident => Ok((Expr { kind: ExprKind::Var(pair.as_str().to_string()), span }, 1)),
         Rule::expr => build_expr_depth(pair, limits),
         Rule::call => {
             let mut inner = pair.into_inner();
@@ -528,9 +419,7 @@ fn build_primary(pair: Pair<Rule>, limits: &Limits) -> Result<(Expr, usize)> {
                 depth = depth.max(d);
                 operands.push(Box::new(e));
             }
-            let [c, a, b]: [Box<Expr>; 3] = operands
-                .try_into()
-                .expect("if expression has three operands");
+            let [c, a, b]: [Box<Expr>; 3] = operands.try_into().expect("if expression has three operands");
             node(ExprKind::If(c, a, b), span, depth + 1, limits)
         }
         other => unreachable!("{other:?} is not a primary expression"),
@@ -559,18 +448,17 @@ fn rule_name(rule: &Rule) -> String {
         doc => "a `##` doc comment",
         ident | buf_name => "a name",
         algorithm | k_algorithm => "`algorithm NAME for COLLECTIVE { ... }`",
-        item | ranks_decl | nodes_decl | root_decl | peer_decl | param_decl | where_decl
-        | chunks_decl | scratch_decl | fn_def => {
-            "a declaration (ranks, root, param, where, chunks, scratch, fn) or a statement"
-        }
+        item | ranks_decl | nodes_decl | root_decl | peer_decl | param_decl | where_decl | chunks_decl
+        | scratch_decl | fn_def => "a declaration (ranks, root, param, where, chunks, scratch, fn) or a statement",
         stmt | let_stmt | for_stmt | if_stmt | step_stmt | send_stmt | copy_stmt | reduce_stmt => {
             "a statement (let, for, if, step, send, copy, reduce)"
         }
         block => "a `{` block",
         buf_ref => "a buffer reference like `in[i]` or `out[a..b]`",
         expr | primary | if_expr | call | int | boolean => "an expression",
-        or | and | eq | ne | le | ge | lt | gt | shl | shr | bor | bxor | band | add | sub
-        | pow | mul | div | rem => "an operator",
+        or | and | eq | ne | le | ge | lt | gt | shl | shr | bor | bxor | band | add | sub | pow | mul | div | rem => {
+            "an operator"
+        }
         neg | not | bnot => "an expression",
         k_for => "`for`",
         k_ranks => "`ranks`",

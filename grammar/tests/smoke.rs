@@ -3,11 +3,8 @@ use collc_grammar::{parse, Limits};
 
 #[test]
 fn ring_parses() {
-    let src = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../algorithms/allreduce/ring.coll"
-    ))
-    .unwrap();
+    let src =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../algorithms/allreduce/ring.coll")).unwrap();
     let file = parse(&src, &Limits::default()).unwrap();
     assert_eq!(file.algorithm.name.name, "ring");
     assert_eq!(file.doc.len(), 2);
@@ -23,10 +20,6 @@ fn keyword_prefix_is_a_name() {
 
 #[test]
 fn syntax_error_names_what_was_expected() {
-    let err = parse(
-        "algorithm a for allreduce { send in[0] frm 0 to 1 }",
-        &Limits::default(),
-    )
-    .unwrap_err();
+    let err = parse("algorithm a for allreduce { send in[0] frm 0 to 1 }", &Limits::default()).unwrap_err();
     assert!(err.message.contains("`from`"), "{}", err.message);
 }

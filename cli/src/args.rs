@@ -1,0 +1,92 @@
+//! Arguments shared by subcommands: bindings (`--ranks`, `--root`, `--set`) and limits.
+
+use clap::Args;
+use collc_compiler::{Bindings, Limits};
+
+#[derive(Args, Clone, Debug)]
+pub struct BindArgs {
+    /// Root rank (broadcast, reduce, gather, scatter; the source of sendrecv).
+    #[arg(long)]
+    pub root: Option<u32>,
+    /// Destination rank of sendrecv (default: root + 1).
+    #[arg(long)]
+    pub peer: Option<u32>,
+    /// Bind a `param` (or `nodes`/`local`) by name: `--set k=2`. Repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_set)]
+    pub set: Vec<(String, i64)>,
+}
+
+impl BindArgs {
+    pub fn bindings(&self, n_ranks: u32) -> Bindings {
+        Bindings { n_ranks, root: self.root, peer: self.peer, params: self.set.clone() }
+    }
+}
+
+fn parse_set(text: &str) -> Result<(String, i64), String> {
+    let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
+    let value = value.trim().parse::<i64>().map_err(|_| format!("`{value}` is not an integer"))?;
+    Ok((name.trim().to_string(), value))
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct LimitArgs {
+    /// Most expression evaluation steps while lowering.
+    #[arg(long, default_value_t = Limits::default().max_eval_steps)]
+    pub max_eval_steps: u64,
+    /// Deepest `fn` recursion.
+    #[arg(long, default_value_t = Limits::default().max_call_depth)]
+    pub max_call_depth: u32,
+    /// Most transfers one program may emit.
+    #[arg(long, default_value_t = Limits::default().max_transfers)]
+    pub max_transfers: usize,
+    /// Largest rank count accepted.
+    #[arg(long, default_value_t = Limits::default().max_ranks)]
+    pub max_ranks: u32,
+    /// Most chunk slots over all buffers of all ranks.
+    #[arg(long, default_value_t = Limits::default().max_slots)]
+    pub max_slots: u64,
+    /// Messages in flight per connection in the deadlock check (NCCL_STEPS).
+    #[arg(long, default_value_t = Limits::default().channel_slots)]
+    pub channel_slots: u32,
+    /// Largest source file, in bytes.
+    #[arg(long, default_value_t = Limits::default().syntax.max_source_bytes)]
+    pub max_source_bytes: usize,
+}
+
+impl LimitArgs {
+    pub fn limits(&self) -> Limits {
+        let mut limits = Limits {
+            max_eval_steps: self.max_eval_steps,
+            max_call_depth: self.max_call_depth,
+            max_transfers: self.max_transfers,
+            max_ranks: self.max_ranks,
+            max_slots: self.max_slots,
+            channel_slots: self.channel_slots.max(1),
+            ..Limits::default()
+        };
+        limits.syntax.max_source_bytes = self.max_source_bytes;
+        limits
+    }
+}
+
+/// Parses `8`, `2..=64`, `2..64`, `2,3,8` and combinations like `2..=8,16,32`.
+pub fn parse_rank_list(text: &str) -> Result<Vec<u32>, String> {
+    let mut out = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let number = |s: &str| s.trim().parse::<u32>().map_err(|_| format!("`{s}` in `{text}` is not a rank count"));
+        if let Some((a, b)) = part.split_once("..=") {
+            out.extend(number(a)?..=number(b)?);
+        } else if let Some((a, b)) = part.split_once("..") {
+            out.extend(number(a)?..number(b)?);
+        } else {
+            out.push(number(part)?);
+        }
+        if out.len() > 1 << 16 {
+            return Err(format!("`{text}` lists more than 65536 rank counts"));
+        }
+    }
+    if out.is_empty() {
+        return Err(format!("`{text}` lists no rank counts; write e.g. 8, 2..=64 or 2,4,8"));
+    }
+    Ok(out)
+}

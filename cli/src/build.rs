@@ -1,0 +1,92 @@
+//! `collc build`: compile one algorithm for one binding and print (or write) the output of a stage.
+
+use crate::args::{BindArgs, LimitArgs};
+use crate::library;
+use crate::report;
+use clap::{Args, ValueEnum};
+use collc_compiler::emit::{to_json, write_sched};
+use collc_compiler::{lower, optimise, schedule, verify, Error, Errors, Placement};
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum Emit {
+    Ast,
+    Ir,
+    Sched,
+    Json,
+}
+
+#[derive(Args)]
+pub struct BuildArgs {
+    /// A library name such as `allreduce/ring`, or a path to a `.coll` file.
+    pub algorithm: String,
+    /// Number of ranks.
+    #[arg(long)]
+    pub ranks: u32,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// Which stage's output to print.
+    #[arg(long, value_enum, default_value = "sched")]
+    pub emit: Emit,
+    /// Build the in-place variant (NCCL's sendbuff == recvbuff layout).
+    #[arg(long)]
+    pub in_place: bool,
+    /// Skip the Recv+Reduce+Send fusion pass.
+    #[arg(long)]
+    pub no_fuse: bool,
+    /// Write the output here instead of stdout.
+    #[arg(short, long)]
+    pub output: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+pub fn run(args: BuildArgs) -> u8 {
+    let source = match library::resolve(&args.algorithm) {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return 2;
+        }
+    };
+    match produce(&args, &source.text) {
+        Ok(text) => match &args.output {
+            Some(path) => match std::fs::write(path, text) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("error: cannot write {}: {e}", path.display());
+                    1
+                }
+            },
+            None => {
+                print!("{text}");
+                0
+            }
+        },
+        Err(errors) => {
+            report::print_all(&errors, &source.name, &source.text);
+            1
+        }
+    }
+}
+
+fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
+    let limits = args.limits.limits();
+    let file = collc_grammar::parse(text, &limits.syntax).map_err(Error::from)?;
+    if let Emit::Ast = args.emit {
+        return Ok(serde_json::to_string_pretty(&file).expect("the AST serialises") + "\n");
+    }
+    let program = lower(&file, &args.bind.bindings(args.ranks), &limits)?;
+    if let Emit::Ir = args.emit {
+        return Ok(program.to_string());
+    }
+    let placement = if args.in_place { Placement::InPlace } else { Placement::OutOfPlace };
+    let mut sched = schedule(&program, placement);
+    if !args.no_fuse {
+        optimise::fuse(&mut sched);
+    }
+    let verified = verify(sched, text, &limits)?;
+    Ok(match args.emit {
+        Emit::Json => serde_json::to_string_pretty(&to_json(&verified, text)).expect("JSON values serialise") + "\n",
+        _ => write_sched(&verified, text),
+    })
+}

@@ -1,0 +1,93 @@
+//! `collc check`: verify an algorithm for every requested rank count, in both placements.
+
+use crate::args::{parse_rank_list, BindArgs, LimitArgs};
+use crate::library;
+use crate::report;
+use clap::Args;
+use collc_compiler::{compile, Error, Errors, Options, Placement};
+
+#[derive(Args)]
+pub struct CheckArgs {
+    /// A library name such as `allreduce/ring`, or a path to a `.coll` file.
+    pub algorithm: String,
+    /// Rank counts: `8`, `2..=64`, `2..64`, `2,4,8`.
+    #[arg(long, default_value = "2..=64")]
+    pub ranks: String,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// Only print failures and the summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+enum Outcome {
+    Verified(usize),
+    NotAdmitted(String),
+    Failed(Errors),
+}
+
+fn check_one(text: &str, args: &CheckArgs, n_ranks: u32, placement: Placement) -> Outcome {
+    let limits = args.limits.limits();
+    match compile(text, &args.bind.bindings(n_ranks), Options { placement, fuse: true }, &limits) {
+        Ok(verified) => Outcome::Verified(verified.n_instrs()),
+        Err(errors) if is_not_admitted(&errors) => Outcome::NotAdmitted(errors.0[0].message.clone()),
+        Err(errors) => Outcome::Failed(errors),
+    }
+}
+
+fn is_not_admitted(errors: &Errors) -> bool {
+    matches!(errors.0.as_slice(), [Error { code: "collc::lower::where", .. }])
+}
+
+pub fn run(args: CheckArgs) -> u8 {
+    let source = match library::resolve(&args.algorithm) {
+        Ok(s) => s,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return 2;
+        }
+    };
+    let ranks = match parse_rank_list(&args.ranks) {
+        Ok(r) => r,
+        Err(message) => {
+            eprintln!("error: --ranks: {message}");
+            return 2;
+        }
+    };
+    let (mut verified, mut skipped, mut failed) = (0, 0, 0);
+    let started = std::time::Instant::now();
+    for &p in &ranks {
+        let mut line = Vec::new();
+        for placement in Placement::BOTH {
+            match check_one(&source.text, &args, p, placement) {
+                Outcome::Verified(n) => {
+                    verified += 1;
+                    line.push(format!("{placement} {n} instructions"));
+                }
+                Outcome::NotAdmitted(why) => {
+                    skipped += 1;
+                    line.push(format!("not admitted: {why}"));
+                    break;
+                }
+                Outcome::Failed(errors) => {
+                    failed += 1;
+                    eprintln!("{} p={p} {placement}: FAILED", args.algorithm);
+                    report::print_all(&errors, &source.name, &source.text);
+                }
+            }
+        }
+        if !args.quiet && !line.is_empty() {
+            println!("{} p={p}: {}", args.algorithm, line.join(", "));
+        }
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    println!("{}: {verified} verified, {skipped} not admitted, {failed} failed ({} rank counts x 2 placements, {seconds:.2} s)", args.algorithm, ranks.len());
+    let single_not_admitted = ranks.len() == 1 && skipped == 1;
+    if failed > 0 || single_not_admitted || verified == 0 {
+        1
+    } else {
+        0
+    }
+}

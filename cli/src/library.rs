@@ -1,0 +1,35 @@
+//! The algorithm library embedded at build time, and how a NAME|FILE argument resolves to source text.
+
+use std::path::Path;
+
+include!(concat!(env!("OUT_DIR"), "/library.rs"));
+
+/// A `.coll` source and the name it is shown under.
+pub struct Source {
+    pub name: String,
+    pub text: String,
+}
+
+/// Resolves `allreduce/ring` to the embedded library, anything else that exists to a file.
+pub fn resolve(arg: &str) -> Result<Source, String> {
+    if let Some((name, text)) = LIBRARY.iter().find(|(name, _)| *name == arg) {
+        return Ok(Source { name: format!("{name}.coll"), text: text.to_string() });
+    }
+    let path = Path::new(arg);
+    if path.exists() {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{arg}`: {e}"))?;
+        return Ok(Source { name: arg.to_string(), text });
+    }
+    let names: Vec<&str> = LIBRARY.iter().map(|(n, _)| *n).collect();
+    let close: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.contains(arg) || arg.contains(n.split('/').next_back().unwrap_or(n)))
+        .collect();
+    let hint = if close.is_empty() {
+        format!("library algorithms: {}", names.join(", "))
+    } else {
+        format!("did you mean: {}", close.join(", "))
+    };
+    Err(format!("`{arg}` is neither a library algorithm nor a file; {hint} (see `collc list`)"))
+}

@@ -1,0 +1,91 @@
+//! The one diagnostic type of the compiler: a code, a message, labelled spans, a help line and a note.
+//! Library code returns these; only the binary turns them into `miette::Report`s.
+
+use collc_grammar::ast::Span;
+use collc_grammar::SyntaxError;
+use miette::{Diagnostic, LabeledSpan};
+use std::fmt;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    /// Stable code, e.g. `collc::verify::deadlock`.
+    pub code: &'static str,
+    pub message: String,
+    /// The first label is the primary location.
+    pub labels: Vec<(Span, String)>,
+    pub help: String,
+    /// Extra detail: a counterexample, a wait-for cycle.
+    pub note: Option<String>,
+}
+
+impl Error {
+    pub fn new(code: &'static str, message: impl Into<String>, help: impl Into<String>) -> Self {
+        Error { code, message: message.into(), labels: Vec::new(), help: help.into(), note: None }
+    }
+
+    pub fn at(mut self, span: Span, label: impl Into<String>) -> Self {
+        self.labels.push((span, label.into()));
+        self
+    }
+
+    pub fn with_note(mut self, note: impl Into<String>) -> Self {
+        self.note = Some(note.into());
+        self
+    }
+
+    pub fn primary_span(&self) -> Option<Span> {
+        self.labels.first().map(|(s, _)| *s)
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+impl Diagnostic for Error {
+    fn code<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        Some(Box::new(self.code))
+    }
+
+    fn help<'a>(&'a self) -> Option<Box<dyn fmt::Display + 'a>> {
+        let help = match &self.note {
+            Some(note) => format!("{}\n{note}", self.help),
+            None => self.help.clone(),
+        };
+        Some(Box::new(help))
+    }
+
+    fn labels(&self) -> Option<Box<dyn Iterator<Item = LabeledSpan> + '_>> {
+        if self.labels.is_empty() {
+            return None;
+        }
+        Some(Box::new(self.labels.iter().enumerate().map(|(i, (span, text))| {
+            let (start, len) = (span.start as usize, span.len());
+            if i == 0 {
+                LabeledSpan::new_primary_with_span(Some(text.clone()), (start, len))
+            } else {
+                LabeledSpan::new_with_span(Some(text.clone()), (start, len))
+            }
+        })))
+    }
+}
+
+impl From<SyntaxError> for Error {
+    fn from(e: SyntaxError) -> Self {
+        Error::new("collc::syntax", e.message, e.help).at(e.span, "here")
+    }
+}
+
+/// All the errors of one stage; never empty.
+#[derive(Clone, Debug)]
+pub struct Errors(pub Vec<Error>);
+
+impl From<Error> for Errors {
+    fn from(e: Error) -> Self {
+        Errors(vec![e])
+    }
+}

@@ -1,0 +1,165 @@
+//! Evaluates resolved integer expressions: checked 64-bit arithmetic, mathematical modulo, bounded recursion and fuel.
+
+use super::resolve::{Builtin, RExpr, RFn};
+use crate::diag::Error;
+use crate::Limits;
+use collc_grammar::ast::{BinOp, Span, UnOp};
+
+/// Evaluation state shared by the whole lowering: the functions, the global parameters, the fuel left.
+pub(crate) struct Machine<'a> {
+    pub fns: &'a [RFn],
+    pub globals: Vec<i64>,
+    pub fuel: u64,
+    pub depth: u32,
+    pub limits: &'a Limits,
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+fn arith(span: Span, what: impl Into<String>, help: &str) -> Error {
+    Error::new("collc::lower::arithmetic", what, help).at(span, "in this expression")
+}
+
+impl Machine<'_> {
+    pub fn eval(&mut self, expr: &RExpr, frame: &[i64]) -> Result<i64> {
+        if self.fuel == 0 {
+            return Err(Error::new(
+                "collc::lower::limit",
+                format!("evaluation took more than {} steps", self.limits.max_eval_steps),
+                "a loop bound or recursion is far larger than intended; raise the limit with --max-eval-steps",
+            )
+            .at(expr.span(), "still evaluating here"));
+        }
+        self.fuel -= 1;
+        match expr {
+            RExpr::Const(v, _) => Ok(*v),
+            RExpr::Local(slot, _) => Ok(frame[*slot as usize]),
+            RExpr::Global(slot, _) => Ok(self.globals[*slot as usize]),
+            RExpr::Unary(op, e, _) => {
+                let v = self.eval(e, frame)?;
+                Ok(match op {
+                    UnOp::Neg => v
+                        .checked_neg()
+                        .ok_or_else(|| arith(expr.span(), "negation overflows", "values are signed 64-bit"))?,
+                    UnOp::Not => (v == 0) as i64,
+                    UnOp::BitNot => !v,
+                })
+            }
+            RExpr::Binary(op, a, b, span) => self.binary(*op, a, b, *span, frame),
+            RExpr::If(c, a, b) => {
+                if self.eval(c, frame)? != 0 {
+                    self.eval(a, frame)
+                } else {
+                    self.eval(b, frame)
+                }
+            }
+            RExpr::Builtin(f, args, span) => self.builtin(*f, args, *span, frame),
+            RExpr::Call(index, args, span) => self.call(*index, args, *span, frame),
+        }
+    }
+
+    fn binary(&mut self, op: BinOp, a: &RExpr, b: &RExpr, span: Span, frame: &[i64]) -> Result<i64> {
+        let x = self.eval(a, frame)?;
+        match op {
+            BinOp::And if x == 0 => return Ok(0),
+            BinOp::Or if x != 0 => return Ok(1),
+            _ => {}
+        }
+        let y = self.eval(b, frame)?;
+        let overflow =
+            || arith(span, format!("`{x} {} {y}` overflows 64 bits", op.symbol()), "values are signed 64-bit");
+        Ok(match op {
+            BinOp::And | BinOp::Or => (y != 0) as i64,
+            BinOp::Eq => (x == y) as i64,
+            BinOp::Ne => (x != y) as i64,
+            BinOp::Lt => (x < y) as i64,
+            BinOp::Le => (x <= y) as i64,
+            BinOp::Gt => (x > y) as i64,
+            BinOp::Ge => (x >= y) as i64,
+            BinOp::BitOr => x | y,
+            BinOp::BitXor => x ^ y,
+            BinOp::BitAnd => x & y,
+            BinOp::Add => x.checked_add(y).ok_or_else(overflow)?,
+            BinOp::Sub => x.checked_sub(y).ok_or_else(overflow)?,
+            BinOp::Mul => x.checked_mul(y).ok_or_else(overflow)?,
+            BinOp::Div | BinOp::Rem if y == 0 => {
+                return Err(arith(
+                    span,
+                    format!("division by zero in `{x} {} 0`", op.symbol()),
+                    "guard the divisor with `if` or a `where` clause",
+                ))
+            }
+            BinOp::Div => x.checked_div_euclid(y).ok_or_else(overflow)?,
+            BinOp::Rem => x.checked_rem_euclid(y).ok_or_else(overflow)?,
+            BinOp::Shl | BinOp::Shr if !(0..64).contains(&y) => {
+                return Err(arith(span, format!("shift by {y} is outside 0..64"), "shift amounts must be 0 to 63"))
+            }
+            BinOp::Shl => {
+                let shifted = x << y;
+                if shifted >> y != x {
+                    return Err(overflow());
+                }
+                shifted
+            }
+            BinOp::Shr => x >> y,
+            BinOp::Pow => {
+                let exp = u32::try_from(y).map_err(|_| {
+                    arith(span, format!("exponent {y} is negative or too large"), "use a non-negative exponent")
+                })?;
+                x.checked_pow(exp).ok_or_else(overflow)?
+            }
+        })
+    }
+
+    fn builtin(&mut self, f: Builtin, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
+        let mut values = [0i64; 8];
+        for (slot, arg) in values.iter_mut().zip(args) {
+            *slot = self.eval(arg, frame)?;
+        }
+        let values = &values[..args.len()];
+        let x = values[0];
+        let positive = |name: &str| {
+            if x <= 0 {
+                Err(arith(span, format!("{name}({x}) is undefined"), "the argument must be positive"))
+            } else {
+                Ok(x)
+            }
+        };
+        Ok(match f {
+            Builtin::Min => *values.iter().min().expect("arity checked at resolve time"),
+            Builtin::Max => *values.iter().max().expect("arity checked at resolve time"),
+            Builtin::Abs => x.checked_abs().ok_or_else(|| arith(span, "abs overflows", "values are signed 64-bit"))?,
+            Builtin::Log2 => 63 - positive("log2")?.leading_zeros() as i64,
+            Builtin::CLog2 => {
+                let v = positive("clog2")?;
+                64 - (v - 1).leading_zeros() as i64
+            }
+            Builtin::Pow2 if !(0..63).contains(&x) => {
+                return Err(arith(span, format!("pow2({x}) is outside 64 bits"), "the exponent must be 0 to 62"))
+            }
+            Builtin::Pow2 => 1 << x,
+        })
+    }
+
+    fn call(&mut self, index: u32, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
+        let f = &self.fns[index as usize];
+        if self.depth >= self.limits.max_call_depth {
+            return Err(Error::new(
+                "collc::lower::limit",
+                format!("recursion in `{}` is deeper than {} calls", f.name, self.limits.max_call_depth),
+                "make sure every recursive call moves toward a base case; raise the limit with --max-call-depth",
+            )
+            .at(span, "this call")
+            .at(f.span, "in this function"));
+        }
+        let mut callee_frame = vec![0i64; f.frame_size as usize];
+        for (slot, arg) in callee_frame.iter_mut().zip(args) {
+            *slot = self.eval(arg, frame)?;
+        }
+        self.depth += 1;
+        let fns = self.fns;
+        let result = self.eval(&fns[index as usize].body, &callee_frame);
+        self.depth -= 1;
+        result
+    }
+}

@@ -1,0 +1,376 @@
+//! Runs the resolved statements for one binding, emitting transfers; checks operands and races inside a step.
+
+use super::bind::Bound;
+use super::eval::Machine;
+use super::resolve::{RBufRef, RStmt, RTransfer, Resolver};
+use crate::collective::Collective;
+use crate::diag::{Error, Errors};
+use crate::ir::{Buf, Loc, Program, ScratchBuf, Transfer, TransferKind};
+use crate::Limits;
+use collc_grammar::ast::{Algorithm, Item, Span};
+use std::collections::HashSet;
+
+struct Exec<'a> {
+    machine: Machine<'a>,
+    limits: &'a Limits,
+    collective: Collective,
+    n_ranks: u32,
+    chunks: u32,
+    buffer_sizes: Vec<u32>,
+    scratch_names: Vec<String>,
+    transfers: Vec<Transfer>,
+    step: u32,
+    in_step: bool,
+    errors: Vec<Error>,
+    reported: HashSet<(Span, &'static str)>,
+    spans: Vec<Span>,
+}
+
+type Result<T> = std::result::Result<T, Error>;
+
+pub(crate) fn run(
+    algo: &Algorithm,
+    collective: Collective,
+    bound: Bound,
+    limits: &Limits,
+) -> std::result::Result<Program, Errors> {
+    let scratch_names: Vec<String> = bound.scratch.iter().map(|(n, _)| n.clone()).collect();
+    let mut resolver = Resolver::new(&bound.globals, &bound.fn_names, &scratch_names);
+    resolver.spans.push(algo.name.span);
+    let stmts: Vec<&collc_grammar::ast::Stmt> =
+        algo.items.iter().filter_map(|i| if let Item::Stmt(s) = i { Some(s) } else { None }).collect();
+    let body = resolver.block(&stmts.into_iter().cloned().collect::<Vec<_>>())?;
+    let n_ranks = bound.n_ranks;
+    let (in_chunks, out_chunks) = collective.buffer_chunks(n_ranks, bound.chunks);
+    let mut buffer_sizes = vec![in_chunks, out_chunks];
+    buffer_sizes.extend(bound.scratch.iter().map(|(_, n)| *n));
+    let mut exec = Exec {
+        machine: Machine {
+            fns: &bound.fns,
+            globals: bound.values.clone(),
+            fuel: limits.max_eval_steps,
+            depth: 0,
+            limits,
+        },
+        limits,
+        collective,
+        n_ranks,
+        chunks: bound.chunks,
+        buffer_sizes,
+        scratch_names: scratch_names.clone(),
+        transfers: Vec::new(),
+        step: 0,
+        in_step: false,
+        errors: Vec::new(),
+        reported: HashSet::new(),
+        spans: std::mem::take(&mut resolver.spans),
+    };
+    let mut frame = vec![0i64; resolver.frame_size as usize];
+    let outcome = exec.block(&body, &mut frame);
+    if let Err(e) = outcome {
+        exec.errors.push(e);
+    }
+    if !exec.errors.is_empty() {
+        return Err(Errors(exec.errors));
+    }
+    let params = bound.globals.iter().cloned().zip(bound.values.iter().copied()).collect();
+    Ok(Program {
+        name: algo.name.name.clone(),
+        collective,
+        n_ranks,
+        chunks: bound.chunks,
+        root: bound.root,
+        peer: bound.peer,
+        params,
+        scratch: bound.scratch.into_iter().map(|(name, chunks)| ScratchBuf { name, chunks }).collect(),
+        n_steps: exec.step,
+        transfers: exec.transfers,
+        spans: exec.spans,
+    })
+}
+
+impl Exec<'_> {
+    fn block(&mut self, stmts: &[RStmt], frame: &mut [i64]) -> Result<()> {
+        for stmt in stmts {
+            self.stmt(stmt, frame)?;
+            if self.errors.len() >= self.limits.max_errors {
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    fn stmt(&mut self, stmt: &RStmt, frame: &mut [i64]) -> Result<()> {
+        match stmt {
+            RStmt::Let { slot, value } => frame[*slot as usize] = self.machine.eval(value, frame)?,
+            RStmt::For { slot, start, end, by, body } => {
+                let (mut i, end_value) = (self.machine.eval(start, frame)?, self.machine.eval(end, frame)?);
+                let by_value = match by {
+                    Some(b) => self.machine.eval(b, frame)?,
+                    None => 1,
+                };
+                if by_value == 0 {
+                    let span = by.as_ref().map_or(start.span(), |b| b.span());
+                    return Err(Error::new(
+                        "collc::lower::loop",
+                        "a loop step of 0 never ends",
+                        "use a positive or negative step",
+                    )
+                    .at(span, "this step is 0"));
+                }
+                while (by_value > 0 && i < end_value) || (by_value < 0 && i > end_value) {
+                    frame[*slot as usize] = i;
+                    self.block(body, frame)?;
+                    i = match i.checked_add(by_value) {
+                        Some(next) => next,
+                        None => break,
+                    };
+                }
+            }
+            RStmt::If { cond, then_body, else_body } => {
+                let branch = if self.machine.eval(cond, frame)? != 0 { then_body } else { else_body };
+                self.block(branch, frame)?;
+            }
+            RStmt::Step { body, span } => {
+                if self.in_step {
+                    return Err(Error::new(
+                        "collc::lower::step",
+                        "a `step` inside another `step`",
+                        "steps do not nest; move the inner transfers into the outer step or after it",
+                    )
+                    .at(*span, "nested step"));
+                }
+                let first = self.transfers.len();
+                self.in_step = true;
+                let result = self.block(body, frame);
+                self.in_step = false;
+                result?;
+                if self.transfers.len() > first {
+                    self.check_step_races(first);
+                    self.step += 1;
+                }
+            }
+            RStmt::Transfer(t) => {
+                if let Some(transfer) = self.transfer(t, frame)? {
+                    if self.transfers.len() >= self.limits.max_transfers {
+                        return Err(Error::new(
+                            "collc::lower::limit",
+                            format!("the program emits more than {} transfers", self.limits.max_transfers),
+                            "check the loop bounds; raise the limit with --max-transfers",
+                        )
+                        .at(t.span, "emitted here"));
+                    }
+                    self.transfers.push(transfer);
+                    if !self.in_step {
+                        self.step += 1;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Reports a problem with one transfer once per source location; the transfer is dropped.
+    fn report(&mut self, key: &'static str, error: Error) {
+        let span = error.primary_span().unwrap_or_default();
+        if self.reported.insert((span, key)) {
+            self.errors.push(error);
+        }
+    }
+
+    fn rank(&mut self, value: i64, span: Span, what: &str) -> Option<u32> {
+        if (0..self.n_ranks as i64).contains(&value) {
+            return Some(value as u32);
+        }
+        let n = self.n_ranks;
+        self.report(
+            "rank",
+            Error::new(
+                "collc::lower::bounds",
+                format!("{what} rank {value} is outside 0..{n}"),
+                "rank expressions usually need `% p`",
+            )
+            .at(span, format!("evaluates to {value}")),
+        );
+        None
+    }
+
+    fn buf_name(&self, buf: Buf) -> &str {
+        match buf {
+            Buf::In => "in",
+            Buf::Out => "out",
+            Buf::Scratch(i) => &self.scratch_names[i as usize],
+        }
+    }
+
+    fn buf_size(&self, buf: Buf) -> u32 {
+        match buf {
+            Buf::In => self.buffer_sizes[0],
+            Buf::Out => self.buffer_sizes[1],
+            Buf::Scratch(i) => self.buffer_sizes[2 + i as usize],
+        }
+    }
+
+    /// Evaluates `buf[a]` or `buf[a..b]` to a location and a count, checking bounds.
+    fn chunk_range(&mut self, r: &RBufRef, frame: &[i64]) -> Result<Option<(Loc, u32)>> {
+        let start = self.machine.eval(&r.start, frame)?;
+        let end = match &r.end {
+            Some(e) => self.machine.eval(e, frame)?,
+            None => start.saturating_add(1),
+        };
+        let size = self.buf_size(r.buf);
+        if start < 0 || end > size as i64 || start >= end {
+            let name = self.buf_name(r.buf).to_string();
+            let what = if start >= end {
+                format!("the chunk range {start}..{end} of `{name}` is empty")
+            } else {
+                format!("chunks {start}..{end} are outside `{name}`, which has {size} chunks")
+            };
+            let help = format!(
+                "`{name}` holds chunks 0..{size} here (chunks = {}); index expressions usually need `% {size}`",
+                self.chunks
+            );
+            self.report(
+                "chunk",
+                Error::new("collc::lower::bounds", what, help).at(r.span, format!("{name}[{start}..{end}]")),
+            );
+            return Ok(None);
+        }
+        Ok(Some((Loc { buf: r.buf, index: start as u32 }, (end - start) as u32)))
+    }
+
+    fn transfer(&mut self, t: &RTransfer, frame: &[i64]) -> Result<Option<Transfer>> {
+        let from = self.machine.eval(&t.from, frame)?;
+        let to = self.machine.eval(&t.to, frame)?;
+        let channel = match &t.channel {
+            Some(c) => self.machine.eval(c, frame)?,
+            None => 0,
+        };
+        let is_send = matches!(t.kind, TransferKind::Send { .. });
+        let (from, to) = (
+            self.rank(from, t.from.span(), if is_send { "source" } else { "the" }),
+            self.rank(to, t.to.span(), "destination"),
+        );
+        let src = self.chunk_range(&t.src, frame)?;
+        let dst = match &t.dst {
+            Some(d) => self.chunk_range(d, frame)?,
+            None => src,
+        };
+        let (Some(from), Some(to), Some((src, count)), Some((dst, dst_count))) = (from, to, src, dst) else {
+            return Ok(None);
+        };
+        if !(0..self.limits.max_channels as i64).contains(&channel) {
+            self.report(
+                "channel",
+                Error::new(
+                    "collc::lower::bounds",
+                    format!("channel {channel} is outside 0..{}", self.limits.max_channels),
+                    "use a channel number from 0 to 31",
+                )
+                .at(t.span, "this transfer"),
+            );
+            return Ok(None);
+        }
+        if count != dst_count {
+            self.report(
+                "count",
+                Error::new(
+                    "collc::lower::count",
+                    format!("sends {count} chunks into {dst_count}"),
+                    "source and destination ranges must have the same length",
+                )
+                .at(t.span, "this transfer"),
+            );
+            return Ok(None);
+        }
+        if is_send && from == to {
+            self.report(
+                "self",
+                Error::new(
+                    "collc::lower::self_send",
+                    format!("rank {from} sends to itself"),
+                    "use `copy SRC to DST on RANK` for a local move",
+                )
+                .at(t.span, "this send"),
+            );
+            return Ok(None);
+        }
+        if !is_send && src.buf == dst.buf && src.index < dst.index + count && dst.index < src.index + count {
+            self.report(
+                "overlap",
+                Error::new(
+                    "collc::lower::overlap",
+                    "source and destination overlap",
+                    "a local copy or reduce needs disjoint chunk ranges",
+                )
+                .at(t.span, "this transfer"),
+            );
+            return Ok(None);
+        }
+        Ok(Some(Transfer {
+            kind: t.kind,
+            src,
+            dst,
+            count,
+            from,
+            to,
+            channel: channel as u8,
+            step: self.step,
+            span: t.span_id,
+        }))
+    }
+}
+
+/// A chunk slot in the shared (in-place) view, where `in` and `out` alias as NCCL lays them out.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct SlotKey {
+    rank: u32,
+    space: u32,
+    index: u32,
+}
+
+impl Exec<'_> {
+    fn slot(&self, rank: u32, loc: Loc, offset: u32) -> SlotKey {
+        let (in_off, out_off) = self.collective.in_place_offsets(rank, self.chunks);
+        let (space, base) = match loc.buf {
+            Buf::In => (0, in_off),
+            Buf::Out => (0, out_off),
+            Buf::Scratch(i) => (1 + i as u32, 0),
+        };
+        SlotKey { rank, space, index: base + loc.index + offset }
+    }
+
+    /// A slot written and read (or written twice) by two transfers of one step is a race in either placement.
+    fn check_step_races(&mut self, first: usize) {
+        let mut accesses: Vec<(SlotKey, bool, u32)> = Vec::new();
+        for (i, t) in self.transfers[first..].iter().enumerate() {
+            let i = (first + i) as u32;
+            for k in 0..t.count {
+                accesses.push((self.slot(t.from, t.src, k), false, i));
+                accesses.push((self.slot(t.to, t.dst, k), true, i));
+            }
+        }
+        accesses.sort_unstable_by_key(|&(slot, write, i)| (slot, !write, i));
+        for group in accesses.chunk_by(|a, b| a.0 == b.0) {
+            let Some(&(slot, true, writer)) = group.first() else { continue };
+            let Some(&(_, other_write, other)) = group.iter().find(|a| a.2 != writer) else { continue };
+            let (w, o) = (self.transfers[writer as usize], self.transfers[other as usize]);
+            let verb = if other_write { "writes" } else { "reads" };
+            let base = self.slot(w.to, Loc { buf: w.dst.buf, index: 0 }, 0).index;
+            let name = self.buf_name(w.dst.buf);
+            let message = format!(
+                "race in one step: two transfers touch rank {}'s `{name}[{}]` and one writes it",
+                slot.rank,
+                slot.index - base
+            );
+            let error = Error::new(
+                "collc::lower::race",
+                message,
+                "transfers in one `step` run concurrently; move one of them into a later step",
+            )
+            .at(self.spans[w.span as usize], "this transfer writes the slot")
+            .at(self.spans[o.span as usize], format!("this transfer {verb} it in the same step"));
+            self.report("race", error);
+        }
+    }
+}

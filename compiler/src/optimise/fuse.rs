@@ -1,0 +1,135 @@
+//! Fuses a receive and the send that forwards what it received into NCCL's chained instructions:
+//! Recv+Send -> RecvCopySend, RecvReduceCopy+Send -> RecvReduceCopySend, and, when the local copy is never read
+//! again, RecvReduceCopySend -> RecvReduceSend.
+
+use crate::sched::build::with_dependencies;
+use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
+use std::collections::HashMap;
+
+/// Fuses recv-then-forward chains on every rank.
+pub fn fuse(sched: &mut Schedule) {
+    let scratch_from = 2u16;
+    for rank in &mut sched.ranks {
+        let fused = fuse_rank(rank, scratch_from);
+        // Fused and shortened instructions touch fewer slots; recompute so only real hazards remain.
+        *rank = with_dependencies(fused.instrs, &sched.buffers);
+    }
+}
+
+/// A Send `j` can join the receive `i` whose result it forwards when it depends on nothing else, runs on the same
+/// channel, and moving it up to `i` keeps the order of sends on its connection.
+fn fuse_rank(rank: &RankProgram, scratch_from: u16) -> RankProgram {
+    let n = rank.len();
+    let mut merged_into: Vec<u32> = vec![NO_RANK; n];
+    let mut forward: Vec<u32> = vec![NO_RANK; n];
+    let mut last_send: HashMap<(u32, u8), u32> = HashMap::new();
+    for j in 0..n {
+        let send = rank.instrs[j];
+        if !send.op.sends() {
+            continue;
+        }
+        let key = (send.send_peer, send.channel);
+        let mut position = j as u32;
+        if let [i] = rank.deps_of(j) {
+            let recv = rank.instrs[*i as usize];
+            let joinable = send.op == Op::Send
+                && matches!(recv.op, Op::Recv | Op::RecvReduceCopy)
+                && forward[*i as usize] == NO_RANK
+                && recv.dst == send.src
+                && recv.count == send.count
+                && recv.channel == send.channel
+                && last_send.get(&key).is_none_or(|&prev| prev < *i);
+            if joinable {
+                forward[*i as usize] = j as u32;
+                merged_into[j] = *i;
+                position = *i;
+            }
+        }
+        last_send.insert(key, position);
+    }
+    rebuild(rank, &merged_into, &forward, scratch_from)
+}
+
+fn rebuild(rank: &RankProgram, merged_into: &[u32], forward: &[u32], scratch_from: u16) -> RankProgram {
+    let n = rank.len();
+    let mut new_index = vec![0u32; n];
+    let mut next = 0u32;
+    for i in 0..n {
+        if merged_into[i] == NO_RANK {
+            new_index[i] = next;
+            next += 1;
+        }
+    }
+    for i in 0..n {
+        if merged_into[i] != NO_RANK {
+            new_index[i] = new_index[merged_into[i] as usize];
+        }
+    }
+    let dependents = dependents(rank);
+    let mut out = RankProgram::default();
+    let mut deps = Vec::new();
+    for i in 0..n {
+        if merged_into[i] != NO_RANK {
+            continue;
+        }
+        let mut instr = rank.instrs[i];
+        if forward[i] != NO_RANK {
+            let j = forward[i] as usize;
+            instr = fused(instr, rank.instrs[j]);
+            if instr.op == Op::RecvReduceCopySend && write_is_dead(rank, i, j, &dependents, scratch_from) {
+                instr = Instr { op: Op::RecvReduceSend, dst: Operand::NONE, ..instr };
+            }
+        }
+        deps.clear();
+        deps.extend(rank.deps_of(i).iter().map(|&d| new_index[d as usize]));
+        deps.sort_unstable();
+        deps.dedup();
+        out.push(instr, &deps);
+    }
+    out
+}
+
+fn fused(recv: Instr, send: Instr) -> Instr {
+    let op = if recv.op == Op::Recv { Op::RecvCopySend } else { Op::RecvReduceCopySend };
+    Instr { op, send_peer: send.send_peer, ..recv }
+}
+
+/// For each instruction, the instructions that list it as a dependency.
+fn dependents(rank: &RankProgram) -> Vec<Vec<u32>> {
+    let mut out = vec![Vec::new(); rank.len()];
+    for i in 0..rank.len() {
+        for &d in rank.deps_of(i) {
+            out[d as usize].push(i as u32);
+        }
+    }
+    out
+}
+
+fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
+    a.buf == b.buf && a.index < b.index + b_count && b.index < a.index + a_count
+}
+
+/// The value `i` writes is dead when nothing but the forwarding send `j` reads it before it is overwritten in full
+/// (or, for scratch, never read again). User-visible buffers keep their last value, so they need the overwrite.
+fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &[Vec<u32>], scratch_from: u16) -> bool {
+    let written = rank.instrs[i];
+    let dst = written.dst;
+    let mut covered = vec![false; written.count as usize];
+    for &k in &dependents[i] {
+        if k as usize == j {
+            continue;
+        }
+        let later = rank.instrs[k as usize];
+        if later.reads().any(|r| overlaps(r, later.count, dst, written.count)) {
+            return false;
+        }
+        if let Some(w) = later.dst.get().filter(|w| overlaps(*w, later.count, dst, written.count)) {
+            for (c, slot) in covered.iter_mut().enumerate() {
+                let index = dst.index + c as u32;
+                *slot |= index >= w.index && index < w.index + later.count;
+            }
+        }
+    }
+    let is_scratch = dst.buf >= BufId(scratch_from);
+    is_scratch || covered.iter().all(|&c| c)
+}

@@ -1,0 +1,261 @@
+//! `sched::Schedule`: per-rank instruction lists with explicit local-read, local-write and peer operands, channels
+//! and the dependencies that data hazards require. `build.rs` makes one from an `ir::Program`.
+
+pub(crate) mod build;
+
+use crate::collective::Collective;
+use collc_grammar::ast::Span;
+use serde::Serialize;
+use std::fmt;
+
+pub use build::schedule;
+
+/// Whether `in` and `out` are one buffer (NCCL's in-place call) or two.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    InPlace,
+    OutOfPlace,
+}
+
+impl Placement {
+    pub const BOTH: [Placement; 2] = [Placement::OutOfPlace, Placement::InPlace];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::InPlace => "in-place",
+            Placement::OutOfPlace => "out-of-place",
+        }
+    }
+}
+
+impl fmt::Display for Placement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A physical buffer of every rank: 0 is `in`, 1 is `out`, the rest are scratch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct BufId(pub u16);
+
+impl BufId {
+    pub const IN: BufId = BufId(0);
+    pub const OUT: BufId = BufId(1);
+    const NONE: BufId = BufId(u16::MAX);
+}
+
+/// `count` chunks from `index` of `buf` on the rank that runs the instruction.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub struct Operand {
+    pub buf: BufId,
+    pub index: u32,
+}
+
+impl Operand {
+    pub const NONE: Operand = Operand { buf: BufId::NONE, index: 0 };
+
+    pub fn new(buf: BufId, index: u32) -> Self {
+        Operand { buf, index }
+    }
+
+    pub fn get(self) -> Option<Operand> {
+        (self.buf != BufId::NONE).then_some(self)
+    }
+}
+
+/// NCCL/MSCCL's instruction set, spelled in full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+pub enum Op {
+    /// send(src)
+    Send,
+    /// dst = recv()
+    Recv,
+    /// dst = acc + recv()
+    RecvReduceCopy,
+    /// send(acc + recv())
+    RecvReduceSend,
+    /// dst = acc + recv(); send(dst)
+    RecvReduceCopySend,
+    /// dst = recv(); send(dst)
+    RecvCopySend,
+    /// dst = src
+    Copy,
+    /// dst = acc + src
+    Reduce,
+}
+
+impl Op {
+    pub const ALL: [Op; 8] = [
+        Op::Send,
+        Op::Recv,
+        Op::RecvReduceCopy,
+        Op::RecvReduceSend,
+        Op::RecvReduceCopySend,
+        Op::RecvCopySend,
+        Op::Copy,
+        Op::Reduce,
+    ];
+
+    pub fn sends(self) -> bool {
+        matches!(self, Op::Send | Op::RecvReduceSend | Op::RecvReduceCopySend | Op::RecvCopySend)
+    }
+
+    pub fn receives(self) -> bool {
+        matches!(self, Op::Recv | Op::RecvReduceCopy | Op::RecvReduceSend | Op::RecvReduceCopySend | Op::RecvCopySend)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Op::Send => "Send",
+            Op::Recv => "Recv",
+            Op::RecvReduceCopy => "RecvReduceCopy",
+            Op::RecvReduceSend => "RecvReduceSend",
+            Op::RecvReduceCopySend => "RecvReduceCopySend",
+            Op::RecvCopySend => "RecvCopySend",
+            Op::Copy => "Copy",
+            Op::Reduce => "Reduce",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| op.name() == name)
+    }
+}
+
+pub const NO_RANK: u32 = u32::MAX;
+
+/// One instruction of one rank. Unused operands are `Operand::NONE`, unused peers `NO_RANK`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Instr {
+    pub op: Op,
+    pub channel: u8,
+    pub count: u32,
+    /// Local read: what Send, Copy and Reduce read.
+    pub src: Operand,
+    /// Local read that incoming data or `src` is reduced with.
+    pub acc: Operand,
+    /// Local write.
+    pub dst: Operand,
+    pub send_peer: u32,
+    pub recv_peer: u32,
+    /// Index into `Schedule::spans`.
+    pub span: u32,
+}
+
+impl Instr {
+    /// The local chunk ranges this instruction reads.
+    pub fn reads(&self) -> impl Iterator<Item = Operand> {
+        [self.src.get(), self.acc.get()].into_iter().flatten()
+    }
+
+    pub fn send_peer(&self) -> Option<u32> {
+        (self.send_peer != NO_RANK).then_some(self.send_peer)
+    }
+
+    pub fn recv_peer(&self) -> Option<u32> {
+        (self.recv_peer != NO_RANK).then_some(self.recv_peer)
+    }
+}
+
+/// One rank's instructions in program order, and their dependencies (indices of earlier instructions).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RankProgram {
+    pub instrs: Vec<Instr>,
+    /// `dep_ranges[i]` is the range of `deps` that lists instruction i's dependencies.
+    pub dep_ranges: Vec<(u32, u32)>,
+    pub deps: Vec<u32>,
+}
+
+impl RankProgram {
+    pub fn deps_of(&self, i: usize) -> &[u32] {
+        let (start, end) = self.dep_ranges[i];
+        &self.deps[start as usize..end as usize]
+    }
+
+    pub fn push(&mut self, instr: Instr, deps: &[u32]) {
+        let start = self.deps.len() as u32;
+        self.deps.extend_from_slice(deps);
+        self.dep_ranges.push((start, self.deps.len() as u32));
+        self.instrs.push(instr);
+    }
+
+    pub fn len(&self) -> usize {
+        self.instrs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.instrs.is_empty()
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct BufferDecl {
+    pub name: String,
+    pub chunks: u32,
+}
+
+/// Per-rank schedules of one algorithm for one binding and placement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Schedule {
+    pub algorithm: String,
+    pub collective: Collective,
+    pub placement: Placement,
+    pub n_ranks: u32,
+    pub chunks: u32,
+    pub root: u32,
+    pub peer: u32,
+    pub params: Vec<(String, i64)>,
+    /// Indexed by `BufId`: `in`, `out`, then scratch.
+    pub buffers: Vec<BufferDecl>,
+    pub ranks: Vec<RankProgram>,
+    pub spans: Vec<Span>,
+}
+
+impl Schedule {
+    pub fn buffer(&self, id: BufId) -> &BufferDecl {
+        &self.buffers[id.0 as usize]
+    }
+
+    pub fn n_instrs(&self) -> usize {
+        self.ranks.iter().map(RankProgram::len).sum()
+    }
+
+    /// Where `in` and `out` start in the buffer they share, in place; `(0, 0)` out of place.
+    pub fn window_offsets(&self, rank: u32) -> (u32, u32) {
+        match self.placement {
+            Placement::InPlace => self.collective.in_place_offsets(rank, self.chunks),
+            Placement::OutOfPlace => (0, 0),
+        }
+    }
+
+    /// The buffer that holds `in` and `out` in place: the larger of the two (`out` when equal).
+    pub fn shared_buffer(&self) -> BufId {
+        let (in_chunks, out_chunks) = self.collective.buffer_chunks(self.n_ranks, self.chunks);
+        if in_chunks > out_chunks {
+            BufId::IN
+        } else {
+            BufId::OUT
+        }
+    }
+
+    /// The buffer and offset where the contract's input and output live on `rank`.
+    pub fn input_window(&self, rank: u32) -> (BufId, u32) {
+        match self.placement {
+            Placement::OutOfPlace => (BufId::IN, 0),
+            Placement::InPlace => (self.shared_buffer(), self.window_offsets(rank).0),
+        }
+    }
+
+    pub fn output_window(&self, rank: u32) -> (BufId, u32) {
+        match self.placement {
+            Placement::OutOfPlace => (BufId::OUT, 0),
+            Placement::InPlace => (self.shared_buffer(), self.window_offsets(rank).1),
+        }
+    }
+
+    pub fn line_of(&self, source: &str, span: u32) -> usize {
+        let offset = self.spans.get(span as usize).map_or(0, |s| s.start as usize).min(source.len());
+        source[..offset].bytes().filter(|&b| b == b'\n').count() + 1
+    }
+}

@@ -1,0 +1,102 @@
+//! Bounds and shape: every operand inside its buffer, every peer a rank other than itself, every instruction
+//! carrying exactly the operands its op needs, dependencies pointing backwards, `in` read-only out of place.
+
+use super::Context;
+use crate::diag::Error;
+use crate::sched::{BufId, Instr, Op, Operand, Placement};
+
+pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
+    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        for (i, instr) in program.instrs.iter().enumerate() {
+            if let Some(problem) = instr_problem(ctx, rank as u32, instr) {
+                let message = format!("{}: {problem}", ctx.describe(rank as u32, i));
+                errors.push(ctx.error(
+                    "collc::verify::bounds",
+                    message,
+                    "the schedule is malformed; rebuild it from the .coll source",
+                    instr,
+                    "emitted by this transfer",
+                ));
+            }
+            if let Some(&bad) = program.deps_of(i).iter().find(|&&d| d as usize >= i) {
+                let message =
+                    format!("{} depends on #{bad}, which does not come before it", ctx.describe(rank as u32, i));
+                errors.push(ctx.error(
+                    "collc::verify::order",
+                    message,
+                    "dependencies must point to earlier instructions of the same rank",
+                    instr,
+                    "this instruction",
+                ));
+            }
+            if errors.len() >= ctx.limits.max_errors {
+                return;
+            }
+        }
+    }
+}
+
+fn operand_problem(ctx: &Context, what: &str, op: Operand, count: u32) -> Option<String> {
+    let Some(decl) = ctx.sched.buffers.get(op.buf.0 as usize) else {
+        return Some(format!("{what} names buffer #{}, which does not exist", op.buf.0));
+    };
+    if count == 0 || op.index.checked_add(count).is_none_or(|end| end > decl.chunks) {
+        return Some(format!(
+            "{what} {}[{}..{}] is outside `{}`, which has {} chunks",
+            decl.name,
+            op.index,
+            op.index as u64 + count as u64,
+            decl.name,
+            decl.chunks
+        ));
+    }
+    None
+}
+
+fn peer_problem(ctx: &Context, rank: u32, what: &str, peer: u32) -> Option<String> {
+    if peer >= ctx.sched.n_ranks {
+        Some(format!("{what} rank {peer} is outside 0..{}", ctx.sched.n_ranks))
+    } else if peer == rank {
+        Some(format!("{what} rank is the rank itself"))
+    } else {
+        None
+    }
+}
+
+fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
+    let needs_src = matches!(instr.op, Op::Send | Op::Copy | Op::Reduce);
+    let needs_acc = matches!(instr.op, Op::RecvReduceCopy | Op::RecvReduceSend | Op::RecvReduceCopySend | Op::Reduce);
+    let needs_dst = !matches!(instr.op, Op::Send | Op::RecvReduceSend);
+    let shape = [
+        ("source", instr.src, needs_src),
+        ("accumulator", instr.acc, needs_acc),
+        ("destination", instr.dst, needs_dst),
+    ];
+    for (what, operand, needed) in shape {
+        match (operand.get(), needed) {
+            (Some(op), true) => {
+                if let Some(p) = operand_problem(ctx, what, op, instr.count) {
+                    return Some(p);
+                }
+            }
+            (None, true) => return Some(format!("has no {what} operand")),
+            (Some(_), false) => return Some(format!("has a {what} operand it does not use")),
+            (None, false) => {}
+        }
+    }
+    if instr.op.sends() != instr.send_peer().is_some() || instr.op.receives() != instr.recv_peer().is_some() {
+        return Some("its peers do not match its operation".to_string());
+    }
+    for (what, peer) in [("send peer", instr.send_peer()), ("receive peer", instr.recv_peer())] {
+        if let Some(p) = peer.and_then(|peer| peer_problem(ctx, rank, what, peer)) {
+            return Some(p);
+        }
+    }
+    if ctx.sched.placement == Placement::OutOfPlace && instr.dst.get().is_some_and(|d| d.buf == BufId::IN) {
+        return Some("writes the input buffer of an out-of-place call".to_string());
+    }
+    if instr.channel as u32 >= ctx.limits.max_channels {
+        return Some(format!("channel {} is outside 0..{}", instr.channel, ctx.limits.max_channels));
+    }
+    None
+}

@@ -1,0 +1,291 @@
+//! Deadlock freedom: a dataflow execution of all ranks where an instruction runs once its dependencies are done,
+//! it is next on its connections, its message has arrived, and the receiver has room (at most
+//! `Limits::channel_slots` messages in flight per connection). It carries symbolic values, so the postcondition
+//! reads its final state. If it stops early, the wait-for cycle is reported.
+
+use super::matching::Connections;
+use super::postcondition::initial_value;
+use super::value::Value;
+use super::Context;
+use crate::diag::Error;
+use crate::sched::{Instr, Op, Operand};
+use std::collections::VecDeque;
+
+/// The final state of a completed execution.
+pub(crate) struct Finished<V> {
+    pub base: Vec<u32>,
+    pub slots_per_rank: u32,
+    pub values: Vec<V>,
+    /// The instruction (rank-local index) that last wrote each slot, `u32::MAX` if none.
+    pub last_writer: Vec<u32>,
+}
+
+impl<V> Finished<V> {
+    pub fn slot(&self, rank: u32, op: Operand) -> usize {
+        (rank * self.slots_per_rank + self.base[op.buf.0 as usize] + op.index) as usize
+    }
+}
+
+struct Sim<'a, V> {
+    ctx: &'a Context<'a>,
+    conns: Connections,
+    rank_start: Vec<u32>,
+    unmet: Vec<u32>,
+    dependents_start: Vec<u32>,
+    dependents: Vec<u32>,
+    done: Vec<bool>,
+    sent: Vec<u32>,
+    received: Vec<u32>,
+    queues: Vec<VecDeque<V>>,
+    state: Finished<V>,
+    scratch: Vec<V>,
+}
+
+pub(crate) fn simulate<V: Value>(ctx: &Context) -> Result<Finished<V>, Error> {
+    let mut sim = Sim::new(ctx);
+    let mut work: Vec<(u32, u32)> = Vec::new();
+    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        for i in 0..program.len() {
+            if program.deps_of(i).is_empty() {
+                work.push((rank as u32, i as u32));
+            }
+        }
+    }
+    let total = *sim.rank_start.last().expect("rank_start has p + 1 entries") as usize;
+    let mut completed = 0usize;
+    while let Some((rank, i)) = work.pop() {
+        let g = (sim.rank_start[rank as usize] + i) as usize;
+        if sim.done[g] || !sim.ready(rank, i) {
+            continue;
+        }
+        sim.fire(rank, i, &mut work);
+        completed += 1;
+    }
+    if completed < total {
+        return Err(sim.cycle_error());
+    }
+    Ok(sim.state)
+}
+
+impl<'a, V: Value> Sim<'a, V> {
+    fn new(ctx: &'a Context<'a>) -> Self {
+        let sched = ctx.sched;
+        let mut rank_start = vec![0u32];
+        for program in &sched.ranks {
+            rank_start.push(rank_start.last().copied().unwrap_or(0) + program.len() as u32);
+        }
+        let total = *rank_start.last().expect("non-empty") as usize;
+        let mut unmet = vec![0u32; total];
+        let mut counts = vec![0u32; total + 1];
+        for (rank, program) in sched.ranks.iter().enumerate() {
+            for i in 0..program.len() {
+                let g = rank_start[rank] as usize + i;
+                unmet[g] = program.deps_of(i).len() as u32;
+                for &d in program.deps_of(i) {
+                    counts[rank_start[rank] as usize + d as usize + 1] += 1;
+                }
+            }
+        }
+        for k in 1..counts.len() {
+            counts[k] += counts[k - 1];
+        }
+        let mut fill = counts.clone();
+        let mut dependents = vec![0u32; counts[total] as usize];
+        for (rank, program) in sched.ranks.iter().enumerate() {
+            for i in 0..program.len() {
+                for &d in program.deps_of(i) {
+                    let at = &mut fill[rank_start[rank] as usize + d as usize];
+                    dependents[*at as usize] = i as u32;
+                    *at += 1;
+                }
+            }
+        }
+        let conns = Connections::build(ctx);
+        let n_conns = conns.list.len();
+        Sim {
+            ctx,
+            conns,
+            rank_start,
+            unmet,
+            dependents_start: counts,
+            dependents,
+            done: vec![false; total],
+            sent: vec![0; n_conns],
+            received: vec![0; n_conns],
+            queues: (0..n_conns).map(|_| VecDeque::new()).collect(),
+            state: initial_state(ctx),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn ready(&self, rank: u32, i: u32) -> bool {
+        let g = (self.rank_start[rank as usize] + i) as usize;
+        if self.unmet[g] != 0 {
+            return false;
+        }
+        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
+        if send != u32::MAX {
+            let c = send as usize;
+            let sent = self.sent[c];
+            if self.conns.list[c].sends[sent as usize] != i || sent - self.received[c] >= self.ctx.limits.channel_slots
+            {
+                return false;
+            }
+        }
+        if recv != u32::MAX {
+            let c = recv as usize;
+            let got = self.received[c];
+            if self.conns.list[c].recvs[got as usize] != i || self.sent[c] <= got {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn value(&self, rank: u32, op: Operand, k: u32) -> V {
+        self.state.values[self.state.slot(rank, op) + k as usize].clone()
+    }
+
+    fn fire(&mut self, rank: u32, i: u32, work: &mut Vec<(u32, u32)>) {
+        let instr: Instr = self.ctx.sched.ranks[rank as usize].instrs[i as usize];
+        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
+        let mut results = std::mem::take(&mut self.scratch);
+        results.clear();
+        for k in 0..instr.count {
+            let incoming = if recv != u32::MAX { self.queues[recv as usize].pop_front() } else { None };
+            let mut v = match instr.op {
+                Op::Send | Op::Copy | Op::Reduce => self.value(rank, instr.src, k),
+                _ => incoming.clone().expect("ready() checked that the message arrived"),
+            };
+            if let Some(acc) = instr.acc.get() {
+                let mut sum = self.value(rank, acc, k);
+                sum.reduce(&v);
+                v = sum;
+            }
+            results.push(v);
+        }
+        if let Some(dst) = instr.dst.get() {
+            let at = self.state.slot(rank, dst);
+            for (k, v) in results.iter().enumerate() {
+                self.state.values[at + k] = v.clone();
+                self.state.last_writer[at + k] = i;
+            }
+        }
+        if send != u32::MAX {
+            let c = send as usize;
+            self.queues[c].extend(results.drain(..));
+            self.sent[c] += 1;
+            let conn = &self.conns.list[c];
+            if let Some(&next) = conn.sends.get(self.sent[c] as usize) {
+                work.push((rank, next));
+            }
+            if let Some(&head) = conn.recvs.get(self.received[c] as usize) {
+                work.push((conn.to, head));
+            }
+        }
+        if recv != u32::MAX {
+            let c = recv as usize;
+            self.received[c] += 1;
+            let conn = &self.conns.list[c];
+            if let Some(&next) = conn.recvs.get(self.received[c] as usize) {
+                work.push((rank, next));
+            }
+            if let Some(&blocked) = conn.sends.get(self.sent[c] as usize) {
+                work.push((conn.from, blocked));
+            }
+        }
+        self.scratch = results;
+        let g = (self.rank_start[rank as usize] + i) as usize;
+        self.done[g] = true;
+        let start = self.rank_start[rank as usize] as usize;
+        for d in self.dependents_start[g]..self.dependents_start[g + 1] {
+            let dependent = self.dependents[d as usize];
+            let dg = start + dependent as usize;
+            self.unmet[dg] -= 1;
+            if self.unmet[dg] == 0 {
+                work.push((rank, dependent));
+            }
+        }
+    }
+
+    /// What a stuck instruction waits for, and why.
+    fn waits_for(&self, rank: u32, i: u32) -> ((u32, u32), &'static str) {
+        let program = &self.ctx.sched.ranks[rank as usize];
+        let start = self.rank_start[rank as usize] as usize;
+        if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.done[start + d as usize]) {
+            return ((rank, d), "depends on");
+        }
+        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
+        if recv != u32::MAX {
+            let c = &self.conns.list[recv as usize];
+            let got = self.received[recv as usize];
+            if c.recvs[got as usize] != i {
+                return ((rank, c.recvs[got as usize]), "receives after");
+            }
+            if self.sent[recv as usize] <= got {
+                return ((c.from, c.sends[self.sent[recv as usize] as usize]), "waits for the message of");
+            }
+        }
+        let c = &self.conns.list[send as usize];
+        let sent = self.sent[send as usize];
+        if c.sends[sent as usize] != i {
+            return ((rank, c.sends[sent as usize]), "sends after");
+        }
+        ((c.to, c.recvs[self.received[send as usize] as usize]), "waits for room freed by")
+    }
+
+    fn cycle_error(&self) -> Error {
+        let stuck = (0..self.done.len()).find(|&g| !self.done[g]).expect("called only when something is stuck");
+        let rank = self.rank_start.partition_point(|&s| s as usize <= stuck) as u32 - 1;
+        let mut node = (rank, stuck as u32 - self.rank_start[rank as usize]);
+        let mut path: Vec<((u32, u32), &'static str)> = Vec::new();
+        while !path.iter().any(|(n, _)| *n == node) {
+            let (next, why) = self.waits_for(node.0, node.1);
+            path.push((node, why));
+            node = next;
+        }
+        let cycle_start = path.iter().position(|(n, _)| *n == node).expect("loop exits on a repeat");
+        let cycle = &path[cycle_start..];
+        let lines: Vec<String> =
+            cycle.iter().map(|((r, i), why)| format!("  {} {why}", self.ctx.describe(*r, *i as usize))).collect();
+        let note =
+            format!("wait-for cycle ({} instructions, then back to the first):\n{}", cycle.len(), lines.join("\n"));
+        let ((r0, i0), _) = cycle[0];
+        let first = &self.ctx.sched.ranks[r0 as usize].instrs[i0 as usize];
+        let mut error = self.ctx.error(
+            "collc::verify::deadlock",
+            format!(
+                "deadlock with {} messages per connection: {} waits in a cycle",
+                self.ctx.limits.channel_slots,
+                self.ctx.describe(r0, i0 as usize)
+            ),
+            "break the cycle: reorder the transfers so some rank sends before it waits, or split the step",
+            first,
+            "waits in a cycle",
+        );
+        for ((r, i), _) in cycle.iter().skip(1).take(3) {
+            error = error
+                .at(self.ctx.span(&self.ctx.sched.ranks[*r as usize].instrs[*i as usize]), format!("rank {r} #{i}"));
+        }
+        error.with_note(note)
+    }
+}
+
+fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
+    let mut base = Vec::new();
+    let mut total = 0u32;
+    for b in &ctx.sched.buffers {
+        base.push(total);
+        total += b.chunks;
+    }
+    let n = ctx.sched.n_ranks as usize * total as usize;
+    let mut values = Vec::with_capacity(n);
+    for rank in 0..ctx.sched.n_ranks {
+        for (b, decl) in ctx.sched.buffers.iter().enumerate() {
+            for index in 0..decl.chunks {
+                values.push(initial_value::<V>(ctx.sched, rank, crate::sched::BufId(b as u16), index));
+            }
+        }
+    }
+    Finished { base, slots_per_rank: total, values, last_writer: vec![u32::MAX; n] }
+}

@@ -1,0 +1,164 @@
+//! Matching: on every connection (sender, receiver, channel) the i-th send and the i-th receive exist and carry
+//! the same number of chunks. Also builds the connection table the deadlock simulation runs on.
+
+use super::Context;
+use crate::diag::Error;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A directed connection and the instructions that use it, in program order.
+#[derive(Default)]
+pub(crate) struct Connection {
+    pub from: u32,
+    pub to: u32,
+    pub channel: u8,
+    /// Instruction indices on `from` that send here.
+    pub sends: Vec<u32>,
+    /// Instruction indices on `to` that receive from here.
+    pub recvs: Vec<u32>,
+}
+
+/// Every connection of a schedule, and for each instruction the connections it sends and receives on.
+pub(crate) struct Connections {
+    pub list: Vec<Connection>,
+    /// Per rank, per instruction: (send connection, receive connection), `u32::MAX` when none.
+    pub of_instr: Vec<Vec<(u32, u32)>>,
+}
+
+/// FxHash: connection keys are small integers; SipHash would dominate the check at thousands of ranks.
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl Hasher for FxHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(b as u64);
+        }
+    }
+
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(v as u64);
+    }
+
+    fn write_u8(&mut self, v: u8) {
+        self.write_u64(v as u64);
+    }
+}
+
+impl Connections {
+    pub fn build(ctx: &Context) -> Self {
+        let mut index: HashMap<(u32, u32, u8), u32, BuildHasherDefault<FxHasher>> = HashMap::default();
+        let mut list: Vec<Connection> = Vec::new();
+        let mut of_instr = Vec::with_capacity(ctx.sched.ranks.len());
+        let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
+            *index.entry((from, to, channel)).or_insert_with(|| {
+                list.push(Connection { from, to, channel, ..Default::default() });
+                (list.len() - 1) as u32
+            })
+        };
+        for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+            let rank = rank as u32;
+            let mut conns = Vec::with_capacity(program.len());
+            for (i, instr) in program.instrs.iter().enumerate() {
+                let mut pair = (u32::MAX, u32::MAX);
+                if let Some(peer) = instr.send_peer() {
+                    pair.0 = conn(rank, peer, instr.channel, &mut list);
+                    list[pair.0 as usize].sends.push(i as u32);
+                }
+                if let Some(peer) = instr.recv_peer() {
+                    pair.1 = conn(peer, rank, instr.channel, &mut list);
+                    list[pair.1 as usize].recvs.push(i as u32);
+                }
+                conns.push(pair);
+            }
+            of_instr.push(conns);
+        }
+        Connections { list, of_instr }
+    }
+}
+
+pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
+    let connections = Connections::build(ctx);
+    for c in &connections.list {
+        let ranks = &ctx.sched.ranks;
+        for k in 0..c.sends.len().max(c.recvs.len()) {
+            let (send, recv) = (c.sends.get(k), c.recvs.get(k));
+            let problem = match (send, recv) {
+                (Some(&s), Some(&r)) => {
+                    let (si, ri) =
+                        (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
+                    if si.count == ri.count {
+                        continue;
+                    }
+                    let message = format!(
+                        "{} sends {} chunks but {} receives {}",
+                        ctx.describe(c.from, s as usize),
+                        si.count,
+                        ctx.describe(c.to, r as usize),
+                        ri.count
+                    );
+                    ctx.error(
+                        "collc::verify::matching",
+                        message,
+                        "the n-th send and the n-th receive of a connection must have the same size",
+                        si,
+                        "this send",
+                    )
+                    .at(ctx.span(ri), "this receive")
+                }
+                (Some(&s), None) => {
+                    let si = &ranks[c.from as usize].instrs[s as usize];
+                    let message = format!(
+                        "{} sends to rank {} on channel {}, which never receives it (send {} of {}, {} receives)",
+                        ctx.describe(c.from, s as usize),
+                        c.to,
+                        c.channel,
+                        k + 1,
+                        c.sends.len(),
+                        c.recvs.len()
+                    );
+                    ctx.error(
+                        "collc::verify::matching",
+                        message,
+                        "every send needs a matching receive on the peer",
+                        si,
+                        "unmatched send",
+                    )
+                }
+                (None, Some(&r)) => {
+                    let ri = &ranks[c.to as usize].instrs[r as usize];
+                    let message = format!(
+                        "{} receives from rank {} on channel {}, which never sends it (receive {} of {}, {} sends)",
+                        ctx.describe(c.to, r as usize),
+                        c.from,
+                        c.channel,
+                        k + 1,
+                        c.recvs.len(),
+                        c.sends.len()
+                    );
+                    ctx.error(
+                        "collc::verify::matching",
+                        message,
+                        "every receive needs a matching send on the peer",
+                        ri,
+                        "unmatched receive",
+                    )
+                }
+                (None, None) => unreachable!("k is below the longer list's length"),
+            };
+            errors.push(problem);
+            break;
+        }
+        if errors.len() >= ctx.limits.max_errors {
+            return;
+        }
+    }
+}

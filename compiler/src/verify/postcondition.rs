@@ -1,0 +1,179 @@
+//! Postcondition: after the symbolic execution, every output chunk the contract names holds exactly the expected
+//! multiset of contributions. A failure names the rank, buffer, chunk, what was expected, what it got, and the
+//! instruction that last wrote it; small schedules are re-run exactly to list the missing or extra contributions.
+
+use super::deadlock::{simulate, Finished};
+use super::value::{contribution_hash, Exact, Hashed, Value};
+use super::Context;
+use crate::collective::Expected;
+use crate::diag::Error;
+use crate::sched::{BufId, Operand, Schedule};
+
+/// Inputs at the start: `x[r][c]` in the input window where the input is significant, undefined elsewhere.
+pub(crate) fn initial_value<V: Value>(sched: &Schedule, rank: u32, buf: BufId, index: u32) -> V {
+    let (in_buf, offset) = sched.input_window(rank);
+    let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    let significant = sched.collective.input_significant(rank, sched.root);
+    if buf == in_buf && significant && index >= offset && index < offset + in_chunks {
+        V::input(rank, index - offset)
+    } else {
+        V::undefined()
+    }
+}
+
+/// Exact re-runs for counterexamples are skipped above this many instructions (they are quadratic in p).
+const EXACT_RERUN_LIMIT: usize = 200_000;
+
+pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec<Error>) {
+    let sched = ctx.sched;
+    let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    let mut sums = Vec::new();
+    let mut wrong = Vec::new();
+    for rank in 0..sched.n_ranks {
+        let (out_buf, offset) = sched.output_window(rank);
+        for c in 0..out_chunks {
+            let expected = sched.collective.expected(rank, c, sched.chunks, sched.root, sched.peer);
+            let want = match expected {
+                Expected::Unchecked => continue,
+                Expected::One { rank, chunk } => Hashed::input(rank, chunk),
+                Expected::SumOverRanks { chunk } => sum_over_ranks(sched, chunk, &mut sums),
+            };
+            let operand = Operand::new(out_buf, offset + c);
+            if finished.values[finished.slot(rank, operand)] != want {
+                wrong.push((rank, operand, expected));
+                if wrong.len() >= ctx.limits.max_errors {
+                    break;
+                }
+            }
+        }
+    }
+    if wrong.is_empty() {
+        return;
+    }
+    let exact = (sched.n_instrs() <= EXACT_RERUN_LIMIT).then(|| simulate::<Exact>(ctx).ok()).flatten();
+    for (rank, operand, expected) in wrong {
+        errors.push(explain(ctx, finished, exact.as_ref(), rank, operand, expected));
+    }
+}
+
+fn sum_over_ranks(sched: &Schedule, chunk: u32, cache: &mut Vec<Option<Hashed>>) -> Hashed {
+    if cache.len() <= chunk as usize {
+        cache.resize(chunk as usize + 1, None);
+    }
+    *cache[chunk as usize].get_or_insert_with(|| {
+        let mut sum = Hashed { hash: 0, count: 0, undefined: false };
+        for q in 0..sched.n_ranks {
+            sum.hash = sum.hash.wrapping_add(contribution_hash(q, chunk));
+            sum.count += 1;
+        }
+        sum
+    })
+}
+
+fn describe_expected(expected: Expected, n_ranks: u32) -> String {
+    match expected {
+        Expected::Unchecked => "anything".to_string(),
+        Expected::One { rank, chunk } => format!("x[{rank}][{chunk}]"),
+        Expected::SumOverRanks { chunk } => format!("the sum of x[q][{chunk}] over all {n_ranks} ranks q, each once"),
+    }
+}
+
+fn list(items: &[(u32, u32)]) -> String {
+    let shown: Vec<String> = items.iter().take(8).map(|(r, c)| format!("x[{r}][{c}]")).collect();
+    let more = if items.len() > 8 { format!(" and {} more", items.len() - 8) } else { String::new() };
+    format!("{}{more}", shown.join(" + "))
+}
+
+fn expected_items(expected: Expected, n_ranks: u32) -> Vec<(u32, u32)> {
+    match expected {
+        Expected::Unchecked => Vec::new(),
+        Expected::One { rank, chunk } => vec![(rank, chunk)],
+        Expected::SumOverRanks { chunk } => (0..n_ranks).map(|q| (q, chunk)).collect(),
+    }
+}
+
+/// Contributions in `a` not matched one-for-one in `b` (both sorted).
+fn difference(a: &[(u32, u32)], b: &[(u32, u32)]) -> Vec<(u32, u32)> {
+    let mut out = Vec::new();
+    let mut j = 0;
+    for &x in a {
+        while j < b.len() && b[j] < x {
+            j += 1;
+        }
+        if j < b.len() && b[j] == x {
+            j += 1;
+        } else {
+            out.push(x);
+        }
+    }
+    out
+}
+
+fn describe_got(
+    finished: &Finished<Hashed>,
+    exact: Option<&Finished<Exact>>,
+    slot: usize,
+    expected: Expected,
+    n_ranks: u32,
+) -> String {
+    let got = finished.values[slot];
+    if got.undefined && got.count == 0 {
+        return "nothing: the slot was never written (or only with undefined data)".to_string();
+    }
+    let Some(exact) = exact else {
+        return format!(
+            "a different combination of {} contributions{}",
+            got.count,
+            if got.undefined { " mixed with undefined data" } else { "" }
+        );
+    };
+    let value = &exact.values[slot];
+    let want = expected_items(expected, n_ranks);
+    let (missing, extra) = (difference(&want, &value.items), difference(&value.items, &want));
+    let mut text = list(&value.items);
+    if value.undefined {
+        text.push_str(" + undefined data");
+    }
+    if !missing.is_empty() {
+        text.push_str(&format!("; missing {}", list(&missing)));
+    }
+    if !extra.is_empty() {
+        text.push_str(&format!("; extra or duplicated {}", list(&extra)));
+    }
+    text
+}
+
+fn explain(
+    ctx: &Context,
+    finished: &Finished<Hashed>,
+    exact: Option<&Finished<Exact>>,
+    rank: u32,
+    operand: Operand,
+    expected: Expected,
+) -> Error {
+    let sched = ctx.sched;
+    let slot = finished.slot(rank, operand);
+    let got = describe_got(finished, exact, slot, expected, sched.n_ranks);
+    let name = &sched.buffer(operand.buf).name;
+    let message = format!(
+        "wrong result on rank {rank}: {name}[{}] must hold {}",
+        operand.index,
+        describe_expected(expected, sched.n_ranks)
+    );
+    let note = format!(
+        "counterexample: rank {rank}, buffer {name}, chunk {}\n  expected: {}\n  got:      {got}",
+        operand.index,
+        describe_expected(expected, sched.n_ranks)
+    );
+    let help = "the schedule does not compute the collective's contract; check the chunk indices and peers of the transfers that feed this chunk";
+    let writer = finished.last_writer[slot];
+    let error = if writer == u32::MAX {
+        Error::new("collc::verify::postcondition", message, help)
+            .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk")
+    } else {
+        let instr = &sched.ranks[rank as usize].instrs[writer as usize];
+        let label = format!("last written here ({})", ctx.describe(rank, writer as usize));
+        ctx.error("collc::verify::postcondition", message, help, instr, &label)
+    };
+    error.with_note(note)
+}

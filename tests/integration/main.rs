@@ -1,0 +1,1 @@
+//! The integration test binary: every data-driven suite is a module here.

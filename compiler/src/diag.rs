@@ -89,3 +89,17 @@ impl From<Error> for Errors {
         Errors(vec![e])
     }
 }
+
+/// Renders one diagnostic against its source as miette's graphical report; colourless when `plain` (files, CI,
+/// snapshots). The compiler does no I/O: callers print the string.
+pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {
+    use miette::{GraphicalReportHandler, GraphicalTheme, NamedSource};
+    let theme = if plain { GraphicalTheme::unicode_nocolor() } else { GraphicalTheme::default() };
+    let handler = GraphicalReportHandler::new_themed(theme).with_width(110);
+    let report = miette::Report::new(error.clone()).with_source_code(NamedSource::new(name, source.to_string()));
+    let mut out = String::new();
+    if handler.render_report(&mut out, report.as_ref()).is_err() {
+        out = format!("error[{}]: {}\n", error.code, error.message);
+    }
+    out
+}

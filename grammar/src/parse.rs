@@ -64,9 +64,26 @@ fn check_limits(source: &str, limits: &Limits) -> Result<()> {
     Ok(())
 }
 
+/// A node's span without the whitespace and comments pest lets a rule swallow at its end.
 fn span_of(pair: &Pair<Rule>) -> Span {
     let s = pair.as_span();
-    Span::new(s.start(), s.end())
+    Span::new(s.start(), s.start() + trimmed_len(pair.as_str()))
+}
+
+fn trimmed_len(text: &str) -> usize {
+    let mut end = text.len();
+    loop {
+        let body = text[..end].trim_end();
+        let line_start = body.rfind('\n').map_or(0, |i| i + 1);
+        let line = &body[line_start..];
+        match line.find('#') {
+            Some(hash) if line.trim_start().starts_with('#') || hash > 0 => end = line_start + hash,
+            _ => return body.len(),
+        }
+        if end == 0 {
+            return 0;
+        }
+    }
 }
 
 fn doc_text(pair: &Pair<Rule>) -> String {

@@ -313,7 +313,11 @@ fn eval_size(
             _ => {}
         }
     }
-    let slots_per_rank = total.saturating_add(chunks.saturating_mul(p as i64).saturating_mul(3));
+    let collective: crate::Collective = algo.collective.name.parse().unwrap_or(crate::Collective::AllToAll);
+    let (in_chunks, out_chunks) = collective.buffer_chunks(p, chunks.clamp(1, u32::MAX as i64 / p as i64) as u32);
+    let view = in_chunks.max(out_chunks) as i64;
+    // Out of place, a work buffer the size of the shared view may be added.
+    let slots_per_rank = total.saturating_add(in_chunks as i64 + out_chunks as i64 + view);
     if slots_per_rank.saturating_mul(p as i64) as u64 > limits.max_slots {
         return Err(Error::new(
             "collc::lower::limit",

@@ -259,6 +259,7 @@ fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
         Rule::step_stmt => StmtKind::Step { body: build_block(parts.next().expect("step body").1, limits)? },
         Rule::send_stmt => build_send(parts.map(|(k, p)| (k, p)).collect(), limits)?,
         Rule::copy_stmt | Rule::reduce_stmt => {
+            let mut parts = parts.filter(|(_, p)| p.as_rule() != Rule::k_reduce);
             let src = build_buf_ref(parts.next().expect("source").1, limits)?;
             let dst = build_buf_ref(parts.next().expect("destination").1, limits)?;
             let on = build_expr(parts.next().expect("rank").1, limits)?;
@@ -464,6 +465,7 @@ fn rule_name(rule: &Rule) -> String {
         EOI => "end of file",
         doc => "a `##` doc comment",
         ident | buf_name => "a name",
+        collective_name => "a collective name (allreduce, reducescatter, allgather, broadcast, reduce, gather, scatter, alltoall, sendrecv)",
         algorithm | k_algorithm => "`algorithm NAME for COLLECTIVE { ... }`",
         item | ranks_decl | nodes_decl | root_decl | peer_decl | param_decl | where_decl | chunks_decl
         | scratch_decl | fn_def => "a declaration (ranks, root, param, where, chunks, scratch, fn) or a statement",

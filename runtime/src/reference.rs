@@ -23,7 +23,13 @@ pub enum RunError {
 pub type RankBuffers = Vec<Vec<u8>>;
 
 /// Runs `sched` on `buffers` for a call of `count` elements per block. Avg divides by the rank count at the end.
-pub fn run(sched: &VerifiedSchedule, buffers: &mut [RankBuffers], count: usize, dtype: DataType, op: ReduceOp) -> Result<(), RunError> {
+pub fn run(
+    sched: &VerifiedSchedule,
+    buffers: &mut [RankBuffers],
+    count: usize,
+    dtype: DataType,
+    op: ReduceOp,
+) -> Result<(), RunError> {
     if buffers.len() != sched.n_ranks as usize {
         return Err(RunError::RankCount { expected: sched.n_ranks, got: buffers.len() });
     }
@@ -37,11 +43,16 @@ pub fn run(sched: &VerifiedSchedule, buffers: &mut [RankBuffers], count: usize, 
                 bufs[b].resize(needed, 0);
             }
             if bufs[b].len() < needed && is_used(sched, b as u16) {
-                return Err(RunError::BufferSize { rank: rank as u32, buffer: decl.name.clone(), got: bufs[b].len(), needed });
+                return Err(RunError::BufferSize {
+                    rank: rank as u32,
+                    buffer: decl.name.clone(),
+                    got: bufs[b].len(),
+                    needed,
+                });
             }
         }
     }
-    Interpreter { sched, layout, elem, dtype, op, queues: HashMap::new() }.run(buffers)?;
+    Interpreter { sched, layout: layout.clone(), elem, dtype, op, queues: HashMap::new() }.run(buffers)?;
     if op == ReduceOp::Avg && sched.collective.reduces() {
         for rank in 0..sched.n_ranks {
             let (buf, offset) = sched.output_window(rank);
@@ -55,7 +66,11 @@ pub fn run(sched: &VerifiedSchedule, buffers: &mut [RankBuffers], count: usize, 
 }
 
 fn is_used(sched: &VerifiedSchedule, buf: u16) -> bool {
-    sched.ranks.iter().flat_map(|r| &r.instrs).any(|i| [i.src, i.acc, i.dst].iter().any(|o| o.get().is_some_and(|o| o.buf == BufId(buf))))
+    sched
+        .ranks
+        .iter()
+        .flat_map(|r| &r.instrs)
+        .any(|i| [i.src, i.acc, i.dst].iter().any(|o| o.get().is_some_and(|o| o.buf == BufId(buf))))
 }
 
 fn byte_range(layout: &ChunkLayout, elem: usize, op: Operand, n: u32) -> std::ops::Range<usize> {
@@ -102,7 +117,9 @@ impl Interpreter<'_> {
         }
         let same_connection = |other: &Instr| {
             (instr.recv_peer().is_some() && other.recv_peer() == instr.recv_peer() && other.channel == instr.channel)
-                || (instr.send_peer().is_some() && other.send_peer() == instr.send_peer() && other.channel == instr.channel)
+                || (instr.send_peer().is_some()
+                    && other.send_peer() == instr.send_peer()
+                    && other.channel == instr.channel)
         };
         if (0..i).any(|k| !done[k] && same_connection(&program.instrs[k])) {
             return false;
@@ -121,7 +138,11 @@ impl Interpreter<'_> {
         let instr = self.sched.ranks[rank as usize].instrs[index];
         let kernel = |source| RunError::Kernel { rank, index, source };
         let mut value = match instr.recv_peer() {
-            Some(peer) => self.queues.get_mut(&(peer, rank, instr.channel)).and_then(VecDeque::pop_front).expect("ready() saw the message"),
+            Some(peer) => self
+                .queues
+                .get_mut(&(peer, rank, instr.channel))
+                .and_then(VecDeque::pop_front)
+                .expect("ready() saw the message"),
             None => self.read(bufs, instr.src, instr.count),
         };
         if let Some(acc) = instr.acc.get() {

@@ -4,7 +4,8 @@ use crate::args::{parse_rank_list, BindArgs, LimitArgs};
 use crate::library;
 use crate::report;
 use clap::Args;
-use collc_compiler::{compile, Error, Errors, Options, Placement};
+use collc_compiler::{lower, optimise, schedule, verify, Error, Errors, Placement};
+use collc_grammar::ast;
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -28,13 +29,28 @@ enum Outcome {
     Failed(Errors),
 }
 
-fn check_one(text: &str, args: &CheckArgs, n_ranks: u32, placement: Placement) -> Outcome {
+/// Lowers once for `n_ranks`, then schedules, fuses and verifies each placement.
+fn check_rank_count(text: &str, file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<(Placement, Outcome)> {
     let limits = args.limits.limits();
-    match compile(text, &args.bind.bindings(n_ranks), Options { placement, fuse: true }, &limits) {
-        Ok(verified) => Outcome::Verified(verified.n_instrs()),
-        Err(errors) if is_not_admitted(&errors) => Outcome::NotAdmitted(errors.0[0].message.clone()),
-        Err(errors) => Outcome::Failed(errors),
-    }
+    let program = match lower(file, &args.bind.bindings(n_ranks), &limits) {
+        Ok(program) => program,
+        Err(errors) if is_not_admitted(&errors) => {
+            return vec![(Placement::OutOfPlace, Outcome::NotAdmitted(errors.0[0].message.clone()))]
+        }
+        Err(errors) => return vec![(Placement::OutOfPlace, Outcome::Failed(errors))],
+    };
+    Placement::BOTH
+        .into_iter()
+        .map(|placement| {
+            let mut sched = schedule(&program, placement);
+            optimise::fuse(&mut sched);
+            let outcome = match verify(sched, text, &limits) {
+                Ok(verified) => Outcome::Verified(verified.n_instrs()),
+                Err(errors) => Outcome::Failed(errors),
+            };
+            (placement, outcome)
+        })
+        .collect()
 }
 
 fn is_not_admitted(errors: &Errors) -> bool {
@@ -56,12 +72,19 @@ pub fn run(args: CheckArgs) -> u8 {
             return 2;
         }
     };
+    let file = match collc_grammar::parse(&source.text, &args.limits.limits().syntax) {
+        Ok(file) => file,
+        Err(e) => {
+            report::print_all(&Errors(vec![Error::from(e)]), &source.name, &source.text);
+            return 1;
+        }
+    };
     let (mut verified, mut skipped, mut failed) = (0, 0, 0);
     let started = std::time::Instant::now();
     for &p in &ranks {
         let mut line = Vec::new();
-        for placement in Placement::BOTH {
-            match check_one(&source.text, &args, p, placement) {
+        for (placement, outcome) in check_rank_count(&source.text, &file, &args, p) {
+            match outcome {
                 Outcome::Verified(n) => {
                     verified += 1;
                     line.push(format!("{placement} {n} instructions"));
@@ -69,7 +92,6 @@ pub fn run(args: CheckArgs) -> u8 {
                 Outcome::NotAdmitted(why) => {
                     skipped += 1;
                     line.push(format!("not admitted: {why}"));
-                    break;
                 }
                 Outcome::Failed(errors) => {
                     failed += 1;

@@ -257,7 +257,7 @@ fn build_stmt(pair: Pair<Rule>, limits: &Limits) -> Result<Stmt> {
             StmtKind::If { cond, then_body, else_body }
         }
         Rule::step_stmt => StmtKind::Step { body: build_block(parts.next().expect("step body").1, limits)? },
-        Rule::send_stmt => build_send(parts.map(|(k, p)| (k, p)).collect(), limits)?,
+        Rule::send_stmt => build_send(parts.collect(), limits)?,
         Rule::copy_stmt | Rule::reduce_stmt => {
             let mut parts = parts.filter(|(_, p)| p.as_rule() != Rule::k_reduce);
             let src = build_buf_ref(parts.next().expect("source").1, limits)?;

@@ -94,15 +94,35 @@ fn fused(recv: Instr, send: Instr) -> Instr {
     Instr { op, send_peer: send.send_peer, ..recv }
 }
 
-/// For each instruction, the instructions that list it as a dependency.
-fn dependents(rank: &RankProgram) -> Vec<Vec<u32>> {
-    let mut out = vec![Vec::new(); rank.len()];
+/// For each instruction, the instructions that list it as a dependency (compressed rows: `start[i]..start[i+1]`).
+struct Dependents {
+    start: Vec<u32>,
+    list: Vec<u32>,
+}
+
+impl Dependents {
+    fn of(&self, i: usize) -> &[u32] {
+        &self.list[self.start[i] as usize..self.start[i + 1] as usize]
+    }
+}
+
+fn dependents(rank: &RankProgram) -> Dependents {
+    let mut start = vec![0u32; rank.len() + 1];
+    for &d in &rank.deps {
+        start[d as usize + 1] += 1;
+    }
+    for i in 1..start.len() {
+        start[i] += start[i - 1];
+    }
+    let mut fill = start.clone();
+    let mut list = vec![0u32; rank.deps.len()];
     for i in 0..rank.len() {
         for &d in rank.deps_of(i) {
-            out[d as usize].push(i as u32);
+            list[fill[d as usize] as usize] = i as u32;
+            fill[d as usize] += 1;
         }
     }
-    out
+    Dependents { start, list }
 }
 
 fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
@@ -111,11 +131,11 @@ fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
 
 /// The value `i` writes is dead when nothing but the forwarding send `j` reads it before it is overwritten in full
 /// (or, for scratch, never read again). User-visible buffers keep their last value, so they need the overwrite.
-fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &[Vec<u32>], scratch_from: u16) -> bool {
+fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &Dependents, scratch_from: u16) -> bool {
     let written = rank.instrs[i];
     let dst = written.dst;
     let mut covered = vec![false; written.count as usize];
-    for &k in &dependents[i] {
+    for &k in dependents.of(i) {
         if k as usize == j {
             continue;
         }

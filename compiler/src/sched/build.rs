@@ -56,6 +56,8 @@ struct Mapper {
     written: Vec<bool>,
     work_used: bool,
     collective: crate::Collective,
+    /// Per-chunk operands of the transfer being lowered, reused to keep allocation off the per-transfer path.
+    pieces: Vec<[Operand; 3]>,
 }
 
 impl Mapper {
@@ -78,6 +80,7 @@ impl Mapper {
             written,
             work_used: false,
             collective: program.collective,
+            pieces: Vec::new(),
         }
     }
 
@@ -140,7 +143,8 @@ impl Mapper {
     /// Emits the instructions of one transfer, split where its chunks do not map to contiguous physical ranges.
     fn lower_transfer<'t>(&mut self, t: &'t Transfer, out: &mut Vec<Piece<'t>>) {
         let reduce = matches!(t.kind, TransferKind::Send { reduce: true } | TransferKind::Reduce);
-        let mut pieces: Vec<[Operand; 3]> = Vec::with_capacity(t.count as usize);
+        let mut pieces = std::mem::take(&mut self.pieces);
+        pieces.clear();
         for k in 0..t.count {
             let src = self.read(t.from, t.src, k);
             let acc = if reduce { self.read(t.to, t.dst, k) } else { Operand::NONE };
@@ -159,6 +163,7 @@ impl Mapper {
             out.push((t, src, acc, dst, (end - start) as u32));
             start = end;
         }
+        self.pieces = pieces;
     }
 
     /// Out of place, an output chunk the algorithm never wrote still holds its input: copy it once at the end.

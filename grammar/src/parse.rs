@@ -47,7 +47,7 @@ fn check_limits(source: &str, limits: &Limits) -> Result<()> {
             b')' | b']' | b'}' => depth = depth.saturating_sub(1),
             _ => {}
         }
-        if source[at..].starts_with("if") {
+        if source.as_bytes()[at..].starts_with(b"if") {
             ifs += 1;
         }
         if depth > limits.max_nesting || ifs > limits.max_ifs {

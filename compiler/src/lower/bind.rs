@@ -75,7 +75,24 @@ pub(crate) fn bind(algo: &Algorithm, collective: Collective, b: &Bindings, limit
     }
     let (names, root_span, peer_span) = declared(algo);
     check_declarations(algo, collective, &names, root_span)?;
+    let fixed: Vec<&str> = algo
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Ranks { var, .. } | Item::Root { var, .. } | Item::Peer { var, .. } => Some(var.name.as_str()),
+            _ => None,
+        })
+        .collect();
     for (name, _) in &b.params {
+        if fixed.contains(&name.as_str()) {
+            return Err(Error::new(
+                "collc::lower::param",
+                format!("--set {name}=...: `{name}` is the rank count, root or peer"),
+                "bind it with --ranks, --root or --peer",
+            )
+            .at(algo.name.span, "in this algorithm")
+            .into());
+        }
         if !names.iter().any(|(n, _)| n == name) {
             let known: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
             return Err(Error::new(
@@ -157,6 +174,17 @@ fn resolve_fns(algo: &Algorithm, resolver: &Resolver) -> Result<Vec<RFn>> {
     let mut fns = Vec::new();
     for item in &algo.items {
         if let Item::Fn(f) = item {
+            if ["min", "max", "abs", "log2", "clog2", "pow2"].contains(&f.name.name.as_str())
+                || fns.iter().any(|g: &RFn| g.name == f.name.name)
+            {
+                return Err(Error::new(
+                    "collc::lower::name",
+                    format!("`{}` is already a function", f.name.name),
+                    "give the function another name",
+                )
+                .at(f.name.span, "redefined here")
+                .into());
+            }
             let inner = resolver.for_fn(&f.params)?;
             let body = inner.expr(&f.body)?;
             fns.push(RFn { name: f.name.name.clone(), span: f.name.span, frame_size: inner.frame_size, body });
@@ -216,9 +244,12 @@ fn bind_values(
                 set_global(machine, resolver.globals, &local.name, g);
             }
             Item::Param { var, default, .. } => {
+                // A default sees only the parameters declared before it.
+                let position = resolver.globals.iter().position(|g| *g == var.name).expect("declared");
+                let earlier = Resolver::new(&resolver.globals[..position], resolver.fn_names, resolver.scratch);
                 let value = match given(&var.name) {
                     Some(v) => v,
-                    None => eval_global(resolver, machine, default)?,
+                    None => eval_global(&earlier, machine, default)?,
                 };
                 set_global(machine, resolver.globals, &var.name, value);
             }

@@ -119,6 +119,15 @@ impl Exec<'_> {
                     .at(span, "this step is 0"));
                 }
                 while (by_value > 0 && i < end_value) || (by_value < 0 && i > end_value) {
+                    // Each iteration costs fuel, so an empty loop with a huge bound still ends.
+                    self.machine.fuel = self.machine.fuel.checked_sub(1).ok_or_else(|| {
+                        Error::new(
+                            "collc::lower::limit",
+                            format!("evaluation took more than {} steps", self.limits.max_eval_steps),
+                            "a loop bound is far larger than intended; raise the limit with --max-eval-steps",
+                        )
+                        .at(end.span(), "this loop bound")
+                    })?;
                     frame[*slot as usize] = i;
                     self.block(body, frame)?;
                     i = match i.checked_add(by_value) {

@@ -95,6 +95,12 @@ fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
     if ctx.sched.placement == Placement::OutOfPlace && instr.dst.get().is_some_and(|d| d.buf == BufId::IN) {
         return Some("writes the input buffer of an out-of-place call".to_string());
     }
+    if let (Some(src), Some(dst)) = (instr.src.get(), instr.dst.get()) {
+        let overlap = src.buf == dst.buf && src.index < dst.index + instr.count && dst.index < src.index + instr.count;
+        if overlap && src != dst {
+            return Some("its source and destination overlap (in[] and out[] alias in place)".to_string());
+        }
+    }
     if instr.channel as u32 >= ctx.limits.max_channels {
         return Some(format!("channel {} is outside 0..{}", instr.channel, ctx.limits.max_channels));
     }

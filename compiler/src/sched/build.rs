@@ -2,6 +2,7 @@
 //! buffers (renaming for out-of-place calls), splits each transfer into per-rank instructions and keeps only the
 //! dependencies that read-after-write, write-after-read and write-after-write hazards require.
 
+use super::slots::{SlotHistory, NONE};
 use super::{BufId, BufferDecl, Instr, Op, Operand, Placement, RankProgram, Schedule, NO_RANK};
 use crate::ir::{Buf, Loc, Program, Transfer, TransferKind};
 
@@ -273,12 +274,8 @@ fn emit_receive_side(t: &Transfer, src: Operand, acc: Operand, dst: Operand, cou
 /// Per-slot hazard state of one rank, reused across ranks.
 struct Hazards {
     base: Vec<u32>,
-    last_writer: Vec<u32>,
-    readers: Vec<Vec<u32>>,
-    touched: Vec<u32>,
+    history: SlotHistory,
 }
-
-const NONE: u32 = u32::MAX;
 
 impl Hazards {
     fn new(buffers: &[BufferDecl]) -> Self {
@@ -288,25 +285,12 @@ impl Hazards {
             base.push(total);
             total += b.chunks;
         }
-        Hazards {
-            base,
-            last_writer: vec![NONE; total as usize],
-            readers: vec![Vec::new(); total as usize],
-            touched: Vec::new(),
-        }
+        Hazards { base, history: SlotHistory::new(total as usize) }
     }
 
     fn slots(&self, op: Operand, count: u32) -> std::ops::Range<usize> {
         let start = (self.base[op.buf.0 as usize] + op.index) as usize;
         start..start + count as usize
-    }
-
-    fn reset(&mut self) {
-        for &slot in &self.touched {
-            self.last_writer[slot as usize] = NONE;
-            self.readers[slot as usize].clear();
-        }
-        self.touched.clear();
     }
 }
 
@@ -322,7 +306,7 @@ pub(crate) fn with_dependencies(instrs: Vec<Instr>, buffers: &[BufferDecl]) -> R
         }
         let hazards = &mut cell.as_mut().expect("just set").1;
         let program = dependencies_with(instrs, hazards);
-        hazards.reset();
+        hazards.history.reset();
         program
     })
 }
@@ -331,7 +315,7 @@ fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
     let mut program = RankProgram {
         instrs: Vec::with_capacity(instrs.len()),
         dep_ranges: Vec::with_capacity(instrs.len()),
-        deps: Vec::new(),
+        deps: Vec::with_capacity(instrs.len() * 2),
     };
     let mut deps = Vec::new();
     for (i, instr) in instrs.into_iter().enumerate() {
@@ -339,32 +323,26 @@ fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
         deps.clear();
         for read in instr.reads() {
             for slot in h.slots(read, instr.count) {
-                if h.last_writer[slot] != NONE {
-                    deps.push(h.last_writer[slot]);
-                }
+                deps.push(h.history.last_writer(slot));
             }
         }
         if let Some(dst) = instr.dst.get() {
             for slot in h.slots(dst, instr.count) {
-                if h.last_writer[slot] != NONE {
-                    deps.push(h.last_writer[slot]);
-                }
-                deps.extend(h.readers[slot].iter().copied().filter(|&r| r != i));
+                deps.push(h.history.last_writer(slot));
+                deps.extend(h.history.readers(slot).filter(|&r| r != i));
             }
         }
+        deps.retain(|&d| d != NONE);
         deps.sort_unstable();
         deps.dedup();
         for read in instr.reads() {
             for slot in h.slots(read, instr.count) {
-                h.readers[slot].push(i);
-                h.touched.push(slot as u32);
+                h.history.read(slot, i);
             }
         }
         if let Some(dst) = instr.dst.get() {
             for slot in h.slots(dst, instr.count) {
-                h.last_writer[slot] = i;
-                h.readers[slot].clear();
-                h.touched.push(slot as u32);
+                h.history.write(slot, i);
             }
         }
         program.push(instr, &deps);

@@ -2,6 +2,7 @@
 //! and the dependencies that data hazards require. `build.rs` makes one from an `ir::Program`.
 
 pub(crate) mod build;
+pub(crate) mod slots;
 
 use crate::collective::Collective;
 use collc_grammar::ast::Span;

@@ -41,25 +41,50 @@ struct Sim<'a, V> {
     scratch: Vec<V>,
 }
 
+/// Ranks with instructions to look at, each with its own stack, so one rank's instructions are handled together
+/// (they share cache lines) instead of hopping between ranks on every message.
+struct Work {
+    stacks: Vec<Vec<u32>>,
+    active: VecDeque<u32>,
+    queued: Vec<bool>,
+}
+
+impl Work {
+    fn push(&mut self, rank: u32, i: u32) {
+        self.stacks[rank as usize].push(i);
+        if !self.queued[rank as usize] {
+            self.queued[rank as usize] = true;
+            self.active.push_back(rank);
+        }
+    }
+}
+
 pub(crate) fn simulate<V: Value>(ctx: &Context) -> Result<Finished<V>, Error> {
     let mut sim = Sim::new(ctx);
-    let mut work: Vec<(u32, u32)> = Vec::new();
+    let p = ctx.sched.ranks.len();
+    let mut work = Work { stacks: vec![Vec::new(); p], active: VecDeque::with_capacity(p), queued: vec![false; p] };
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
-        for i in 0..program.len() {
+        for i in (0..program.len()).rev() {
             if program.deps_of(i).is_empty() {
-                work.push((rank as u32, i as u32));
+                work.push(rank as u32, i as u32);
             }
         }
     }
     let total = *sim.rank_start.last().expect("rank_start has p + 1 entries") as usize;
     let mut completed = 0usize;
-    while let Some((rank, i)) = work.pop() {
-        let g = (sim.rank_start[rank as usize] + i) as usize;
-        if sim.done[g] || !sim.ready(rank, i) {
-            continue;
+    while let Some(rank) = work.active.pop_front() {
+        work.queued[rank as usize] = false;
+        let mut stack = std::mem::take(&mut work.stacks[rank as usize]);
+        while let Some(i) = stack.pop() {
+            let g = (sim.rank_start[rank as usize] + i) as usize;
+            if sim.done[g] || !sim.ready(rank, i) {
+                continue;
+            }
+            sim.fire(rank, i, &mut work, &mut stack);
+            completed += 1;
         }
-        sim.fire(rank, i, &mut work);
-        completed += 1;
+        let pushed_meanwhile = std::mem::replace(&mut work.stacks[rank as usize], stack);
+        work.stacks[rank as usize].extend(pushed_meanwhile);
     }
     if completed < total {
         return Err(sim.cycle_error());
@@ -146,7 +171,8 @@ impl<'a, V: Value> Sim<'a, V> {
         self.state.values[self.state.slot(rank, op) + k as usize].clone()
     }
 
-    fn fire(&mut self, rank: u32, i: u32, work: &mut Vec<(u32, u32)>) {
+    /// Runs instruction `i` of `rank`; what it may have made ready goes on `own` (this rank) or `work` (others).
+    fn fire(&mut self, rank: u32, i: u32, work: &mut Work, own: &mut Vec<u32>) {
         let instr: Instr = self.ctx.sched.ranks[rank as usize].instrs[i as usize];
         let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
         let mut results = std::mem::take(&mut self.scratch);
@@ -177,10 +203,10 @@ impl<'a, V: Value> Sim<'a, V> {
             self.sent[c] += 1;
             let conn = &self.conns.list[c];
             if let Some(&next) = conn.sends.get(self.sent[c] as usize) {
-                work.push((rank, next));
+                own.push(next);
             }
             if let Some(&head) = conn.recvs.get(self.received[c] as usize) {
-                work.push((conn.to, head));
+                work.push(conn.to, head);
             }
         }
         if recv != u32::MAX {
@@ -188,10 +214,10 @@ impl<'a, V: Value> Sim<'a, V> {
             self.received[c] += 1;
             let conn = &self.conns.list[c];
             if let Some(&next) = conn.recvs.get(self.received[c] as usize) {
-                work.push((rank, next));
+                own.push(next);
             }
             if let Some(&blocked) = conn.sends.get(self.sent[c] as usize) {
-                work.push((conn.from, blocked));
+                work.push(conn.from, blocked);
             }
         }
         self.scratch = results;
@@ -203,7 +229,7 @@ impl<'a, V: Value> Sim<'a, V> {
             let dg = start + dependent as usize;
             self.unmet[dg] -= 1;
             if self.unmet[dg] == 0 {
-                work.push((rank, dependent));
+                own.push(dependent);
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use super::Context;
 use crate::diag::Error;
+use crate::sched::slots::SlotHistory;
 use crate::sched::{Operand, RankProgram};
 
 pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
@@ -12,13 +13,11 @@ pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
         base.push(total);
         total += b.chunks;
     }
-    let mut last_write = vec![u32::MAX; total as usize];
-    let mut readers: Vec<Vec<u32>> = vec![Vec::new(); total as usize];
+    let mut history = SlotHistory::new(total as usize);
     let mut seen = Vec::new();
     let mut conflicts = Vec::new();
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
-        last_write.fill(u32::MAX);
-        readers.iter_mut().for_each(Vec::clear);
+        history.reset();
         seen.clear();
         seen.resize(program.len(), u32::MAX);
         let slots = |op: Operand, count: u32| {
@@ -30,13 +29,13 @@ pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
             conflicts.clear();
             for read in instr.reads() {
                 for slot in slots(read, instr.count) {
-                    conflicts.push(last_write[slot]);
+                    conflicts.push(history.last_writer(slot));
                 }
             }
             if let Some(dst) = instr.dst.get() {
                 for slot in slots(dst, instr.count) {
-                    conflicts.push(last_write[slot]);
-                    conflicts.extend(readers[slot].iter().copied().filter(|&r| r != i));
+                    conflicts.push(history.last_writer(slot));
+                    conflicts.extend(history.readers(slot).filter(|&r| r != i));
                 }
             }
             conflicts.sort_unstable();
@@ -62,13 +61,12 @@ pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
             }
             for read in instr.reads() {
                 for slot in slots(read, instr.count) {
-                    readers[slot].push(i);
+                    history.read(slot, i);
                 }
             }
             if let Some(dst) = instr.dst.get() {
                 for slot in slots(dst, instr.count) {
-                    last_write[slot] = i;
-                    readers[slot].clear();
+                    history.write(slot, i);
                 }
             }
         }

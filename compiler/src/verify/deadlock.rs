@@ -281,7 +281,7 @@ impl<'a, V: Value> Sim<'a, V> {
         let mut error = self.ctx.error(
             "collc::verify::deadlock",
             format!(
-                "deadlock with {} messages per connection: {} waits in a cycle",
+                "deadlock with {} message slot(s) per connection: {} waits in a cycle",
                 self.ctx.limits.channel_slots,
                 self.ctx.describe(r0, i0 as usize)
             ),
@@ -289,9 +289,11 @@ impl<'a, V: Value> Sim<'a, V> {
             first,
             "waits in a cycle",
         );
-        for ((r, i), _) in cycle.iter().skip(1).take(3) {
-            error = error
-                .at(self.ctx.span(&self.ctx.sched.ranks[*r as usize].instrs[*i as usize]), format!("rank {r} #{i}"));
+        for ((r, i), _) in cycle.iter().skip(1) {
+            let span = self.ctx.span(&self.ctx.sched.ranks[*r as usize].instrs[*i as usize]);
+            if error.labels.len() < 4 && error.labels.iter().all(|(s, _)| *s != span) {
+                error = error.at(span, format!("rank {r} #{i} is in the cycle too"));
+            }
         }
         error.with_note(note)
     }

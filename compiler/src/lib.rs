@@ -42,7 +42,7 @@ impl Default for Limits {
         Limits {
             syntax: collc_grammar::Limits::default(),
             max_ranks: 1 << 16,
-            max_eval_steps: 4_000_000_000,
+            max_eval_steps: 1_000_000_000,
             max_call_depth: 256,
             max_transfers: 64 << 20,
             max_slots: 1 << 28,

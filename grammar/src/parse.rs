@@ -463,6 +463,7 @@ fn rule_name(rule: &Rule) -> String {
     use Rule::*;
     let name = match rule {
         EOI => "end of file",
+        file => "`algorithm NAME for COLLECTIVE { ... }`",
         doc => "a `##` doc comment",
         ident | buf_name => "a name",
         collective_name => "a collective name (allreduce, reducescatter, allgather, broadcast, reduce, gather, scatter, alltoall, sendrecv)",

@@ -152,13 +152,21 @@ impl Machine<'_> {
             .at(span, "this call")
             .at(f.span, "in this function"));
         }
-        let mut callee_frame = vec![0i64; f.frame_size as usize];
+        // Most functions have a handful of parameters: keep their frame on the stack.
+        let mut inline = [0i64; 8];
+        let mut heap = Vec::new();
+        let callee_frame: &mut [i64] = if f.frame_size as usize <= inline.len() {
+            &mut inline[..f.frame_size as usize]
+        } else {
+            heap.resize(f.frame_size as usize, 0);
+            &mut heap
+        };
         for (slot, arg) in callee_frame.iter_mut().zip(args) {
             *slot = self.eval(arg, frame)?;
         }
         self.depth += 1;
         let fns = self.fns;
-        let result = self.eval(&fns[index as usize].body, &callee_frame);
+        let result = self.eval(&fns[index as usize].body, callee_frame);
         self.depth -= 1;
         result
     }

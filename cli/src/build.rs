@@ -5,7 +5,7 @@ use crate::library;
 use crate::report;
 use clap::{Args, ValueEnum};
 use collc_compiler::emit::{to_json, write_sched};
-use collc_compiler::{lower, optimise, schedule, verify, Error, Errors, Placement};
+use collc_compiler::{compile_program, lower, Error, Errors, Options, Placement};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Emit {
@@ -80,11 +80,7 @@ fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
         return Ok(program.to_string());
     }
     let placement = if args.in_place { Placement::InPlace } else { Placement::OutOfPlace };
-    let mut sched = schedule(&program, placement);
-    if !args.no_fuse {
-        optimise::fuse(&mut sched);
-    }
-    let verified = verify(sched, text, &limits)?;
+    let verified = compile_program(&program, text, Options { placement, fuse: !args.no_fuse }, &limits)?;
     Ok(match args.emit {
         Emit::Json => serde_json::to_string_pretty(&to_json(&verified, text)).expect("JSON values serialise") + "\n",
         _ => write_sched(&verified, text),

@@ -94,6 +94,11 @@ impl From<Error> for Errors {
 /// snapshots). The compiler does no I/O: callers print the string.
 pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {
     use miette::{GraphicalReportHandler, GraphicalTheme, NamedSource};
+    if source.is_empty() {
+        // No source to point into (a .sched file read on its own): the message, the help and the note.
+        return format!("{}\n\n  x {}\n  help: {}\n", error.code, error.message, error.help)
+            + &error.note.as_ref().map(|n| format!("  {}\n", n.replace('\n', "\n  "))).unwrap_or_default();
+    }
     let theme = if plain { GraphicalTheme::unicode_nocolor() } else { GraphicalTheme::default() };
     let handler = GraphicalReportHandler::new_themed(theme).with_width(110);
     let report = miette::Report::new(error.clone()).with_source_code(NamedSource::new(name, source.to_string()));

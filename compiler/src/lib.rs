@@ -76,9 +76,30 @@ pub fn compile(
 ) -> Result<VerifiedSchedule, Errors> {
     let file = collc_grammar::parse(source, &limits.syntax).map_err(Error::from)?;
     let program = lower(&file, bindings, limits)?;
-    let mut sched = schedule(&program, options.placement);
-    if options.fuse {
-        optimise::fuse(&mut sched);
+    compile_program(&program, source, options, limits)
+}
+
+/// Schedules, optimises and verifies one lowered program.
+///
+/// A fused instruction receives and forwards in one go, so it needs room on its outgoing connection before it may
+/// receive; that can deadlock a schedule whose unfused form cannot (many chunks in flight per connection). An
+/// optimisation must not turn a correct program into a rejected one: then the unfused schedule is verified and
+/// returned instead. Its errors, if it has any, are the ones reported.
+pub fn compile_program(
+    program: &ir::Program,
+    source: &str,
+    options: Options,
+    limits: &Limits,
+) -> Result<VerifiedSchedule, Errors> {
+    let mut sched = schedule(program, options.placement);
+    if !options.fuse {
+        return verify(sched, source, limits);
     }
-    verify(sched, source, limits)
+    optimise::fuse(&mut sched);
+    match verify(sched, source, limits) {
+        Err(errors) if errors.0.iter().all(|e| e.code == "collc::verify::deadlock") => {
+            verify(schedule(program, options.placement), source, limits)
+        }
+        outcome => outcome,
+    }
 }

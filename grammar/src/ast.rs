@@ -16,7 +16,7 @@ impl Span {
     }
 
     pub fn len(self) -> usize {
-        (self.end - self.start) as usize
+        self.end.saturating_sub(self.start) as usize
     }
 
     pub fn is_empty(self) -> bool {

@@ -1,1 +1,19 @@
 //! The integration test binary: every data-driven suite is a module here.
+//!
+//! - `library`: every `algorithms/**/*.coll` verifies for 2..=16 ranks; `.sched` snapshots at 2, 3 and 4 ranks.
+//! - `fixtures`: `tests/fixtures/ok` must verify, `tests/fixtures/err` must fail with the code in its header.
+//! - `roundtrip`: `.sched` text prints, parses back and verifies again; malformed texts are errors.
+//! - `mutation`: single mutations of library and fixture schedules, judged by `oracle` (with `contract`), must be
+//!   rejected by the verifier whenever they are broken.
+//! - `property`: random bytes, token soups and `random_program`s never panic and finish quickly.
+//! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
+
+mod contract;
+mod corpus;
+mod fixtures;
+mod library;
+mod mutation;
+mod oracle;
+mod property;
+mod random_program;
+mod roundtrip;

@@ -79,6 +79,13 @@ fn num<T: std::str::FromStr>(line_no: usize, text: &str, what: &str) -> Result<T
 
 /// Reads a `.sched` text back into a schedule.
 pub fn parse_sched(text: &str) -> Result<Schedule, Error> {
+    const MAX_BYTES: usize = 1 << 30;
+    if text.len() > MAX_BYTES {
+        return Err(parse_error(
+            1,
+            format!("the text is {} bytes; schedules over {MAX_BYTES} bytes are not read", text.len()),
+        ));
+    }
     if text.lines().next().is_none_or(|l| l.trim() != MAGIC) {
         return Err(parse_error(1, format!("expected `{MAGIC}`")));
     }

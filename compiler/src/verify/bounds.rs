@@ -6,6 +6,14 @@ use crate::diag::Error;
 use crate::sched::{BufId, Instr, Op, Operand, Placement};
 
 pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
+    if let Some(problem) = header_problem(ctx) {
+        errors.push(Error::new(
+            "collc::verify::bounds",
+            problem,
+            "the schedule's header disagrees with its body; rebuild it with `collc build --emit sched`",
+        ));
+        return;
+    }
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
         for (i, instr) in program.instrs.iter().enumerate() {
             if let Some(problem) = instr_problem(ctx, rank as u32, instr) {
@@ -34,6 +42,42 @@ pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
             }
         }
     }
+}
+
+/// The header must describe the body: rank count, buffer shapes of the collective, root and peer, spans.
+fn header_problem(ctx: &Context) -> Option<String> {
+    let sched = ctx.sched;
+    let p = sched.n_ranks;
+    if p == 0 || p > ctx.limits.max_ranks || sched.ranks.len() != p as usize {
+        return Some(format!(
+            "the header says {p} ranks, the schedule lists {} (and 1..={} are accepted)",
+            sched.ranks.len(),
+            ctx.limits.max_ranks
+        ));
+    }
+    if sched.root >= p || sched.peer >= p || sched.chunks == 0 {
+        return Some(format!("root {} or peer {} is not a rank of {p}, or chunks is 0", sched.root, sched.peer));
+    }
+    let (in_chunks, out_chunks) = sched.collective.buffer_chunks(p, sched.chunks);
+    let shapes_match =
+        sched.buffers.len() >= 2 && sched.buffers[0].chunks == in_chunks && sched.buffers[1].chunks == out_chunks;
+    if !shapes_match {
+        return Some(format!(
+            "{} with {p} ranks and {} chunks needs `in` of {in_chunks} and `out` of {out_chunks} chunks",
+            sched.collective, sched.chunks
+        ));
+    }
+    let slots: u64 = sched.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * p as u64;
+    if slots > ctx.limits.max_slots || sched.buffers.len() > u16::MAX as usize {
+        return Some(format!(
+            "the buffers hold {slots} chunk slots over all ranks; the limit is {}",
+            ctx.limits.max_slots
+        ));
+    }
+    if let Some(bad) = sched.spans.iter().position(|s| s.start > s.end) {
+        return Some(format!("span {bad} ends before it starts"));
+    }
+    None
 }
 
 fn operand_problem(ctx: &Context, what: &str, op: Operand, count: u32) -> Option<String> {

@@ -7,6 +7,7 @@
 pub mod collective;
 pub mod diag;
 pub mod emit;
+mod fxhash;
 pub mod ir;
 pub mod lower;
 pub mod optimise;

@@ -24,6 +24,10 @@ struct Exec<'a> {
     errors: Vec<Error>,
     reported: HashSet<(Span, &'static str)>,
     spans: Vec<Span>,
+    /// Chunk slots per rank in the shared view plus scratch, and where each scratch buffer starts.
+    slots_per_rank: u32,
+    scratch_base: Vec<u32>,
+    step_access: Vec<StepAccess>,
 }
 
 type Result<T> = std::result::Result<T, Error>;
@@ -64,7 +68,16 @@ pub(crate) fn run(
         errors: Vec::new(),
         reported: HashSet::new(),
         spans: std::mem::take(&mut resolver.spans),
+        slots_per_rank: 0,
+        scratch_base: Vec::new(),
+        step_access: Vec::new(),
     };
+    let mut next = in_chunks.max(out_chunks);
+    for (_, size) in &bound.scratch {
+        exec.scratch_base.push(next);
+        next += size;
+    }
+    exec.slots_per_rank = next;
     let mut frame = vec![0i64; resolver.frame_size as usize];
     let outcome = exec.block(&body, &mut frame);
     if let Err(e) = outcome {
@@ -330,56 +343,85 @@ impl Exec<'_> {
     }
 }
 
-/// A chunk slot in the shared (in-place) view, where `in` and `out` alias as NCCL lays them out.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-struct SlotKey {
-    rank: u32,
-    space: u32,
-    index: u32,
+/// Who touched one chunk slot (in the shared in-place view) during the current step: a writer and two distinct
+/// readers are enough to find a conflicting pair whenever one exists.
+#[derive(Clone, Copy)]
+struct StepAccess {
+    step: u32,
+    writer: u32,
+    readers: [u32; 2],
 }
 
+const NOBODY: u32 = u32::MAX;
+
 impl Exec<'_> {
-    fn slot(&self, rank: u32, loc: Loc, offset: u32) -> SlotKey {
+    /// Index of a slot of the shared (in-place) view, where `in` and `out` alias as NCCL lays them out.
+    fn slot(&self, rank: u32, loc: Loc, offset: u32) -> usize {
         let (in_off, out_off) = self.collective.in_place_offsets(rank, self.chunks);
-        let (space, base) = match loc.buf {
-            Buf::In => (0, in_off),
-            Buf::Out => (0, out_off),
-            Buf::Scratch(i) => (1 + i as u32, 0),
+        let base = match loc.buf {
+            Buf::In => in_off,
+            Buf::Out => out_off,
+            Buf::Scratch(i) => self.scratch_base[i as usize],
         };
-        SlotKey { rank, space, index: base + loc.index + offset }
+        (rank * self.slots_per_rank + base + loc.index + offset) as usize
     }
 
     /// A slot written and read (or written twice) by two transfers of one step is a race in either placement.
     fn check_step_races(&mut self, first: usize) {
-        let mut accesses: Vec<(SlotKey, bool, u32)> = Vec::new();
-        for (i, t) in self.transfers[first..].iter().enumerate() {
-            let i = (first + i) as u32;
+        if self.step_access.is_empty() {
+            let empty = StepAccess { step: u32::MAX, writer: NOBODY, readers: [NOBODY; 2] };
+            self.step_access = vec![empty; (self.n_ranks * self.slots_per_rank) as usize];
+        }
+        for i in first..self.transfers.len() {
+            let t = self.transfers[i];
             for k in 0..t.count {
-                accesses.push((self.slot(t.from, t.src, k), false, i));
-                accesses.push((self.slot(t.to, t.dst, k), true, i));
+                self.access(self.slot(t.from, t.src, k), i as u32, false);
+                self.access(self.slot(t.to, t.dst, k), i as u32, true);
             }
         }
-        accesses.sort_unstable_by_key(|&(slot, write, i)| (slot, !write, i));
-        for group in accesses.chunk_by(|a, b| a.0 == b.0) {
-            let Some(&(slot, true, writer)) = group.first() else { continue };
-            let Some(&(_, other_write, other)) = group.iter().find(|a| a.2 != writer) else { continue };
-            let (w, o) = (self.transfers[writer as usize], self.transfers[other as usize]);
-            let verb = if other_write { "writes" } else { "reads" };
-            let base = self.slot(w.to, Loc { buf: w.dst.buf, index: 0 }, 0).index;
-            let name = self.buf_name(w.dst.buf);
-            let message = format!(
-                "race in one step: two transfers touch rank {}'s `{name}[{}]` and one writes it",
-                slot.rank,
-                slot.index - base
-            );
-            let error = Error::new(
-                "collc::lower::race",
-                message,
-                "transfers in one `step` run concurrently; move one of them into a later step",
-            )
-            .at(self.spans[w.span as usize], "this transfer writes the slot")
-            .at(self.spans[o.span as usize], format!("this transfer {verb} it in the same step"));
-            self.report("race", error);
+    }
+
+    fn access(&mut self, slot: usize, transfer: u32, write: bool) {
+        let step = self.step;
+        let entry = &mut self.step_access[slot];
+        if entry.step != step {
+            *entry = StepAccess { step, writer: NOBODY, readers: [NOBODY; 2] };
         }
+        let other = |o: u32| o != NOBODY && o != transfer;
+        // (the writer, the other transfer, whether the other one writes too)
+        let conflict = match (write, entry.readers.into_iter().find(|&r| other(r))) {
+            _ if other(entry.writer) && write => Some((transfer, entry.writer, true)),
+            _ if other(entry.writer) => Some((entry.writer, transfer, false)),
+            (true, Some(reader)) => Some((transfer, reader, false)),
+            _ => None,
+        };
+        if write {
+            entry.writer = transfer;
+        } else if entry.readers[0] == NOBODY {
+            entry.readers[0] = transfer;
+        } else if entry.readers[0] != transfer && entry.readers[1] == NOBODY {
+            entry.readers[1] = transfer;
+        }
+        if let Some((writer, other, other_writes)) = conflict {
+            self.report_race(slot, writer, other, other_writes);
+        }
+    }
+
+    fn report_race(&mut self, slot: usize, writer: u32, other: u32, other_writes: bool) {
+        let (w, o) = (self.transfers[writer as usize], self.transfers[other as usize]);
+        let verb = if other_writes { "writes" } else { "reads" };
+        let rank = slot as u32 / self.slots_per_rank;
+        let index = slot as u32 - self.slot(w.to, Loc { buf: w.dst.buf, index: 0 }, 0) as u32;
+        let name = self.buf_name(w.dst.buf);
+        let message =
+            format!("race in one step: two transfers touch rank {rank}'s `{name}[{index}]` and one writes it");
+        let error = Error::new(
+            "collc::lower::race",
+            message,
+            "transfers in one `step` run concurrently; move one of them into a later step",
+        )
+        .at(self.spans[w.span as usize], "this transfer writes the slot")
+        .at(self.spans[o.span as usize], format!("this transfer {verb} it in the same step"));
+        self.report("race", error);
     }
 }

@@ -2,7 +2,7 @@
 //! Recv+Send -> RecvCopySend, RecvReduceCopy+Send -> RecvReduceCopySend, and, when the local copy is never read
 //! again, RecvReduceCopySend -> RecvReduceSend.
 
-use crate::sched::build::with_dependencies;
+use crate::fxhash::FxBuildHasher;
 use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
@@ -10,9 +10,7 @@ use std::collections::HashMap;
 pub fn fuse(sched: &mut Schedule) {
     let scratch_from = 2u16;
     for rank in &mut sched.ranks {
-        let fused = fuse_rank(rank, scratch_from);
-        // Fused and shortened instructions touch fewer slots; recompute so only real hazards remain.
-        *rank = with_dependencies(fused.instrs, &sched.buffers);
+        *rank = fuse_rank(rank, scratch_from);
     }
 }
 
@@ -22,7 +20,7 @@ fn fuse_rank(rank: &RankProgram, scratch_from: u16) -> RankProgram {
     let n = rank.len();
     let mut merged_into: Vec<u32> = vec![NO_RANK; n];
     let mut forward: Vec<u32> = vec![NO_RANK; n];
-    let mut last_send: HashMap<(u32, u8), u32> = HashMap::new();
+    let mut last_send: HashMap<(u32, u8), u32, FxBuildHasher> = HashMap::default();
     for j in 0..n {
         let send = rank.instrs[j];
         if !send.op.sends() {
@@ -84,9 +82,20 @@ fn rebuild(rank: &RankProgram, merged_into: &[u32], forward: &[u32], scratch_fro
         deps.extend(rank.deps_of(i).iter().map(|&d| new_index[d as usize]));
         deps.sort_unstable();
         deps.dedup();
+        // A dependency on a merged send now points at its receive; one on a write that fusion removed is stale.
+        deps.retain(|&d| hazard(&out.instrs[d as usize], &instr));
         out.push(instr, &deps);
     }
     out
+}
+
+/// Whether `later` must wait for `earlier`: one writes a chunk the other reads or writes.
+fn hazard(earlier: &Instr, later: &Instr) -> bool {
+    let meets = |a: Operand, b: Operand| overlaps(a, earlier.count, b, later.count);
+    let earlier_write = earlier.dst.get();
+    let later_write = later.dst.get();
+    earlier_write.is_some_and(|w| later.reads().any(|r| meets(w, r)) || later_write.is_some_and(|lw| meets(w, lw)))
+        || later_write.is_some_and(|lw| earlier.reads().any(|r| meets(r, lw)))
 }
 
 fn fused(recv: Instr, send: Instr) -> Instr {

@@ -9,7 +9,13 @@ use crate::ir::{Buf, Loc, Program, Transfer, TransferKind};
 /// Builds the per-rank schedule of `program` for `placement`.
 pub fn schedule(program: &Program, placement: Placement) -> Schedule {
     let mut mapper = Mapper::new(program, placement);
-    let mut instrs: Vec<Vec<Instr>> = vec![Vec::new(); program.n_ranks as usize];
+    // Size each rank's list up front: growing thousands of lists at once spends its time copying and faulting pages.
+    let mut per_rank = vec![0usize; program.n_ranks as usize];
+    for t in &program.transfers {
+        per_rank[t.from as usize] += 1;
+        per_rank[t.to as usize] += usize::from(t.from != t.to);
+    }
+    let mut instrs: Vec<Vec<Instr>> = per_rank.iter().map(|&n| Vec::with_capacity(n + 1)).collect();
     // Within a step nothing depends on anything else, so sends go first: a receive and the send that forwards
     // it in the next step then sit next to each other on their connection and can fuse.
     let mut pieces = Vec::new();
@@ -312,13 +318,10 @@ pub(crate) fn with_dependencies(instrs: Vec<Instr>, buffers: &[BufferDecl]) -> R
 }
 
 fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
-    let mut program = RankProgram {
-        instrs: Vec::with_capacity(instrs.len()),
-        dep_ranges: Vec::with_capacity(instrs.len()),
-        deps: Vec::with_capacity(instrs.len() * 2),
-    };
+    let mut dep_ranges = Vec::with_capacity(instrs.len());
+    let mut all_deps = Vec::with_capacity(instrs.len() * 2);
     let mut deps = Vec::new();
-    for (i, instr) in instrs.into_iter().enumerate() {
+    for (i, instr) in instrs.iter().enumerate() {
         let i = i as u32;
         deps.clear();
         for read in instr.reads() {
@@ -345,7 +348,9 @@ fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
                 h.history.write(slot, i);
             }
         }
-        program.push(instr, &deps);
+        let start = all_deps.len() as u32;
+        all_deps.extend_from_slice(&deps);
+        dep_ranges.push((start, all_deps.len() as u32));
     }
-    program
+    RankProgram { instrs, dep_ranges, deps: all_deps }
 }

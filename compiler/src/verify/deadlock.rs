@@ -59,8 +59,8 @@ impl Work {
     }
 }
 
-pub(crate) fn simulate<V: Value>(ctx: &Context) -> Result<Finished<V>, Error> {
-    let mut sim = Sim::new(ctx);
+pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
+    let mut sim = Sim::new(ctx, conns);
     let p = ctx.sched.ranks.len();
     let mut work = Work { stacks: vec![Vec::new(); p], active: VecDeque::with_capacity(p), queued: vec![false; p] };
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
@@ -93,7 +93,7 @@ pub(crate) fn simulate<V: Value>(ctx: &Context) -> Result<Finished<V>, Error> {
 }
 
 impl<'a, V: Value> Sim<'a, V> {
-    fn new(ctx: &'a Context<'a>) -> Self {
+    fn new(ctx: &'a Context<'a>, conns: Connections) -> Self {
         let sched = ctx.sched;
         let mut rank_start = vec![0u32];
         for program in &sched.ranks {
@@ -125,7 +125,6 @@ impl<'a, V: Value> Sim<'a, V> {
                 }
             }
         }
-        let conns = Connections::build(ctx);
         let n_conns = conns.list.len();
         Sim {
             ctx,

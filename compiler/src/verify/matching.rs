@@ -3,8 +3,8 @@
 
 use super::Context;
 use crate::diag::Error;
+use crate::fxhash::FxBuildHasher;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
 
 /// A directed connection and the instructions that use it, in program order.
 #[derive(Default)]
@@ -25,37 +25,9 @@ pub(crate) struct Connections {
     pub of_instr: Vec<Vec<(u32, u32)>>,
 }
 
-/// FxHash: connection keys are small integers; SipHash would dominate the check at thousands of ranks.
-#[derive(Default)]
-struct FxHasher(u64);
-
-impl Hasher for FxHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.write_u64(b as u64);
-        }
-    }
-
-    fn write_u64(&mut self, v: u64) {
-        self.0 = (self.0.rotate_left(5) ^ v).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
-    }
-
-    fn write_u32(&mut self, v: u32) {
-        self.write_u64(v as u64);
-    }
-
-    fn write_u8(&mut self, v: u8) {
-        self.write_u64(v as u64);
-    }
-}
-
 impl Connections {
     pub fn build(ctx: &Context) -> Self {
-        let mut index: HashMap<(u32, u32, u8), u32, BuildHasherDefault<FxHasher>> = HashMap::default();
+        let mut index: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
         let mut list: Vec<Connection> = Vec::new();
         let mut of_instr = Vec::with_capacity(ctx.sched.ranks.len());
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
@@ -85,8 +57,7 @@ impl Connections {
     }
 }
 
-pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
-    let connections = Connections::build(ctx);
+pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<Error>) {
     for c in &connections.list {
         let ranks = &ctx.sched.ranks;
         for k in 0..c.sends.len().max(c.recvs.len()) {

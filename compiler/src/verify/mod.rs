@@ -48,12 +48,13 @@ pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<Verified
     let ctx = Context { sched: &sched, source, limits };
     let mut errors = Vec::new();
     bounds::check(&ctx, &mut errors);
-    if errors.is_empty() {
-        matching::check(&ctx, &mut errors);
+    let connections = errors.is_empty().then(|| matching::Connections::build(&ctx));
+    if let Some(connections) = &connections {
+        matching::check(&ctx, connections, &mut errors);
         races::check(&ctx, &mut errors);
     }
-    if errors.is_empty() {
-        match deadlock::simulate::<value::Hashed>(&ctx) {
+    if let (true, Some(connections)) = (errors.is_empty(), connections) {
+        match deadlock::simulate::<value::Hashed>(&ctx, connections) {
             Err(error) => errors.push(error),
             Ok(finished) => postcondition::check(&ctx, &finished, &mut errors),
         }

@@ -3,6 +3,7 @@
 //! instruction that last wrote it; small schedules are re-run exactly to list the missing or extra contributions.
 
 use super::deadlock::{simulate, Finished};
+use super::matching::Connections;
 use super::value::{contribution_hash, Exact, Hashed, Value};
 use super::Context;
 use crate::collective::Expected;
@@ -50,7 +51,8 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     if wrong.is_empty() {
         return;
     }
-    let exact = (sched.n_instrs() <= EXACT_RERUN_LIMIT).then(|| simulate::<Exact>(ctx).ok()).flatten();
+    let exact =
+        (sched.n_instrs() <= EXACT_RERUN_LIMIT).then(|| simulate::<Exact>(ctx, Connections::build(ctx)).ok()).flatten();
     for (rank, operand, expected) in wrong {
         errors.push(explain(ctx, finished, exact.as_ref(), rank, operand, expected));
     }

@@ -46,7 +46,7 @@ pub struct LimitArgs {
     #[arg(long, default_value_t = Limits::default().max_slots)]
     pub max_slots: u64,
     /// Messages in flight per connection in the deadlock check (NCCL_STEPS).
-    #[arg(long, default_value_t = Limits::default().channel_slots)]
+    #[arg(long, default_value_t = Limits::default().channel_slots, value_parser = clap::value_parser!(u32).range(1..))]
     pub channel_slots: u32,
     /// Largest source file, in bytes.
     #[arg(long, default_value_t = Limits::default().syntax.max_source_bytes)]
@@ -61,7 +61,7 @@ impl LimitArgs {
             max_transfers: self.max_transfers,
             max_ranks: self.max_ranks,
             max_slots: self.max_slots,
-            channel_slots: self.channel_slots.max(1),
+            channel_slots: self.channel_slots,
             ..Limits::default()
         };
         limits.syntax.max_source_bytes = self.max_source_bytes;

@@ -46,7 +46,7 @@ impl Default for Limits {
             max_eval_steps: 1_000_000_000,
             max_call_depth: 256,
             max_transfers: 64 << 20,
-            max_slots: 1 << 28,
+            max_slots: 1 << 26,
             max_channels: 32,
             max_errors: 20,
             channel_slots: 8,

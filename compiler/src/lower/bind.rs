@@ -218,7 +218,7 @@ fn bind_values(
     for (flag, value, declared) in [("--root", root, has_root), ("--peer", peer, has_peer)] {
         if value >= p && (declared || flag == "--root") {
             return Err(Error::new(
-                "collc::lower::ranks",
+                "collc::lower::root",
                 format!("{flag} {value} is not a rank of {p}"),
                 format!("choose {flag} in 0..{p}"),
             )

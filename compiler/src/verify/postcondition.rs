@@ -22,7 +22,8 @@ pub(crate) fn initial_value<V: Value>(sched: &Schedule, rank: u32, buf: BufId, i
     }
 }
 
-/// Exact re-runs for counterexamples are skipped above this many instructions (they are quadratic in p).
+/// Exact re-runs for counterexamples are skipped above this many instructions or chunk slots: exact values list
+/// their contributions, so they cost far more than hashed ones.
 const EXACT_RERUN_LIMIT: usize = 200_000;
 
 pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec<Error>) {
@@ -51,8 +52,9 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     if wrong.is_empty() {
         return;
     }
-    let exact =
-        (sched.n_instrs() <= EXACT_RERUN_LIMIT).then(|| simulate::<Exact>(ctx, Connections::build(ctx)).ok()).flatten();
+    let exact = (sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT)
+        .then(|| simulate::<Exact>(ctx, Connections::build(ctx)).ok())
+        .flatten();
     for (rank, operand, expected) in wrong {
         errors.push(explain(ctx, finished, exact.as_ref(), rank, operand, expected));
     }
@@ -174,7 +176,15 @@ fn explain(
             .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk")
     } else {
         let instr = &sched.ranks[rank as usize].instrs[writer as usize];
-        let label = format!("last written here ({})", ctx.describe(rank, writer as usize));
+        // Span 0 marks instructions the compiler added: the final copies of chunks no transfer wrote.
+        let label = if instr.span == 0 {
+            format!(
+                "no transfer writes this chunk: the final out-of-place copy ({}) left the input there",
+                ctx.describe(rank, writer as usize)
+            )
+        } else {
+            format!("last written here ({})", ctx.describe(rank, writer as usize))
+        };
         ctx.error("collc::verify::postcondition", message, help, instr, &label)
     };
     error.with_note(note)

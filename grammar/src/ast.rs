@@ -53,8 +53,9 @@ pub struct Algorithm {
     pub span: Span,
 }
 
-/// A top-level item of an algorithm body.
+/// A top-level item of an algorithm body. (An AST is built once per file; boxing the large variants buys nothing.)
 #[derive(Clone, Debug, Serialize)]
+#[allow(clippy::large_enum_variant)]
 pub enum Item {
     /// `ranks p [where c]`
     Ranks { var: Ident, constraint: Option<Expr>, span: Span },

@@ -21,8 +21,7 @@ fn fuse_rank(rank: &RankProgram, scratch_from: u16) -> RankProgram {
     let mut merged_into: Vec<u32> = vec![NO_RANK; n];
     let mut forward: Vec<u32> = vec![NO_RANK; n];
     let mut last_send: HashMap<(u32, u8), u32, FxBuildHasher> = HashMap::default();
-    for j in 0..n {
-        let send = rank.instrs[j];
+    for (j, &send) in rank.instrs.iter().enumerate() {
         if !send.op.sends() {
             continue;
         }

@@ -32,7 +32,26 @@ enum Command {
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
 const STACK_BYTES: usize = 256 << 20;
 
+/// Dies quietly on a closed pipe (`collc build ... | head`) like other command-line tools, instead of panicking
+/// in `print!`: Rust ignores SIGPIPE by default.
+#[cfg(unix)]
+fn restore_sigpipe() {
+    const SIGPIPE: i32 = 13;
+    const SIG_DFL: usize = 0;
+    extern "C" {
+        fn signal(signum: i32, handler: usize) -> usize;
+    }
+    // SAFETY: setting a signal's disposition to the default at start-up, before any thread exists.
+    unsafe {
+        signal(SIGPIPE, SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn restore_sigpipe() {}
+
 fn main() -> ExitCode {
+    restore_sigpipe();
     let cli = Cli::parse();
     let worker = std::thread::Builder::new().stack_size(STACK_BYTES).spawn(move || match cli.command {
         Command::List(a) => list::run(a),

@@ -119,7 +119,7 @@ pub(crate) fn bind(algo: &Algorithm, collective: Collective, b: &Bindings, limit
     let fns = resolve_fns(algo, &resolver)?;
     let mut machine =
         Machine { fns: &fns, globals: vec![0; globals.len()], fuel: limits.max_eval_steps, depth: 0, limits };
-    let (root, peer) = bind_values(algo, b, &resolver, &mut machine, root_span.is_some(), peer_span.is_some())?;
+    let (root, peer) = bind_values(algo, b, &resolver, &mut machine, peer_span.is_some())?;
     check_constraints(algo, b, &resolver, &mut machine)?;
     let chunks = eval_size(algo, &resolver, &mut machine, limits, p)?;
     let values = machine.globals;
@@ -160,7 +160,7 @@ fn check_declarations(
     );
     if needs_root && root.is_none() {
         return Err(Error::new(
-            "collc::lower::root",
+            "collc::lower::declaration",
             format!("a {collective} algorithm must declare its root"),
             "add `root r` to the algorithm body; `--root` binds it",
         )
@@ -208,15 +208,23 @@ fn bind_values(
     b: &Bindings,
     resolver: &Resolver,
     machine: &mut Machine,
-    has_root: bool,
     has_peer: bool,
 ) -> Result<(u32, u32)> {
     let p = b.n_ranks;
     let given = |name: &str| b.params.iter().rev().find(|(n, _)| n == name).map(|(_, v)| *v);
+    if b.peer.is_some() && !has_peer {
+        return Err(Error::new(
+            "collc::lower::param",
+            "--peer: this algorithm declares no `peer`",
+            "only sendrecv-style algorithms (`peer d`) take --peer",
+        )
+        .at(algo.name.span, "in this algorithm")
+        .into());
+    }
     let root = b.root.unwrap_or(0);
     let peer = b.peer.unwrap_or((root + 1) % p);
-    for (flag, value, declared) in [("--root", root, has_root), ("--peer", peer, has_peer)] {
-        if value >= p && (declared || flag == "--root") {
+    for (flag, value) in [("--root", root), ("--peer", peer)] {
+        if value >= p {
             return Err(Error::new(
                 "collc::lower::root",
                 format!("{flag} {value} is not a rank of {p}"),

@@ -8,7 +8,7 @@ use super::postcondition::initial_value;
 use super::value::Value;
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{Instr, Op, Operand};
+use crate::sched::{Op, Operand};
 use std::collections::VecDeque;
 
 /// The final state of a completed execution.
@@ -26,14 +26,32 @@ impl<V> Finished<V> {
     }
 }
 
+/// What the simulation needs of one instruction, in one place (the run is bound by cache misses): absolute value
+/// indices of its operands, its connections and its position on each, its unmet dependency count.
+#[derive(Clone, Copy)]
+struct Node {
+    op: Op,
+    done: bool,
+    count: u32,
+    src: u32,
+    acc: u32,
+    dst: u32,
+    send: u32,
+    recv: u32,
+    send_pos: u32,
+    recv_pos: u32,
+    unmet: u32,
+}
+
+const NONE: u32 = u32::MAX;
+
 struct Sim<'a, V> {
     ctx: &'a Context<'a>,
     conns: Connections,
     rank_start: Vec<u32>,
-    unmet: Vec<u32>,
+    nodes: Vec<Node>,
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
-    done: Vec<bool>,
     sent: Vec<u32>,
     received: Vec<u32>,
     queues: Vec<VecDeque<V>>,
@@ -76,8 +94,7 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         work.queued[rank as usize] = false;
         let mut stack = std::mem::take(&mut work.stacks[rank as usize]);
         while let Some(i) = stack.pop() {
-            let g = (sim.rank_start[rank as usize] + i) as usize;
-            if sim.done[g] || !sim.ready(rank, i) {
+            if !sim.ready(rank, i) {
                 continue;
             }
             sim.fire(rank, i, &mut work, &mut stack);
@@ -100,12 +117,11 @@ impl<'a, V: Value> Sim<'a, V> {
             rank_start.push(rank_start.last().copied().unwrap_or(0) + program.len() as u32);
         }
         let total = *rank_start.last().expect("non-empty") as usize;
-        let mut unmet = vec![0u32; total];
+        let state = initial_state(ctx);
+        let nodes = build_nodes(ctx, &conns, &state);
         let mut counts = vec![0u32; total + 1];
         for (rank, program) in sched.ranks.iter().enumerate() {
             for i in 0..program.len() {
-                let g = rank_start[rank] as usize + i;
-                unmet[g] = program.deps_of(i).len() as u32;
                 for &d in program.deps_of(i) {
                     counts[rank_start[rank] as usize + d as usize + 1] += 1;
                 }
@@ -130,74 +146,65 @@ impl<'a, V: Value> Sim<'a, V> {
             ctx,
             conns,
             rank_start,
-            unmet,
+            nodes,
             dependents_start: counts,
             dependents,
-            done: vec![false; total],
             sent: vec![0; n_conns],
             received: vec![0; n_conns],
             queues: (0..n_conns).map(|_| VecDeque::new()).collect(),
-            state: initial_state(ctx),
+            state,
             scratch: Vec::new(),
         }
     }
 
     fn ready(&self, rank: u32, i: u32) -> bool {
-        let g = (self.rank_start[rank as usize] + i) as usize;
-        if self.unmet[g] != 0 {
+        let node = &self.nodes[(self.rank_start[rank as usize] + i) as usize];
+        if node.unmet != 0 || node.done {
             return false;
         }
-        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
-        if send != u32::MAX {
-            let c = send as usize;
+        if node.send != NONE {
+            let c = node.send as usize;
             let sent = self.sent[c];
-            if self.conns.list[c].sends[sent as usize] != i || sent - self.received[c] >= self.ctx.limits.channel_slots
-            {
+            if sent != node.send_pos || sent - self.received[c] >= self.ctx.limits.channel_slots {
                 return false;
             }
         }
-        if recv != u32::MAX {
-            let c = recv as usize;
-            let got = self.received[c];
-            if self.conns.list[c].recvs[got as usize] != i || self.sent[c] <= got {
+        if node.recv != NONE {
+            let c = node.recv as usize;
+            if self.received[c] != node.recv_pos || self.sent[c] <= node.recv_pos {
                 return false;
             }
         }
         true
     }
 
-    fn value(&self, rank: u32, op: Operand, k: u32) -> V {
-        self.state.values[self.state.slot(rank, op) + k as usize].clone()
-    }
-
     /// Runs instruction `i` of `rank`; what it may have made ready goes on `own` (this rank) or `work` (others).
     fn fire(&mut self, rank: u32, i: u32, work: &mut Work, own: &mut Vec<u32>) {
-        let instr: Instr = self.ctx.sched.ranks[rank as usize].instrs[i as usize];
-        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
+        let g = (self.rank_start[rank as usize] + i) as usize;
+        let node = self.nodes[g];
         let mut results = std::mem::take(&mut self.scratch);
         results.clear();
-        for k in 0..instr.count {
-            let incoming = if recv != u32::MAX { self.queues[recv as usize].pop_front() } else { None };
-            let mut v = match instr.op {
-                Op::Send | Op::Copy | Op::Reduce => self.value(rank, instr.src, k),
-                _ => incoming.clone().expect("ready() checked that the message arrived"),
+        for k in 0..node.count {
+            let mut v = match node.op {
+                Op::Send | Op::Copy | Op::Reduce => self.state.values[(node.src + k) as usize].clone(),
+                _ => self.queues[node.recv as usize].pop_front().expect("ready() checked that the message arrived"),
             };
-            if let Some(acc) = instr.acc.get() {
-                let mut sum = self.value(rank, acc, k);
+            if node.acc != NONE {
+                let mut sum = self.state.values[(node.acc + k) as usize].clone();
                 sum.reduce(&v);
                 v = sum;
             }
             results.push(v);
         }
-        if let Some(dst) = instr.dst.get() {
-            let at = self.state.slot(rank, dst);
+        if node.dst != NONE {
+            let at = node.dst as usize;
             for (k, v) in results.iter().enumerate() {
                 self.state.values[at + k] = v.clone();
                 self.state.last_writer[at + k] = i;
             }
         }
-        if send != u32::MAX {
-            let c = send as usize;
+        if node.send != NONE {
+            let c = node.send as usize;
             self.queues[c].extend(results.drain(..));
             self.sent[c] += 1;
             let conn = &self.conns.list[c];
@@ -208,8 +215,8 @@ impl<'a, V: Value> Sim<'a, V> {
                 work.push(conn.to, head);
             }
         }
-        if recv != u32::MAX {
-            let c = recv as usize;
+        if node.recv != NONE {
+            let c = node.recv as usize;
             self.received[c] += 1;
             let conn = &self.conns.list[c];
             if let Some(&next) = conn.recvs.get(self.received[c] as usize) {
@@ -220,14 +227,13 @@ impl<'a, V: Value> Sim<'a, V> {
             }
         }
         self.scratch = results;
-        let g = (self.rank_start[rank as usize] + i) as usize;
-        self.done[g] = true;
+        self.nodes[g].done = true;
         let start = self.rank_start[rank as usize] as usize;
         for d in self.dependents_start[g]..self.dependents_start[g + 1] {
             let dependent = self.dependents[d as usize];
-            let dg = start + dependent as usize;
-            self.unmet[dg] -= 1;
-            if self.unmet[dg] == 0 {
+            let node = &mut self.nodes[start + dependent as usize];
+            node.unmet -= 1;
+            if node.unmet == 0 {
                 own.push(dependent);
             }
         }
@@ -237,7 +243,7 @@ impl<'a, V: Value> Sim<'a, V> {
     fn waits_for(&self, rank: u32, i: u32) -> ((u32, u32), &'static str) {
         let program = &self.ctx.sched.ranks[rank as usize];
         let start = self.rank_start[rank as usize] as usize;
-        if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.done[start + d as usize]) {
+        if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.nodes[start + d as usize].done) {
             return ((rank, d), "depends on");
         }
         let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
@@ -260,7 +266,7 @@ impl<'a, V: Value> Sim<'a, V> {
     }
 
     fn cycle_error(&self) -> Error {
-        let stuck = (0..self.done.len()).find(|&g| !self.done[g]).expect("called only when something is stuck");
+        let stuck = self.nodes.iter().position(|n| !n.done).expect("called only when something is stuck");
         let rank = self.rank_start.partition_point(|&s| s as usize <= stuck) as u32 - 1;
         let mut node = (rank, stuck as u32 - self.rank_start[rank as usize]);
         let mut path: Vec<((u32, u32), &'static str)> = Vec::new();
@@ -296,6 +302,39 @@ impl<'a, V: Value> Sim<'a, V> {
         }
         error.with_note(note)
     }
+}
+
+fn build_nodes<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Vec<Node> {
+    let mut sends_seen = vec![0u32; conns.list.len()];
+    let mut recvs_seen = vec![0u32; conns.list.len()];
+    let mut nodes = Vec::with_capacity(ctx.sched.n_instrs());
+    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank as u32, op) as u32);
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let (send, recv) = conns.of_instr[rank][i];
+            let position = |seen: &mut Vec<u32>, c: u32| {
+                if c == NONE {
+                    return NONE;
+                }
+                seen[c as usize] += 1;
+                seen[c as usize] - 1
+            };
+            nodes.push(Node {
+                op: instr.op,
+                done: false,
+                count: instr.count,
+                src: slot(instr.src),
+                acc: slot(instr.acc),
+                dst: slot(instr.dst),
+                send,
+                recv,
+                send_pos: position(&mut sends_seen, send),
+                recv_pos: position(&mut recvs_seen, recv),
+                unmet: program.deps_of(i).len() as u32,
+            });
+        }
+    }
+    nodes
 }
 
 fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {

@@ -14,21 +14,30 @@ pub(crate) struct Machine<'a> {
     pub limits: &'a Limits,
 }
 
-type Result<T> = std::result::Result<T, Error>;
+/// Errors are boxed on the evaluation path: a large `Err` in every return of a deep recursion costs more than
+/// the arithmetic.
+type Result<T> = std::result::Result<T, Box<Error>>;
 
-fn arith(span: Span, what: impl Into<String>, help: &str) -> Error {
-    Error::new("collc::lower::arithmetic", what, help).at(span, "in this expression")
+fn arith(span: Span, what: impl Into<String>, help: &str) -> Box<Error> {
+    Box::new(Error::new("collc::lower::arithmetic", what, help).at(span, "in this expression"))
 }
 
 impl Machine<'_> {
-    pub fn eval(&mut self, expr: &RExpr, frame: &[i64]) -> Result<i64> {
+    /// Evaluates `expr` with the locals in `frame`.
+    pub fn eval(&mut self, expr: &RExpr, frame: &[i64]) -> std::result::Result<i64, Error> {
+        self.value(expr, frame).map_err(|e| *e)
+    }
+
+    fn value(&mut self, expr: &RExpr, frame: &[i64]) -> Result<i64> {
         if self.fuel == 0 {
-            return Err(Error::new(
-                "collc::lower::limit",
-                format!("evaluation took more than {} steps", self.limits.max_eval_steps),
-                "a loop bound or recursion is far larger than intended; raise the limit with --max-eval-steps",
-            )
-            .at(expr.span(), "still evaluating here"));
+            return Err(Box::new(
+                Error::new(
+                    "collc::lower::limit",
+                    format!("evaluation took more than {} steps", self.limits.max_eval_steps),
+                    "a loop bound or recursion is far larger than intended; raise the limit with --max-eval-steps",
+                )
+                .at(expr.span(), "still evaluating here"),
+            ));
         }
         self.fuel -= 1;
         match expr {
@@ -36,7 +45,7 @@ impl Machine<'_> {
             RExpr::Local(slot, _) => Ok(frame[*slot as usize]),
             RExpr::Global(slot, _) => Ok(self.globals[*slot as usize]),
             RExpr::Unary(op, e, _) => {
-                let v = self.eval(e, frame)?;
+                let v = self.value(e, frame)?;
                 Ok(match op {
                     UnOp::Neg => v
                         .checked_neg()
@@ -47,10 +56,10 @@ impl Machine<'_> {
             }
             RExpr::Binary(op, a, b, span) => self.binary(*op, a, b, *span, frame),
             RExpr::If(c, a, b) => {
-                if self.eval(c, frame)? != 0 {
-                    self.eval(a, frame)
+                if self.value(c, frame)? != 0 {
+                    self.value(a, frame)
                 } else {
-                    self.eval(b, frame)
+                    self.value(b, frame)
                 }
             }
             RExpr::Builtin(f, args, span) => self.builtin(*f, args, *span, frame),
@@ -59,13 +68,13 @@ impl Machine<'_> {
     }
 
     fn binary(&mut self, op: BinOp, a: &RExpr, b: &RExpr, span: Span, frame: &[i64]) -> Result<i64> {
-        let x = self.eval(a, frame)?;
+        let x = self.value(a, frame)?;
         match op {
             BinOp::And if x == 0 => return Ok(0),
             BinOp::Or if x != 0 => return Ok(1),
             _ => {}
         }
-        let y = self.eval(b, frame)?;
+        let y = self.value(b, frame)?;
         let overflow =
             || arith(span, format!("`{x} {} {y}` overflows 64 bits", op.symbol()), "values are signed 64-bit");
         Ok(match op {
@@ -114,7 +123,7 @@ impl Machine<'_> {
     fn builtin(&mut self, f: Builtin, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
         let mut values = [0i64; 8];
         for (slot, arg) in values.iter_mut().zip(args) {
-            *slot = self.eval(arg, frame)?;
+            *slot = self.value(arg, frame)?;
         }
         let values = &values[..args.len()];
         let x = values[0];
@@ -144,13 +153,15 @@ impl Machine<'_> {
     fn call(&mut self, index: u32, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
         let f = &self.fns[index as usize];
         if self.depth >= self.limits.max_call_depth {
-            return Err(Error::new(
-                "collc::lower::limit",
-                format!("recursion in `{}` is deeper than {} calls", f.name, self.limits.max_call_depth),
-                "make sure every recursive call moves toward a base case; raise the limit with --max-call-depth",
-            )
-            .at(span, "this call")
-            .at(f.span, "in this function"));
+            return Err(Box::new(
+                Error::new(
+                    "collc::lower::limit",
+                    format!("recursion in `{}` is deeper than {} calls", f.name, self.limits.max_call_depth),
+                    "make sure every recursive call moves toward a base case; raise the limit with --max-call-depth",
+                )
+                .at(span, "this call")
+                .at(f.span, "in this function"),
+            ));
         }
         // Most functions have a handful of parameters: keep their frame on the stack.
         let mut inline = [0i64; 8];
@@ -162,11 +173,11 @@ impl Machine<'_> {
             &mut heap
         };
         for (slot, arg) in callee_frame.iter_mut().zip(args) {
-            *slot = self.eval(arg, frame)?;
+            *slot = self.value(arg, frame)?;
         }
         self.depth += 1;
         let fns = self.fns;
-        let result = self.eval(&fns[index as usize].body, callee_frame);
+        let result = self.value(&fns[index as usize].body, callee_frame);
         self.depth -= 1;
         result
     }

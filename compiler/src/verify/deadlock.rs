@@ -81,9 +81,14 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
     let mut sim = Sim::new(ctx, conns);
     let p = ctx.sched.ranks.len();
     let mut work = Work { stacks: vec![Vec::new(); p], active: VecDeque::with_capacity(p), queued: vec![false; p] };
+    // Seed only what can run at once: no dependencies, no message to wait for, first on its send connection.
+    // Everything else is pushed by the event that clears its last condition (a dependency finishing, the previous
+    // instruction on a connection firing, a message arriving, room freeing up), so nothing is looked at in vain.
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        let start = sim.rank_start[rank] as usize;
         for i in (0..program.len()).rev() {
-            if program.deps_of(i).is_empty() {
+            let node = &sim.nodes[start + i];
+            if node.unmet == 0 && node.recv == NONE && (node.send == NONE || node.send_pos == 0) {
                 work.push(rank as u32, i as u32);
             }
         }

@@ -4,12 +4,12 @@ use crate::args::{parse_rank_list, BindArgs, LimitArgs};
 use crate::library;
 use crate::report;
 use clap::Args;
-use collc_compiler::{compile_program, lower, Error, Errors, Options, Placement};
+use collc_compiler::{compile_program, lower, verify, Error, Errors, Options, Placement};
 use collc_grammar::ast;
 
 #[derive(Args)]
 pub struct CheckArgs {
-    /// A library name such as `allreduce/ring`, or a path to a `.coll` file.
+    /// A library name such as `allreduce/ring`, a path to a `.coll` file, or a `.sched` schedule to verify as is.
     pub algorithm: String,
     /// Rank counts: `8`, `2..=64`, `2..64`, `2,4,8`.
     #[arg(long, default_value = "2..=64")]
@@ -54,6 +54,27 @@ fn check_rank_count(text: &str, file: &ast::File, args: &CheckArgs, n_ranks: u32
     })
 }
 
+/// A `.sched` file (as `collc build --emit sched` writes it, or by hand) is verified as it stands: its header fixes
+/// the rank count and placement, so `--ranks` does not apply.
+fn check_schedule(args: &CheckArgs, source: &library::Source) -> u8 {
+    let limits = args.limits.limits();
+    let outcome = collc_compiler::emit::parse_sched(&source.text)
+        .map_err(|e| Errors(vec![e]))
+        .and_then(|sched| verify(sched, "", &limits));
+    match outcome {
+        Ok(verified) => {
+            let (n, placement) = (verified.n_ranks, verified.placement);
+            println!("{}: verified ({n} ranks, {placement}, {} instructions)", source.name, verified.n_instrs());
+            0
+        }
+        Err(errors) => {
+            report::print_all(&errors, &source.name, "");
+            println!("{}: failed with {} error(s)", source.name, errors.0.len());
+            1
+        }
+    }
+}
+
 /// A rank count the algorithm's `where`, node split or root does not admit is skipped in a sweep, not a failure.
 fn is_not_admitted(errors: &Errors) -> bool {
     matches!(
@@ -70,6 +91,9 @@ pub fn run(args: CheckArgs) -> u8 {
             return 2;
         }
     };
+    if source.name.ends_with(".sched") {
+        return check_schedule(&args, &source);
+    }
     let ranks = match parse_rank_list(&args.ranks) {
         Ok(r) => r,
         Err(message) => {

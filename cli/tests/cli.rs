@@ -1,0 +1,85 @@
+//! The `collc` binary as a user runs it: exit codes 0 / 1 / 2, and what each subcommand prints.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn collc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).env("NO_COLOR", "1").output().expect("collc runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+fn temp_file(name: &str, contents: &str) -> PathBuf {
+    let path = std::env::temp_dir().join(format!("collc-cli-{}-{name}", std::process::id()));
+    std::fs::write(&path, contents).expect("temp dir is writable");
+    path
+}
+
+#[test]
+fn check_of_a_library_algorithm_succeeds() {
+    let out = collc(&["check", "allreduce/ring", "--ranks", "2..=8", "-q"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("7 rank counts verified in both placements"), "{}", text(&out.stdout));
+}
+
+#[test]
+fn list_shows_every_library_algorithm_with_its_cost() {
+    let out = collc(&["list"]);
+    assert_eq!(out.status.code(), Some(0));
+    let stdout = text(&out.stdout);
+    for name in ["allreduce/ring", "allreduce/naive", "broadcast/binomial", "alltoall/pairwise", "sendrecv/direct"] {
+        assert!(stdout.contains(name), "{name} missing from:\n{stdout}");
+    }
+    assert!(stdout.contains("2(p-1)a + 2(p-1)/p n b + (p-1)/p n g"), "{stdout}");
+}
+
+#[test]
+fn build_emits_json_with_one_entry_per_rank() {
+    let out = collc(&["build", "broadcast/binomial", "--ranks", "5", "--root", "2", "--emit", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    assert_eq!(json["ranks"].as_array().map(Vec::len), Some(5));
+    assert_eq!(json["root"], 2);
+}
+
+#[test]
+fn a_broken_program_exits_1_with_a_located_diagnostic() {
+    let path = temp_file("broken.coll", "algorithm a for allreduce {\n    ranks p\n    send in[0] from 0 to p\n}\n");
+    let out = collc(&["build", path.to_str().expect("utf-8 path"), "--ranks", "4"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("collc::lower::bounds") && stderr.contains(":3:"), "{stderr}");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    assert_eq!(collc(&["build", "allreduce/ring", "--ranks", "4", "--bogus"]).status.code(), Some(2));
+    assert_eq!(collc(&["check", "allreduce/nonesuch"]).status.code(), Some(2));
+    assert_eq!(collc(&["check", "allreduce/ring", "--ranks", "8..2"]).status.code(), Some(2));
+    assert_eq!(collc(&["check", "allreduce/ring", "--channel-slots", "0"]).status.code(), Some(2));
+}
+
+#[test]
+fn a_schedule_round_trips_through_a_file_and_verifies() {
+    let path = std::env::temp_dir().join(format!("collc-cli-{}-ring.sched", std::process::id()));
+    let path = path.to_str().expect("utf-8 path");
+    let built = collc(&["build", "allreduce/ring", "--ranks", "5", "-o", path]);
+    assert_eq!(built.status.code(), Some(0), "{}", text(&built.stderr));
+    let checked = collc(&["check", path]);
+    assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stderr));
+    assert!(text(&checked.stdout).contains("verified (5 ranks, out-of-place"), "{}", text(&checked.stdout));
+}
+
+#[test]
+fn a_deadlocking_schedule_is_rejected_with_its_cycle() {
+    let out = collc(&["check", repo("tests/fixtures/sched/deadlock.sched").to_str().expect("utf-8 path")]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("collc::verify::deadlock") && stderr.contains("wait-for cycle"), "{stderr}");
+}

@@ -159,8 +159,16 @@ fn explain(
     let slot = finished.slot(rank, operand);
     let got = describe_got(finished, exact, slot, expected, sched.n_ranks);
     let name = &sched.buffer(operand.buf).name;
+    // In place the output window may sit inside `in` or at an offset of `out`: say which output chunk it is.
+    let (_, out_offset) = sched.output_window(rank);
+    let alias = match sched.placement {
+        crate::sched::Placement::InPlace if operand.buf != BufId::OUT || out_offset != 0 => {
+            format!(" (the in-place call's out[{}])", operand.index - out_offset)
+        }
+        _ => String::new(),
+    };
     let message = format!(
-        "wrong result on rank {rank}: {name}[{}] must hold {}",
+        "wrong result on rank {rank}: {name}[{}]{alias} must hold {}",
         operand.index,
         describe_expected(expected, sched.n_ranks)
     );

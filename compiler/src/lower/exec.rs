@@ -343,6 +343,14 @@ impl Exec<'_> {
     }
 }
 
+/// `rank 1 -> rank 2` for a send, `on rank 1` for a local copy or reduce: tells apart iterations of one statement.
+fn endpoints(t: &Transfer) -> String {
+    match t.kind {
+        TransferKind::Send { .. } => format!("rank {} -> rank {}", t.from, t.to),
+        _ => format!("on rank {}", t.from),
+    }
+}
+
 /// Who touched one chunk slot (in the shared in-place view) during the current step: a writer and two distinct
 /// readers are enough to find a conflicting pair whenever one exists.
 #[derive(Clone, Copy)]
@@ -420,8 +428,8 @@ impl Exec<'_> {
             message,
             "transfers in one `step` run concurrently; move one of them into a later step",
         )
-        .at(self.spans[w.span as usize], "this transfer writes the slot")
-        .at(self.spans[o.span as usize], format!("this transfer {verb} it in the same step"));
+        .at(self.spans[w.span as usize], format!("this transfer ({}) writes the slot", endpoints(&w)))
+        .at(self.spans[o.span as usize], format!("this transfer ({}) {verb} it in the same step", endpoints(&o)));
         self.report("race", error);
     }
 }

@@ -25,7 +25,19 @@ fn arith(span: Span, what: impl Into<String>, help: &str) -> Box<Error> {
 impl Machine<'_> {
     /// Evaluates `expr` with the locals in `frame`.
     pub fn eval(&mut self, expr: &RExpr, frame: &[i64]) -> std::result::Result<i64, Error> {
-        self.value(expr, frame).map_err(|e| *e)
+        self.operand(expr, frame).map_err(|e| *e)
+    }
+
+    /// Leaves are read in place, without a call or fuel: they are most of what loops evaluate. Interior nodes pay
+    /// fuel in `value`, which bounds the leaves too.
+    #[inline(always)]
+    fn operand(&mut self, expr: &RExpr, frame: &[i64]) -> Result<i64> {
+        match expr {
+            RExpr::Const(v, _) => Ok(*v),
+            RExpr::Local(slot, _) => Ok(frame[*slot as usize]),
+            RExpr::Global(slot, _) => Ok(self.globals[*slot as usize]),
+            _ => self.value(expr, frame),
+        }
     }
 
     fn value(&mut self, expr: &RExpr, frame: &[i64]) -> Result<i64> {
@@ -45,7 +57,7 @@ impl Machine<'_> {
             RExpr::Local(slot, _) => Ok(frame[*slot as usize]),
             RExpr::Global(slot, _) => Ok(self.globals[*slot as usize]),
             RExpr::Unary(op, e, _) => {
-                let v = self.value(e, frame)?;
+                let v = self.operand(e, frame)?;
                 Ok(match op {
                     UnOp::Neg => v
                         .checked_neg()
@@ -56,10 +68,10 @@ impl Machine<'_> {
             }
             RExpr::Binary(op, a, b, span) => self.binary(*op, a, b, *span, frame),
             RExpr::If(c, a, b) => {
-                if self.value(c, frame)? != 0 {
-                    self.value(a, frame)
+                if self.operand(c, frame)? != 0 {
+                    self.operand(a, frame)
                 } else {
-                    self.value(b, frame)
+                    self.operand(b, frame)
                 }
             }
             RExpr::Builtin(f, args, span) => self.builtin(*f, args, *span, frame),
@@ -68,13 +80,13 @@ impl Machine<'_> {
     }
 
     fn binary(&mut self, op: BinOp, a: &RExpr, b: &RExpr, span: Span, frame: &[i64]) -> Result<i64> {
-        let x = self.value(a, frame)?;
+        let x = self.operand(a, frame)?;
         match op {
             BinOp::And if x == 0 => return Ok(0),
             BinOp::Or if x != 0 => return Ok(1),
             _ => {}
         }
-        let y = self.value(b, frame)?;
+        let y = self.operand(b, frame)?;
         let overflow =
             || arith(span, format!("`{x} {} {y}` overflows 64 bits", op.symbol()), "values are signed 64-bit");
         Ok(match op {
@@ -123,7 +135,7 @@ impl Machine<'_> {
     fn builtin(&mut self, f: Builtin, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
         let mut values = [0i64; 8];
         for (slot, arg) in values.iter_mut().zip(args) {
-            *slot = self.value(arg, frame)?;
+            *slot = self.operand(arg, frame)?;
         }
         let values = &values[..args.len()];
         let x = values[0];
@@ -173,11 +185,11 @@ impl Machine<'_> {
             &mut heap
         };
         for (slot, arg) in callee_frame.iter_mut().zip(args) {
-            *slot = self.value(arg, frame)?;
+            *slot = self.operand(arg, frame)?;
         }
         self.depth += 1;
         let fns = self.fns;
-        let result = self.value(&fns[index as usize].body, callee_frame);
+        let result = self.operand(&fns[index as usize].body, callee_frame);
         self.depth -= 1;
         result
     }

@@ -5,10 +5,11 @@ use super::eval::Machine;
 use super::resolve::{RBufRef, RStmt, RTransfer, Resolver};
 use crate::collective::Collective;
 use crate::diag::{Error, Errors};
+use crate::fxhash::FxBuildHasher;
 use crate::ir::{Buf, Loc, Program, ScratchBuf, Transfer, TransferKind};
 use crate::Limits;
 use collc_grammar::ast::{Algorithm, Item, Span};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 struct Exec<'a> {
     machine: Machine<'a>,
@@ -27,7 +28,8 @@ struct Exec<'a> {
     /// Chunk slots per rank in the shared view plus scratch, and where each scratch buffer starts.
     slots_per_rank: u32,
     scratch_base: Vec<u32>,
-    step_access: Vec<StepAccess>,
+    /// The slots this step touched (a small table that stays in cache, cleared per step).
+    step_access: HashMap<usize, StepAccess, FxBuildHasher>,
 }
 
 type Result<T> = std::result::Result<T, Error>;
@@ -70,7 +72,7 @@ pub(crate) fn run(
         spans: std::mem::take(&mut resolver.spans),
         slots_per_rank: 0,
         scratch_base: Vec::new(),
-        step_access: Vec::new(),
+        step_access: HashMap::default(),
     };
     let mut next = in_chunks.max(out_chunks);
     for (_, size) in &bound.scratch {
@@ -355,7 +357,6 @@ fn endpoints(t: &Transfer) -> String {
 /// readers are enough to find a conflicting pair whenever one exists.
 #[derive(Clone, Copy)]
 struct StepAccess {
-    step: u32,
     writer: u32,
     readers: [u32; 2],
 }
@@ -376,10 +377,7 @@ impl Exec<'_> {
 
     /// A slot written and read (or written twice) by two transfers of one step is a race in either placement.
     fn check_step_races(&mut self, first: usize) {
-        if self.step_access.is_empty() {
-            let empty = StepAccess { step: u32::MAX, writer: NOBODY, readers: [NOBODY; 2] };
-            self.step_access = vec![empty; (self.n_ranks * self.slots_per_rank) as usize];
-        }
+        self.step_access.clear();
         for i in first..self.transfers.len() {
             let t = self.transfers[i];
             for k in 0..t.count {
@@ -390,11 +388,7 @@ impl Exec<'_> {
     }
 
     fn access(&mut self, slot: usize, transfer: u32, write: bool) {
-        let step = self.step;
-        let entry = &mut self.step_access[slot];
-        if entry.step != step {
-            *entry = StepAccess { step, writer: NOBODY, readers: [NOBODY; 2] };
-        }
+        let entry = self.step_access.entry(slot).or_insert(StepAccess { writer: NOBODY, readers: [NOBODY; 2] });
         let other = |o: u32| o != NOBODY && o != transfer;
         // (the writer, the other transfer, whether the other one writes too)
         let conflict = match (write, entry.readers.into_iter().find(|&r| other(r))) {

@@ -10,13 +10,13 @@ use std::collections::HashMap;
 pub fn fuse(sched: &mut Schedule) {
     let scratch_from = 2u16;
     for rank in &mut sched.ranks {
-        *rank = fuse_rank(rank, scratch_from);
+        fuse_rank(rank, scratch_from);
     }
 }
 
 /// A Send `j` can join the receive `i` whose result it forwards when it depends on nothing else, runs on the same
 /// channel, and moving it up to `i` keeps the order of sends on its connection.
-fn fuse_rank(rank: &RankProgram, scratch_from: u16) -> RankProgram {
+fn fuse_rank(rank: &mut RankProgram, scratch_from: u16) {
     let n = rank.len();
     let mut merged_into: Vec<u32> = vec![NO_RANK; n];
     let mut forward: Vec<u32> = vec![NO_RANK; n];
@@ -44,10 +44,12 @@ fn fuse_rank(rank: &RankProgram, scratch_from: u16) -> RankProgram {
         }
         last_send.insert(key, position);
     }
-    rebuild(rank, &merged_into, &forward, scratch_from)
+    rebuild(rank, &merged_into, &forward, scratch_from);
 }
 
-fn rebuild(rank: &RankProgram, merged_into: &[u32], forward: &[u32], scratch_from: u16) -> RankProgram {
+/// Rewrites the rank in place: instruction `i` moves to position `new_index[i] <= i`, and its dependency list is
+/// never longer than before, so every write lands on something already read.
+fn rebuild(rank: &mut RankProgram, merged_into: &[u32], forward: &[u32], scratch_from: u16) {
     let n = rank.len();
     let mut new_index = vec![0u32; n];
     let mut next = 0u32;
@@ -63,8 +65,8 @@ fn rebuild(rank: &RankProgram, merged_into: &[u32], forward: &[u32], scratch_fro
         }
     }
     let dependents = dependents(rank);
-    let mut out = RankProgram::default();
     let mut deps = Vec::new();
+    let mut deps_len = 0usize;
     for i in 0..n {
         if merged_into[i] != NO_RANK {
             continue;
@@ -82,10 +84,16 @@ fn rebuild(rank: &RankProgram, merged_into: &[u32], forward: &[u32], scratch_fro
         deps.sort_unstable();
         deps.dedup();
         // A dependency on a merged send now points at its receive; one on a write that fusion removed is stale.
-        deps.retain(|&d| hazard(&out.instrs[d as usize], &instr));
-        out.push(instr, &deps);
+        deps.retain(|&d| hazard(&rank.instrs[d as usize], &instr));
+        let at = new_index[i] as usize;
+        rank.instrs[at] = instr;
+        rank.deps[deps_len..deps_len + deps.len()].copy_from_slice(&deps);
+        rank.dep_ranges[at] = (deps_len as u32, (deps_len + deps.len()) as u32);
+        deps_len += deps.len();
     }
-    out
+    rank.instrs.truncate(next as usize);
+    rank.dep_ranges.truncate(next as usize);
+    rank.deps.truncate(deps_len);
 }
 
 /// Whether `later` must wait for `earlier`: one writes a chunk the other reads or writes.

@@ -39,9 +39,4 @@ impl SyntaxError {
     pub fn new(message: impl Into<String>, span: Span, help: impl Into<String>) -> Self {
         SyntaxError { message: message.into(), span, help: help.into() }
     }
-
-    /// An input rejected for its size, not its form.
-    pub fn limit(message: impl Into<String>, span: Span, help: impl Into<String>) -> Self {
-        SyntaxError::new(message, span, help)
-    }
 }

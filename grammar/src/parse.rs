@@ -34,7 +34,7 @@ pub fn parse(source: &str, limits: &Limits) -> Result<File> {
 /// Rejects inputs whose size or nesting would make parsing slow or recursion deep, before pest sees them.
 fn check_limits(source: &str, limits: &Limits) -> Result<()> {
     if source.len() > limits.max_source_bytes {
-        return Err(SyntaxError::limit(
+        return Err(SyntaxError::new(
             format!("the file is {} bytes; the limit is {}", source.len(), limits.max_source_bytes),
             Span::new(0, 0),
             "split the algorithm or raise the limit with --max-source-bytes",
@@ -51,7 +51,7 @@ fn check_limits(source: &str, limits: &Limits) -> Result<()> {
             ifs += 1;
         }
         if depth > limits.max_nesting || ifs > limits.max_ifs {
-            return Err(SyntaxError::limit(
+            return Err(SyntaxError::new(
                 format!(
                     "nesting is deeper than the limit of {} brackets or {} `if`s",
                     limits.max_nesting, limits.max_ifs
@@ -349,7 +349,7 @@ fn pratt() -> &'static PrattParser<Rule> {
 /// An expression node, rejected when it nests deeper than the limit (deep trees overflow the stack later).
 fn node(kind: ExprKind, span: Span, depth: usize, limits: &Limits) -> Result<(Expr, usize)> {
     if depth > limits.max_expr_depth {
-        return Err(SyntaxError::limit(
+        return Err(SyntaxError::new(
             format!("this expression nests {depth} operators deep; the limit is {}", limits.max_expr_depth),
             span,
             "split it with `let` or a `fn`",

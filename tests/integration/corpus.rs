@@ -1,6 +1,8 @@
 //! What the suites share: the `.coll` files on disk and the pipeline run up to the unverified final schedule.
 
-use collc_compiler::{diag, lower, optimise, schedule, Bindings, Errors, Limits, Placement, Schedule};
+use collc_compiler::{
+    compile_program, diag, lower, optimise, schedule, Bindings, Errors, Limits, Options, Placement, Schedule,
+};
 use std::path::{Path, PathBuf};
 
 /// One `.coll` file: its name (`allreduce/ring`, `ok/tree`) and its text.
@@ -59,19 +61,17 @@ pub fn render_all(errors: &Errors, file_name: &str, source: &str) -> String {
     errors.0.iter().map(|e| diag::render(e, file_name, source, true)).collect::<Vec<_>>().join("\n")
 }
 
-/// parse -> lower -> schedule -> fuse: the schedule `compile` would hand to `verify`. Like `compile_program`, it
-/// keeps the unfused schedule when fusion alone makes it deadlock.
+/// The schedule `compile` settles on, before verification: the verified one when the program verifies (so a fused
+/// schedule that deadlocks is replaced as `compile_program` replaces it), else parse -> lower -> schedule -> fuse.
 pub fn unverified(source: &str, bindings: &Bindings, placement: Placement) -> Result<Schedule, Errors> {
     let limits = Limits::default();
     let file =
         collc_grammar::parse(source, &limits.syntax).map_err(|e| Errors::from(collc_compiler::Error::from(e)))?;
     let program = lower(&file, bindings, &limits)?;
+    if let Ok(verified) = compile_program(&program, source, Options { placement, fuse: true }, &limits) {
+        return Ok(verified.into_schedule());
+    }
     let mut sched = schedule(&program, placement);
     optimise::fuse(&mut sched);
-    let fusion_deadlocks = collc_compiler::verify(sched.clone(), source, &limits)
-        .is_err_and(|errors| errors.0.iter().all(|e| e.code == "collc::verify::deadlock"));
-    if fusion_deadlocks {
-        return Ok(schedule(&program, placement));
-    }
     Ok(sched)
 }

@@ -285,12 +285,7 @@ struct Hazards {
 
 impl Hazards {
     fn new(buffers: &[BufferDecl]) -> Self {
-        let mut base = Vec::with_capacity(buffers.len());
-        let mut total = 0u32;
-        for b in buffers {
-            base.push(total);
-            total += b.chunks;
-        }
+        let (base, total) = super::slot_bases(buffers);
         Hazards { base, history: SlotHistory::new(total as usize) }
     }
 

@@ -190,6 +190,18 @@ impl RankProgram {
     }
 }
 
+/// Where each buffer starts when one rank's buffers are laid end to end, and their total size: how the passes that
+/// track every chunk slot of a rank (hazards, races, the simulation) index them.
+pub fn slot_bases(buffers: &[BufferDecl]) -> (Vec<u32>, u32) {
+    let mut bases = Vec::with_capacity(buffers.len());
+    let mut total = 0u32;
+    for b in buffers {
+        bases.push(total);
+        total += b.chunks;
+    }
+    (bases, total)
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct BufferDecl {
     pub name: String,

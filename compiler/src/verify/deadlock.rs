@@ -343,12 +343,7 @@ fn build_nodes<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Ve
 }
 
 fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
-    let mut base = Vec::new();
-    let mut total = 0u32;
-    for b in &ctx.sched.buffers {
-        base.push(total);
-        total += b.chunks;
-    }
+    let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
     let n = ctx.sched.n_ranks as usize * total as usize;
     let mut values = Vec::with_capacity(n);
     for rank in 0..ctx.sched.n_ranks {

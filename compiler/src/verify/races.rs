@@ -7,12 +7,7 @@ use crate::sched::slots::SlotHistory;
 use crate::sched::{Operand, RankProgram};
 
 pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
-    let mut base = Vec::new();
-    let mut total = 0u32;
-    for b in &ctx.sched.buffers {
-        base.push(total);
-        total += b.chunks;
-    }
+    let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
     let mut history = SlotHistory::new(total as usize);
     let mut seen = Vec::new();
     let mut conflicts = Vec::new();

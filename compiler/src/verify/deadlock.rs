@@ -2,14 +2,18 @@
 //! it is next on its connections, its message has arrived, and the receiver has room (at most
 //! `Limits::channel_slots` messages in flight per connection). It carries symbolic values, so the postcondition
 //! reads its final state. If it stops early, the wait-for cycle is reported.
+//!
+//! Every one of those conditions is "some other instruction has run", so the execution is a topological sort
+//! (Kahn's algorithm) of one graph: the dependencies, plus per connection the edges send k -> send k+1,
+//! recv k -> recv k+1, send k -> recv k (the message) and recv k -> send k+slots (the room it frees). Races are
+//! ruled out before this runs, so any order the sort picks computes the same values.
 
 use super::matching::Connections;
 use super::postcondition::initial_value;
 use super::value::Value;
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{Op, Operand};
-use std::collections::VecDeque;
+use crate::sched::Operand;
 
 /// The final state of a completed execution.
 pub(crate) struct Finished<V> {
@@ -26,233 +30,227 @@ impl<V> Finished<V> {
     }
 }
 
-/// What the simulation needs of one instruction, in one place (the run is bound by cache misses): absolute value
-/// indices of its operands, its connections and its position on each, its unmet dependency count.
+/// What firing one instruction needs, in one place (the run is bound by cache misses): absolute value indices of
+/// its operands, where its incoming message is read and its outgoing one written, and its unmet conditions.
 #[derive(Clone, Copy)]
 struct Node {
-    op: Op,
-    done: bool,
     count: u32,
     src: u32,
     acc: u32,
     dst: u32,
-    send: u32,
-    recv: u32,
-    send_pos: u32,
-    recv_pos: u32,
+    msg_in: u32,
+    msg_out: u32,
+    /// Conditions not yet met; `FIRED` once it has run.
     unmet: u32,
 }
 
 const NONE: u32 = u32::MAX;
+const FIRED: u32 = u32::MAX;
 
-struct Sim<'a, V> {
-    ctx: &'a Context<'a>,
-    conns: Connections,
+struct Graph {
     rank_start: Vec<u32>,
     nodes: Vec<Node>,
-    dependents_start: Vec<u32>,
-    dependents: Vec<u32>,
-    sent: Vec<u32>,
-    received: Vec<u32>,
-    queues: Vec<VecDeque<V>>,
-    state: Finished<V>,
-    scratch: Vec<V>,
-}
-
-/// Ranks with instructions to look at, each with its own stack, so one rank's instructions are handled together
-/// (they share cache lines) instead of hopping between ranks on every message.
-struct Work {
-    stacks: Vec<Vec<u32>>,
-    active: VecDeque<u32>,
-    queued: Vec<bool>,
-}
-
-impl Work {
-    fn push(&mut self, rank: u32, i: u32) {
-        self.stacks[rank as usize].push(i);
-        if !self.queued[rank as usize] {
-            self.queued[rank as usize] = true;
-            self.active.push_back(rank);
-        }
-    }
+    /// `succ[succ_start[g]..succ_start[g + 1]]`: global indices of what node `g` running may make ready.
+    succ_start: Vec<u32>,
+    succ: Vec<u32>,
+    /// Chunks received in all: each receive reads its message from its own place in one array.
+    n_messages: u32,
 }
 
 pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
-    let mut sim = Sim::new(ctx, conns);
-    let p = ctx.sched.ranks.len();
-    let mut work = Work { stacks: vec![Vec::new(); p], active: VecDeque::with_capacity(p), queued: vec![false; p] };
-    // Seed only what can run at once: no dependencies, no message to wait for, first on its send connection.
-    // Everything else is pushed by the event that clears its last condition (a dependency finishing, the previous
-    // instruction on a connection firing, a message arriving, room freeing up), so nothing is looked at in vain.
-    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
-        let start = sim.rank_start[rank] as usize;
-        for i in (0..program.len()).rev() {
-            let node = &sim.nodes[start + i];
-            if node.unmet == 0 && node.recv == NONE && (node.send == NONE || node.send_pos == 0) {
-                work.push(rank as u32, i as u32);
-            }
-        }
-    }
-    let total = *sim.rank_start.last().expect("rank_start has p + 1 entries") as usize;
+    let mut state = initial_state::<V>(ctx);
+    let Graph { rank_start, mut nodes, succ_start, succ, n_messages } = build_graph(ctx, &conns, &state);
+    let mut messages: Vec<V> = vec![V::undefined(); n_messages as usize];
+    let mut ready: Vec<u32> = (0..nodes.len() as u32).rev().filter(|&g| nodes[g as usize].unmet == 0).collect();
+    let mut results: Vec<V> = Vec::new();
     let mut completed = 0usize;
-    while let Some(rank) = work.active.pop_front() {
-        work.queued[rank as usize] = false;
-        let mut stack = std::mem::take(&mut work.stacks[rank as usize]);
-        while let Some(i) = stack.pop() {
-            if !sim.ready(rank, i) {
-                continue;
-            }
-            sim.fire(rank, i, &mut work, &mut stack);
-            completed += 1;
-        }
-        let pushed_meanwhile = std::mem::replace(&mut work.stacks[rank as usize], stack);
-        work.stacks[rank as usize].extend(pushed_meanwhile);
-    }
-    if completed < total {
-        return Err(sim.cycle_error());
-    }
-    Ok(sim.state)
-}
-
-impl<'a, V: Value> Sim<'a, V> {
-    fn new(ctx: &'a Context<'a>, conns: Connections) -> Self {
-        let sched = ctx.sched;
-        let mut rank_start = vec![0u32];
-        for program in &sched.ranks {
-            rank_start.push(rank_start.last().copied().unwrap_or(0) + program.len() as u32);
-        }
-        let total = *rank_start.last().expect("non-empty") as usize;
-        let state = initial_state(ctx);
-        let nodes = build_nodes(ctx, &conns, &state);
-        let mut counts = vec![0u32; total + 1];
-        for (rank, program) in sched.ranks.iter().enumerate() {
-            for i in 0..program.len() {
-                for &d in program.deps_of(i) {
-                    counts[rank_start[rank] as usize + d as usize + 1] += 1;
-                }
-            }
-        }
-        for k in 1..counts.len() {
-            counts[k] += counts[k - 1];
-        }
-        let mut fill = counts.clone();
-        let mut dependents = vec![0u32; counts[total] as usize];
-        for (rank, program) in sched.ranks.iter().enumerate() {
-            for i in 0..program.len() {
-                for &d in program.deps_of(i) {
-                    let at = &mut fill[rank_start[rank] as usize + d as usize];
-                    dependents[*at as usize] = i as u32;
-                    *at += 1;
-                }
-            }
-        }
-        let n_conns = conns.list.len();
-        Sim {
-            ctx,
-            conns,
-            rank_start,
-            nodes,
-            dependents_start: counts,
-            dependents,
-            sent: vec![0; n_conns],
-            received: vec![0; n_conns],
-            queues: (0..n_conns).map(|_| VecDeque::new()).collect(),
-            state,
-            scratch: Vec::new(),
-        }
-    }
-
-    fn ready(&self, rank: u32, i: u32) -> bool {
-        let node = &self.nodes[(self.rank_start[rank as usize] + i) as usize];
-        if node.unmet != 0 || node.done {
-            return false;
-        }
-        if node.send != NONE {
-            let c = node.send as usize;
-            let sent = self.sent[c];
-            if sent != node.send_pos || sent - self.received[c] >= self.ctx.limits.channel_slots {
-                return false;
-            }
-        }
-        if node.recv != NONE {
-            let c = node.recv as usize;
-            if self.received[c] != node.recv_pos || self.sent[c] <= node.recv_pos {
-                return false;
-            }
-        }
-        true
-    }
-
-    /// Runs instruction `i` of `rank`; what it may have made ready goes on `own` (this rank) or `work` (others).
-    fn fire(&mut self, rank: u32, i: u32, work: &mut Work, own: &mut Vec<u32>) {
-        let g = (self.rank_start[rank as usize] + i) as usize;
-        let node = self.nodes[g];
-        let mut results = std::mem::take(&mut self.scratch);
+    while let Some(g) = ready.pop() {
+        let node = nodes[g as usize];
+        nodes[g as usize].unmet = FIRED;
+        completed += 1;
+        // Read everything before writing anything: operands of one instruction may overlap.
         results.clear();
         for k in 0..node.count {
-            let mut v = match node.op {
-                Op::Send | Op::Copy | Op::Reduce => self.state.values[(node.src + k) as usize].clone(),
-                _ => self.queues[node.recv as usize].pop_front().expect("ready() checked that the message arrived"),
+            let v = match node.msg_in {
+                NONE => state.values[(node.src + k) as usize].clone(),
+                at => messages[(at + k) as usize].clone(),
             };
-            if node.acc != NONE {
-                let mut sum = self.state.values[(node.acc + k) as usize].clone();
-                sum.reduce(&v);
-                v = sum;
-            }
-            results.push(v);
+            results.push(match node.acc {
+                NONE => v,
+                acc => {
+                    let mut sum = state.values[(acc + k) as usize].clone();
+                    sum.reduce(&v);
+                    sum
+                }
+            });
         }
         if node.dst != NONE {
-            let at = node.dst as usize;
+            let rank = rank_start.partition_point(|&s| s <= g) - 1;
+            let local = g - rank_start[rank];
             for (k, v) in results.iter().enumerate() {
-                self.state.values[at + k] = v.clone();
-                self.state.last_writer[at + k] = i;
+                state.values[node.dst as usize + k] = v.clone();
+                state.last_writer[node.dst as usize + k] = local;
             }
         }
-        if node.send != NONE {
-            let c = node.send as usize;
-            self.queues[c].extend(results.drain(..));
-            self.sent[c] += 1;
-            let conn = &self.conns.list[c];
-            if let Some(&next) = conn.sends.get(self.sent[c] as usize) {
-                own.push(next);
-            }
-            if let Some(&head) = conn.recvs.get(self.received[c] as usize) {
-                work.push(conn.to, head);
+        if node.msg_out != NONE {
+            for (k, v) in results.drain(..).enumerate() {
+                messages[node.msg_out as usize + k] = v;
             }
         }
-        if node.recv != NONE {
-            let c = node.recv as usize;
-            self.received[c] += 1;
-            let conn = &self.conns.list[c];
-            if let Some(&next) = conn.recvs.get(self.received[c] as usize) {
-                own.push(next);
-            }
-            if let Some(&blocked) = conn.sends.get(self.sent[c] as usize) {
-                work.push(conn.from, blocked);
+        for &s in &succ[succ_start[g as usize] as usize..succ_start[g as usize + 1] as usize] {
+            let n = &mut nodes[s as usize];
+            n.unmet -= 1;
+            if n.unmet == 0 {
+                ready.push(s);
             }
         }
-        self.scratch = results;
-        self.nodes[g].done = true;
-        let start = self.rank_start[rank as usize] as usize;
-        for d in self.dependents_start[g]..self.dependents_start[g + 1] {
-            let dependent = self.dependents[d as usize];
-            let node = &mut self.nodes[start + dependent as usize];
-            node.unmet -= 1;
-            if node.unmet == 0 {
-                own.push(dependent);
+    }
+    if completed < nodes.len() {
+        let done: Vec<bool> = nodes.iter().map(|n| n.unmet == FIRED).collect();
+        return Err(Stuck::new(ctx, &conns, &rank_start, done).cycle_error());
+    }
+    Ok(state)
+}
+
+/// Builds the nodes and their successor lists. Successors on other ranks are listed first and a node's own rank's
+/// last, so they come off the (LIFO) ready stack first: one rank runs until it blocks, which keeps its data in cache.
+fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Graph {
+    let sched = ctx.sched;
+    let slots = ctx.limits.channel_slots;
+    let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
+    rank_start.push(0u32);
+    for program in &sched.ranks {
+        rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
+    }
+    let total = rank_start[sched.ranks.len()] as usize;
+    let mut seen = vec![(0u32, 0u32); conns.list.len()];
+    // Per node: its position among the sends and among the receives of its connections.
+    let mut positions = Vec::with_capacity(total);
+    let mut nodes = Vec::with_capacity(total);
+    let mut counts = vec![0u32; total + 1];
+    let mut n_messages = 0u32;
+    for (rank, program) in sched.ranks.iter().enumerate() {
+        let start = rank_start[rank] as usize;
+        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank as u32, op) as u32);
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let (send, recv) = conns.of_instr[rank][i];
+            let mut unmet = program.deps_of(i).len() as u32;
+            let mut n_succ = 0u32;
+            let (mut send_pos, mut recv_pos, mut msg_in) = (NONE, NONE, NONE);
+            if send != NONE {
+                let c = &conns.list[send as usize];
+                send_pos = seen[send as usize].0;
+                seen[send as usize].0 += 1;
+                unmet += u32::from(send_pos > 0) + u32::from(send_pos >= slots);
+                n_succ +=
+                    u32::from(c.recvs.len() > send_pos as usize) + u32::from(c.sends.len() > send_pos as usize + 1);
+            }
+            if recv != NONE {
+                let c = &conns.list[recv as usize];
+                recv_pos = seen[recv as usize].1;
+                seen[recv as usize].1 += 1;
+                unmet += 1 + u32::from(recv_pos > 0);
+                n_succ += u32::from(c.sends.len() > (recv_pos + slots) as usize)
+                    + u32::from(c.recvs.len() > recv_pos as usize + 1);
+                msg_in = n_messages;
+                n_messages += instr.count;
+            }
+            counts[start + i + 1] += n_succ;
+            for &d in program.deps_of(i) {
+                counts[start + d as usize + 1] += 1;
+            }
+            positions.push((send_pos, recv_pos));
+            nodes.push(Node {
+                count: instr.count,
+                src: slot(instr.src),
+                acc: slot(instr.acc),
+                dst: slot(instr.dst),
+                msg_in,
+                msg_out: NONE,
+                unmet,
+            });
+        }
+    }
+    for k in 1..counts.len() {
+        counts[k] += counts[k - 1];
+    }
+    let mut fill = counts.clone();
+    let mut succ = vec![0u32; counts[total] as usize];
+    let mut add = |from: usize, to: u32| {
+        succ[fill[from] as usize] = to;
+        fill[from] += 1;
+    };
+    for (rank, program) in sched.ranks.iter().enumerate() {
+        let start = rank_start[rank] as usize;
+        for i in 0..program.len() {
+            let g = start + i;
+            let (send, recv) = conns.of_instr[rank][i];
+            let (send_pos, recv_pos) = positions[g];
+            if send != NONE {
+                let c = &conns.list[send as usize];
+                if let Some(&r) = c.recvs.get(send_pos as usize) {
+                    let partner = rank_start[c.to as usize] + r;
+                    add(g, partner);
+                    nodes[g].msg_out = nodes[partner as usize].msg_in;
+                }
+            }
+            if recv != NONE {
+                let c = &conns.list[recv as usize];
+                if let Some(&s) = c.sends.get((recv_pos + slots) as usize) {
+                    add(g, rank_start[c.from as usize] + s);
+                }
+            }
+            if send != NONE {
+                if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
+                    add(g, start as u32 + s);
+                }
+            }
+            if recv != NONE {
+                if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
+                    add(g, start as u32 + r);
+                }
+            }
+            for &d in program.deps_of(i) {
+                add(start + d as usize, g as u32);
             }
         }
+    }
+    Graph { rank_start, nodes, succ_start: counts, succ, n_messages }
+}
+
+/// A run that stopped early: which instructions ran, and how far each connection got.
+struct Stuck<'a> {
+    ctx: &'a Context<'a>,
+    conns: &'a Connections,
+    rank_start: &'a [u32],
+    done: Vec<bool>,
+    sent: Vec<u32>,
+    received: Vec<u32>,
+}
+
+impl<'a> Stuck<'a> {
+    fn new(ctx: &'a Context<'a>, conns: &'a Connections, rank_start: &'a [u32], done: Vec<bool>) -> Self {
+        // Sends and receives of a connection run in order, so each count is the length of a prefix.
+        let prefix = |rank: u32, list: &[u32]| {
+            list.iter().take_while(|&&i| done[(rank_start[rank as usize] + i) as usize]).count() as u32
+        };
+        let sent = conns.list.iter().map(|c| prefix(c.from, &c.sends)).collect();
+        let received = conns.list.iter().map(|c| prefix(c.to, &c.recvs)).collect();
+        Stuck { ctx, conns, rank_start, done, sent, received }
+    }
+
+    fn is_done(&self, rank: u32, i: u32) -> bool {
+        self.done[(self.rank_start[rank as usize] + i) as usize]
     }
 
     /// What a stuck instruction waits for, and why.
     fn waits_for(&self, rank: u32, i: u32) -> ((u32, u32), &'static str) {
         let program = &self.ctx.sched.ranks[rank as usize];
-        let start = self.rank_start[rank as usize] as usize;
-        if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.nodes[start + d as usize].done) {
+        if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.is_done(rank, d)) {
             return ((rank, d), "depends on");
         }
         let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
-        if recv != u32::MAX {
+        if recv != NONE {
             let c = &self.conns.list[recv as usize];
             let got = self.received[recv as usize];
             if c.recvs[got as usize] != i {
@@ -271,7 +269,7 @@ impl<'a, V: Value> Sim<'a, V> {
     }
 
     fn cycle_error(&self) -> Error {
-        let stuck = self.nodes.iter().position(|n| !n.done).expect("called only when something is stuck");
+        let stuck = self.done.iter().position(|&d| !d).expect("called only when something is stuck");
         let rank = self.rank_start.partition_point(|&s| s as usize <= stuck) as u32 - 1;
         let mut node = (rank, stuck as u32 - self.rank_start[rank as usize]);
         let mut path: Vec<((u32, u32), &'static str)> = Vec::new();
@@ -307,39 +305,6 @@ impl<'a, V: Value> Sim<'a, V> {
         }
         error.with_note(note)
     }
-}
-
-fn build_nodes<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Vec<Node> {
-    let mut sends_seen = vec![0u32; conns.list.len()];
-    let mut recvs_seen = vec![0u32; conns.list.len()];
-    let mut nodes = Vec::with_capacity(ctx.sched.n_instrs());
-    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
-        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank as u32, op) as u32);
-        for (i, instr) in program.instrs.iter().enumerate() {
-            let (send, recv) = conns.of_instr[rank][i];
-            let position = |seen: &mut Vec<u32>, c: u32| {
-                if c == NONE {
-                    return NONE;
-                }
-                seen[c as usize] += 1;
-                seen[c as usize] - 1
-            };
-            nodes.push(Node {
-                op: instr.op,
-                done: false,
-                count: instr.count,
-                src: slot(instr.src),
-                acc: slot(instr.acc),
-                dst: slot(instr.dst),
-                send,
-                recv,
-                send_pos: position(&mut sends_seen, send),
-                recv_pos: position(&mut recvs_seen, recv),
-                unmet: program.deps_of(i).len() as u32,
-            });
-        }
-    }
-    nodes
 }
 
 fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {

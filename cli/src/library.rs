@@ -1,8 +1,8 @@
-//! The algorithm library embedded at build time, and how a NAME|FILE argument resolves to source text.
+//! How a NAME|FILE argument resolves to source text: the embedded library first, then a file.
 
 use std::path::Path;
 
-include!(concat!(env!("OUT_DIR"), "/library.rs"));
+pub use collc_compiler::library::LIBRARY;
 
 /// A `.coll` source and the name it is shown under.
 pub struct Source {

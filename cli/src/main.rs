@@ -7,6 +7,7 @@ mod check;
 mod library;
 mod list;
 mod report;
+mod run;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -27,6 +28,8 @@ enum Command {
     Build(build::BuildArgs),
     /// Verify an algorithm for a list or range of rank counts, in both placements.
     Check(check::CheckArgs),
+    /// Run an algorithm on real data and print nccl-tests' table (threads or shared-memory processes).
+    Run(run::RunArgs),
 }
 
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::List(a) => list::run(a),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Run(a) => run::run(a),
     });
     match worker.map(|handle| handle.join()) {
         Ok(Ok(code)) => ExitCode::from(code),

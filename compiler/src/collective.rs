@@ -85,6 +85,14 @@ impl Collective {
         }
     }
 
+    /// Whether a call names a root (the sender, for sendrecv).
+    pub fn rooted(self) -> bool {
+        matches!(
+            self,
+            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::SendRecv
+        )
+    }
+
     /// Whether the collective reduces (so `reduce` transfers make sense and sums are expected).
     pub fn reduces(self) -> bool {
         matches!(self, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce)

@@ -9,6 +9,7 @@ pub mod diag;
 pub mod emit;
 mod fxhash;
 pub mod ir;
+pub mod library;
 pub mod lower;
 pub mod optimise;
 pub mod sched;

@@ -4,6 +4,9 @@
 //! [`reference`] is the scalar oracle: one element at a time, NCCL's arithmetic, no
 //! alignment needs. Every faster executor is tested by comparing its output with it.
 //!
+//! [`host`] is the fast path the runtime runs: the same results, bit for bit, a vector
+//! block at a time, with the instruction set picked at run time.
+//!
 //! Architecture Invariant: kernels take `&mut [u8]`/`&[u8]` and a [`DataType`]; they never
 //! allocate, lock or dispatch per element, so a runtime can call them on any slice of any
 //! buffer it owns.
@@ -11,6 +14,7 @@
 mod dtype;
 mod element;
 mod error;
+pub mod host;
 mod op;
 pub mod reference;
 

@@ -1,10 +1,31 @@
 //! collc-runtime: executes verified schedules on real data.
 //!
-//! Today this holds the reference interpreter (`reference::run`), the oracle every faster executor and transport
-//! will be checked against. Architecture invariant: nothing here accepts an unverified `Schedule`.
+//! - `reference`: the interpreter every executor and transport is checked against (the oracle).
+//! - `Communicator` (`comm.rs`): one rank's handle, NCCL-shaped calls; `Plan` (`plan.rs`) prepared once per call
+//!   shape; the host executor (`exec.rs`) runs it over FIFOs (`fifo.rs`) in shared segments (`segment.rs`) with a
+//!   control block (`control.rs`) for joins, barriers, call fingerprints and aborts.
+//! - Transports: `threads` (heap segments shared by rank threads) and `shm` (`/dev/shm` files mapped by rank
+//!   processes); `launch.rs` reads torchrun / mpirun / Slurm environments.
+//!
+//! Architecture invariant: nothing here accepts an unverified `Schedule`; a `Plan` is made from a
+//! `VerifiedSchedule` only.
 
+pub mod check;
+pub mod comm;
+mod control;
+mod error;
+mod exec;
+mod fifo;
+pub mod launch;
 pub mod layout;
+mod plan;
 pub mod reference;
+mod segment;
+mod wait;
 
+pub use comm::{mark_shm_rank_failed, Buffers, CallShape, Communicator, Options};
+pub use error::RuntimeError;
 pub use layout::ChunkLayout;
+pub use plan::Plan;
 pub use reference::{run, RunError};
+pub use segment::Shm;

@@ -1,0 +1,166 @@
+//! Starting the ranks of `collc run`: threads of this process, processes this process spawns (`shm`), or this
+//! process as one rank of a job a launcher started. Whatever starts them, rank 0 prints and a failure on any rank
+//! makes the run exit non-zero.
+
+use super::sweep::{self, Row};
+use super::table::{self, Header};
+use super::{configure, Job};
+use collc_runtime::launch::Launch;
+use collc_runtime::{Communicator, RuntimeError, Shm};
+use std::process::{Child, Command};
+use std::time::{Duration, Instant};
+
+fn header(comm: &mut Communicator, job: &Job) -> Header {
+    let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
+    Header {
+        algorithm: comm.algorithm(job.collective),
+        transport: comm.transport(),
+        executor: format!("host (dataflow, tiled, 8-slot FIFOs{slots})"),
+    }
+}
+
+/// Runs the sweep on one rank; rank 0 prints. Returns the exit code.
+fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
+    let outcome = sweep::sweep(&mut comm, job);
+    let rank = comm.rank();
+    match outcome {
+        Ok(Some(rows)) => {
+            let header = header(&mut comm, job);
+            table::print(job, &header, &rows);
+            exit_code(&rows)
+        }
+        Ok(None) => 0,
+        Err(error) => {
+            eprintln!("error: rank {rank}: {error}");
+            comm.fail();
+            1
+        }
+    }
+}
+
+fn exit_code(rows: &[Row]) -> u8 {
+    u8::from(table::any_wrong(rows))
+}
+
+pub fn run_threads(job: &Job) -> u8 {
+    let comms = match Communicator::threads(job.n_ranks, job.options.clone()) {
+        Ok(comms) => comms,
+        Err(error) => return fail(&error),
+    };
+    let codes: Vec<u8> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let comm = configure(comm, job);
+                std::thread::Builder::new()
+                    .name(format!("rank {}", comm.rank()))
+                    .spawn_scoped(scope, move || rank_main(comm, job))
+                    .expect("a thread per rank")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap_or(101)).collect()
+    });
+    codes.into_iter().max().unwrap_or(0)
+}
+
+fn fail(error: &RuntimeError) -> u8 {
+    eprintln!("error: {error}");
+    1
+}
+
+/// This process is rank `launch.rank` of a job someone else started.
+pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
+    if let Some(local) = launch.local_world_size {
+        if local != launch.world_size {
+            eprintln!(
+                "error: {} says {} of the {} ranks are on this host; the shm transport needs all of them on one host",
+                launch.launcher, local, launch.world_size
+            );
+            return 2;
+        }
+    }
+    match Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()) {
+        Ok(comm) => rank_main(configure(comm, job), job),
+        Err(error) => fail(&error),
+    }
+}
+
+/// Spawns one process per rank (this executable, same arguments, `COLLC_RANK`/`COLLC_WORLD_SIZE`/`COLLC_JOB`
+/// set), watches them, and turns a rank that dies into an abort every other rank sees at once.
+pub fn spawn_ranks(job: &Job) -> u8 {
+    let id = format!("{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ nanos_now());
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => return fail(&RuntimeError::Config(format!("cannot find the collc executable: {e}"))),
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut children: Vec<Option<Child>> = Vec::new();
+    for rank in 0..job.n_ranks {
+        let spawned = Command::new(&exe)
+            .args(&args)
+            .env("COLLC_RANK", rank.to_string())
+            .env("COLLC_WORLD_SIZE", job.n_ranks.to_string())
+            .env("COLLC_JOB", &id)
+            .spawn();
+        match spawned {
+            Ok(child) => children.push(Some(child)),
+            Err(e) => {
+                eprintln!("error: cannot start rank {rank}: {e}");
+                let _ = collc_runtime::mark_shm_rank_failed(&id, job.n_ranks, rank);
+                children.push(None);
+            }
+        }
+    }
+    let code = watch(&mut children, &id, job);
+    Shm::remove_job(&id);
+    code
+}
+
+fn nanos_now() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// Waits for every rank; the first that dies by a signal or fails is reported and marked failed in the job.
+fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
+    let mut worst = 0u8;
+    let mut failed_since: Option<Instant> = None;
+    loop {
+        let mut running = 0;
+        for (rank, slot) in children.iter_mut().enumerate() {
+            let Some(child) = slot else { continue };
+            match child.try_wait() {
+                Ok(None) => running += 1,
+                Ok(Some(status)) => {
+                    let pid = child.id();
+                    *slot = None;
+                    if !status.success() {
+                        let how = match status.code() {
+                            Some(code) => format!("exited with status {code}"),
+                            None => format!("was killed ({status})"),
+                        };
+                        if status.code().is_none() || worst == 0 {
+                            eprintln!("error: rank {rank} (pid {pid}) {how}");
+                        }
+                        let _ = collc_runtime::mark_shm_rank_failed(job_id, job.n_ranks, rank as u32);
+                        worst = worst.max(status.code().map_or(1, |c| c.clamp(1, 255) as u8));
+                        failed_since.get_or_insert_with(Instant::now);
+                    }
+                }
+                Err(_) => *slot = None,
+            }
+        }
+        if running == 0 {
+            return worst;
+        }
+        // Ranks that outlive a failure by much more than a health check are stuck: stop them.
+        if failed_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10)) {
+            for (rank, slot) in children.iter_mut().enumerate() {
+                if let Some(child) = slot {
+                    eprintln!("error: rank {rank} did not stop after the failure; killing it");
+                    let _ = child.kill();
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

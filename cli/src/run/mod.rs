@@ -1,0 +1,247 @@
+//! `collc run`: runs an algorithm on real data with nccl-tests' flags and table. With `--transport threads` the
+//! ranks are threads of this process; with `shm` this process spawns one process per rank (or, started by
+//! torchrun, mpirun or Slurm, it is one rank of their job).
+
+mod launch;
+mod sweep;
+mod table;
+
+use crate::args::BindArgs;
+use crate::library;
+use clap::{Args, ValueEnum};
+use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
+use collc_kernels::{DataType, ReduceOp};
+use collc_runtime::{Communicator, Options};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Transport {
+    /// Ranks are threads of one process.
+    Threads,
+    /// Ranks are processes on this host; buffers in /dev/shm.
+    Shm,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct RunArgs {
+    /// A library name such as `allreduce/ring`, or a path to a `.coll` file.
+    pub algorithm: String,
+    /// Number of ranks (ignored when a launcher's environment sets the world size).
+    #[arg(long, default_value_t = 2)]
+    pub ranks: u32,
+    #[arg(long, value_enum, default_value = "threads")]
+    pub transport: Transport,
+    /// Smallest message size in bytes (K, M, G suffixes are powers of 1024), as nccl-tests' -b.
+    #[arg(short = 'b', long = "minbytes", default_value = "8")]
+    pub min_bytes: String,
+    /// Largest message size, as nccl-tests' -e.
+    #[arg(short = 'e', long = "maxbytes", default_value = "32M")]
+    pub max_bytes: String,
+    /// Multiply the size by this factor between rows, as nccl-tests' -f.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2)]
+    pub factor: u64,
+    /// Add this many bytes between rows instead of multiplying (nccl-tests' -i).
+    #[arg(short = 'i', long = "stepbytes")]
+    pub step_bytes: Option<String>,
+    /// Timed iterations per row.
+    #[arg(short = 'n', long = "iters", default_value_t = 20)]
+    pub iters: u32,
+    /// Untimed warm-up iterations per row.
+    #[arg(short = 'w', long = "warmup_iters", default_value_t = 5)]
+    pub warmup: u32,
+    /// Check the results (1) or not (0).
+    #[arg(short = 'c', long = "check", default_value_t = 1)]
+    pub check: u32,
+    /// Data type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64, or `all`.
+    #[arg(short = 'd', long = "datatype", default_value = "float")]
+    pub dtype: String,
+    /// Reduction: sum, prod, max, min, avg, or `all`.
+    #[arg(short = 'o', long = "op", default_value = "sum")]
+    pub op: String,
+    /// Root rank for rooted collectives (the sender of sendrecv).
+    #[arg(short = 'r', long = "root", default_value_t = 0)]
+    pub root: u32,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// Print a table (nccl-tests') or one JSON document.
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Seconds any wait may last before the run fails (COLLC_TIMEOUT).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+}
+
+/// Everything a rank needs to run the sweep, resolved once.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub name: String,
+    pub source: String,
+    pub collective: Collective,
+    pub n_ranks: u32,
+    pub sizes: Vec<usize>,
+    pub dtypes: Vec<DataType>,
+    pub ops: Vec<ReduceOp>,
+    pub root: u32,
+    pub peer: u32,
+    pub params: Vec<(String, i64)>,
+    pub iters: u32,
+    pub warmup: u32,
+    pub check: bool,
+    pub format: Format,
+    pub transport: Transport,
+    pub options: Options,
+}
+
+pub fn run(args: RunArgs) -> u8 {
+    let launched = match collc_runtime::launch::from_env() {
+        Ok(launched) => launched,
+        Err(message) => return usage(&message),
+    };
+    let n_ranks = launched.as_ref().map_or(args.ranks, |l| l.world_size);
+    let job = match resolve(&args, n_ranks, launched.is_some()) {
+        Ok(job) => job,
+        Err((code, message)) => {
+            eprintln!("error: {message}");
+            return code;
+        }
+    };
+    match (launched, job.transport) {
+        (Some(launch), _) => launch::run_one_rank(&job, &launch),
+        (None, Transport::Threads) => launch::run_threads(&job),
+        (None, Transport::Shm) => launch::spawn_ranks(&job),
+    }
+}
+
+fn usage(message: &str) -> u8 {
+    eprintln!("error: {message}");
+    2
+}
+
+/// Checks every argument before any rank starts; usage errors exit 2, an algorithm that does not compile 1.
+fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, String)> {
+    let usage = |message: String| (2u8, message);
+    if n_ranks == 0 {
+        return Err(usage("--ranks 0: a run needs at least one rank".into()));
+    }
+    if n_ranks > 1024 {
+        return Err(usage(format!("--ranks {n_ranks}: at most 1024 ranks run on one host")));
+    }
+    let source = library::resolve(&args.algorithm).map_err(usage)?;
+    let min = parse_size(&args.min_bytes).map_err(|e| usage(format!("-b: {e}")))?;
+    let max = parse_size(&args.max_bytes).map_err(|e| usage(format!("-e: {e}")))?;
+    if min > max {
+        return Err(usage(format!("-b {min} is larger than -e {max}: the size range is empty")));
+    }
+    let step = args.step_bytes.as_deref().map(parse_size).transpose().map_err(|e| usage(format!("-i: {e}")))?;
+    if step.is_none() && args.factor < 2 && min != max {
+        return Err(usage("-f must be at least 2 (or give -i)".into()));
+    }
+    if step == Some(0) {
+        return Err(usage("-i 0 would never reach -e".into()));
+    }
+    let dtypes = if args.dtype == "all" {
+        DataType::ALL.to_vec()
+    } else {
+        vec![args.dtype.parse::<DataType>().map_err(|e| usage(e.to_string()))?]
+    };
+    let ops = if args.op == "all" {
+        ReduceOp::ALL.to_vec()
+    } else {
+        vec![args.op.parse::<ReduceOp>().map_err(|e| usage(e.to_string()))?]
+    };
+    if args.iters == 0 {
+        return Err(usage("-n 0: at least one timed iteration".into()));
+    }
+    if args.root >= n_ranks {
+        return Err(usage(format!("-r {}: the root must be below the rank count {n_ranks}", args.root)));
+    }
+    let peer = args.bind.peer.unwrap_or((args.root + 1) % n_ranks);
+    let mut options = Options::from_env().map_err(|e| usage(e.to_string()))?;
+    if let Some(seconds) = args.timeout {
+        if !(seconds > 0.0 && seconds.is_finite()) {
+            return Err(usage(format!("--timeout {seconds}: must be a positive number of seconds")));
+        }
+        options.timeout = std::time::Duration::from_secs_f64(seconds);
+    }
+    // Compile once here so a broken algorithm is reported once, with its diagnostics, before any rank starts.
+    let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
+        .map_err(|e| Errors(vec![Error::from(e)]))
+        .and_then(|file| {
+            let collective = file.algorithm.collective.name.parse::<Collective>().unwrap_or(Collective::AllReduce);
+            let bindings = Bindings {
+                n_ranks,
+                root: collective.rooted().then_some(args.root),
+                peer: (collective == Collective::SendRecv).then_some(peer),
+                params: args.bind.set.clone(),
+            };
+            compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())
+        });
+    let collective = match compiled {
+        Ok(schedule) => schedule.collective,
+        Err(errors) => {
+            crate::report::print_all(&errors, &source.name, &source.text);
+            return Err((1, format!("{} does not compile for {n_ranks} ranks", source.name)));
+        }
+    };
+    let sizes = sizes(min, max, args.factor, step);
+    let transport = if launched { Transport::Shm } else { args.transport };
+    Ok(Job {
+        name: source.name.trim_end_matches(".coll").to_string(),
+        source: source.text,
+        collective,
+        n_ranks,
+        sizes,
+        dtypes,
+        ops,
+        root: args.root,
+        peer,
+        params: args.bind.set.clone(),
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check != 0,
+        format: args.format,
+        transport,
+        options,
+    })
+}
+
+/// `8`, `1K`, `32M`, `1G`: bytes, with nccl-tests' binary suffixes.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&text[..text.len() - 1], 10),
+        Some('M') => (&text[..text.len() - 1], 20),
+        Some('G') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    let value: usize = digits.parse().map_err(|_| format!("`{text}` is not a size such as 8, 64K, 32M or 1G"))?;
+    value.checked_mul(1usize << shift).ok_or_else(|| format!("`{text}` overflows"))
+}
+
+fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut size = min;
+    while size <= max {
+        sizes.push(size);
+        let next = match step {
+            Some(step) => size.checked_add(step),
+            None => size.checked_mul(factor as usize).filter(|&n| n > size),
+        };
+        match next {
+            Some(n) => size = n,
+            None => break,
+        }
+    }
+    sizes
+}
+
+/// A communicator set up with the job's algorithm.
+pub fn configure(mut comm: Communicator, job: &Job) -> Communicator {
+    comm.set_algorithm(job.collective, &job.name, &job.source, job.params.clone());
+    comm
+}

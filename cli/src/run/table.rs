@@ -1,0 +1,120 @@
+//! `collc run`'s output: nccl-tests' table (same columns, same algbw/busbw definitions, same footer) or JSON.
+
+use super::sweep::{Cell, Row};
+use super::{Format, Job};
+use collc_compiler::Collective;
+use serde_json::json;
+
+/// nccl-tests' bus bandwidth factor: what makes busbw comparable to a link's bandwidth whatever the algorithm.
+pub fn bus_factor(collective: Collective, n_ranks: u32) -> f64 {
+    let n = n_ranks as f64;
+    match collective {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::ReduceScatter
+        | Collective::AllGather
+        | Collective::AllToAll
+        | Collective::Gather
+        | Collective::Scatter => (n - 1.0) / n,
+        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
+    }
+}
+
+fn bandwidths(job: &Job, bytes: usize, cell: &Cell) -> (f64, f64) {
+    if cell.seconds <= 0.0 {
+        return (0.0, 0.0);
+    }
+    let algbw = bytes as f64 / cell.seconds / 1e9;
+    (algbw, algbw * bus_factor(job.collective, job.n_ranks))
+}
+
+/// What ran, for the header: algorithm, transport, executor.
+pub struct Header {
+    pub algorithm: String,
+    pub transport: &'static str,
+    pub executor: String,
+}
+
+pub fn print(job: &Job, header: &Header, rows: &[Row]) {
+    match job.format {
+        Format::Table => print_table(job, header, rows),
+        Format::Json => print_json(job, header, rows),
+    }
+}
+
+fn print_table(job: &Job, header: &Header, rows: &[Row]) {
+    println!(
+        "# collc run: algorithm {} ({}), {} ranks, transport {}, executor {}",
+        header.algorithm, job.collective, job.n_ranks, header.transport, header.executor
+    );
+    let sizes = (job.sizes.first().copied().unwrap_or(0), job.sizes.last().copied().unwrap_or(0));
+    println!(
+        "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
+        sizes.0,
+        sizes.1,
+        job.warmup,
+        job.iters,
+        u8::from(job.check)
+    );
+    println!("#");
+    println!("#{:>77}{:>35}", "out-of-place", "in-place");
+    println!(
+        "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
+        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+    );
+    println!(
+        "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
+        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
+    );
+    let mut busbw_sum = 0.0;
+    let mut wrong_total = 0u64;
+    for row in rows {
+        let mut line = format!(
+            "{:>12} {:>13} {:>9} {:>7} {:>7}",
+            row.bytes,
+            row.count,
+            row.dtype.to_string(),
+            row.op.map_or("none".to_string(), |o| o.to_string()),
+            row.root.map_or(-1, i64::from)
+        );
+        for cell in [&row.out_of_place, &row.in_place] {
+            let (algbw, busbw) = bandwidths(job, row.bytes, cell);
+            busbw_sum += busbw;
+            wrong_total += cell.wrong.unwrap_or(0);
+            let wrong = cell.wrong.map_or("N/A".to_string(), |w| w.to_string());
+            line += &format!(" {:>8.2} {:>7.2} {:>7.2} {:>6}", cell.seconds * 1e6, algbw, busbw, wrong);
+        }
+        println!("{line}");
+    }
+    println!("# Out of bounds values : {} {}", wrong_total, if wrong_total == 0 { "OK" } else { "FAILED" });
+    let cells = (2 * rows.len()).max(1) as f64;
+    println!("# Avg bus bandwidth    : {:.3}", busbw_sum / cells);
+    println!("#");
+}
+
+fn print_json(job: &Job, header: &Header, rows: &[Row]) {
+    let cell = |bytes: usize, cell: &Cell| {
+        let (algbw, busbw) = bandwidths(job, bytes, cell);
+        json!({ "time_us": cell.seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": cell.wrong })
+    };
+    let rows: Vec<_> = rows
+        .iter()
+        .map(|r| {
+            json!({
+                "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
+                "redop": r.op.map(|o| o.to_string()), "root": r.root,
+                "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
+            })
+        })
+        .collect();
+    let document = json!({
+        "algorithm": header.algorithm, "collective": job.collective.name(), "ranks": job.n_ranks,
+        "transport": header.transport, "executor": header.executor,
+        "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,
+    });
+    println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialise"));
+}
+
+/// Whether any checked cell found a wrong element: `collc run` then exits non-zero, as nccl-tests does.
+pub fn any_wrong(rows: &[Row]) -> bool {
+    rows.iter().any(|r| r.out_of_place.wrong.unwrap_or(0) + r.in_place.wrong.unwrap_or(0) > 0)
+}

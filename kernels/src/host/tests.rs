@@ -1,0 +1,417 @@
+//! The host kernels against the reference, bit for bit: every data type under every operator,
+//! on random and special values (NaNs with payloads, signed zeros, infinities, subnormals,
+//! rounding ties, integer extremes), at every length class around the block sizes, at
+//! misaligned addresses, in place on either operand, and with every instruction set this CPU
+//! has. Also the half-float conversions against `half`, and the checked wrappers.
+//!
+//! At the dev profile's opt-level 0 nothing is vectorised; `cargo test --release` runs the
+//! same cases through the vector code LLVM generates.
+
+use half::{bf16, f16};
+
+use super::half_float::{bf16_to_f32, f16_to_f32, f32_to_bf16, f32_to_f16};
+use super::lane::{Lane, Max, Min, Prod, Sum};
+use super::{copy, isa, reduce, reduce_into, reduce_slices, VectorIsa};
+use crate::element::with_element_type;
+use crate::{reference, DataType, KernelError, ReduceOp};
+
+/// Lengths in elements: empty, tails only, one short of / exactly / one past a narrow or
+/// wide block for most types, and long runs with a ragged end.
+const LENGTHS: &[usize] = &[0, 1, 2, 3, 7, 15, 16, 17, 63, 64, 65, 1000, 4099];
+
+/// Bytes past the end of each buffer that must come back untouched.
+const GUARD_BYTES: usize = 64;
+const GUARD: u8 = 0xA5;
+
+/// SplitMix64: enough randomness for test inputs, and reproducible from the seed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, bound: usize) -> usize {
+        (self.next() % bound as u64) as usize
+    }
+}
+
+/// Bit patterns worth pairing with anything: zeros, infinities, NaNs (quiet, signalling,
+/// negative, with payloads), the extremes of each range, subnormals, and values whose sums
+/// round on a tie.
+fn special_values(dtype: DataType) -> &'static [u64] {
+    match dtype {
+        DataType::I8 | DataType::U8 => &[0, 1, 0xFF, 0x7F, 0x80, 0x02, 0xFE],
+        DataType::I32 | DataType::U32 => &[0, 1, 0xFFFF_FFFF, 0x7FFF_FFFF, 0x8000_0000, 0x0001_0000, 0xFFFF_FFFE],
+        DataType::I64 | DataType::U64 => {
+            &[0, 1, u64::MAX, i64::MAX as u64, 1 << 63, 1 << 32, 0xFFFF_FFFF, u64::MAX - 1]
+        }
+        DataType::F16 => &[
+            0x0000, 0x8000, 0x7C00, 0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7D55, 0xFF3F, 0x7BFF, 0xFBFF, 0x0001, 0x8001,
+            0x03FF, 0x0400, 0x3C00, 0xBC00, 0x3C01, 0x6800, 0x1400,
+        ],
+        DataType::Bf16 => &[
+            0x0000, 0x8000, 0x7F80, 0xFF80, 0x7FC0, 0xFFC0, 0x7F81, 0x7FA5, 0xFFF1, 0x7F7F, 0xFF7F, 0x0001, 0x8001,
+            0x007F, 0x0080, 0x3F80, 0xBF80, 0x3F81, 0x4B00, 0x3B80,
+        ],
+        DataType::F32 => &[
+            0x0000_0000,
+            0x8000_0000,
+            0x7F80_0000,
+            0xFF80_0000,
+            0x7FC0_0000,
+            0xFFC0_0000,
+            0x7F80_0001,
+            0x7FA5_5555,
+            0xFFC1_2345,
+            0x7F7F_FFFF,
+            0xFF7F_FFFF,
+            0x0000_0001,
+            0x8000_0001,
+            0x007F_FFFF,
+            0x0080_0000,
+            0x3F80_0000,
+            0xBF80_0000,
+            0x3F80_0001,
+            0x4B00_0000,
+            0x3380_0000,
+        ],
+        DataType::F64 => &[
+            0x0000_0000_0000_0000,
+            0x8000_0000_0000_0000,
+            0x7FF0_0000_0000_0000,
+            0xFFF0_0000_0000_0000,
+            0x7FF8_0000_0000_0000,
+            0xFFF8_0000_0000_0000,
+            0x7FF0_0000_0000_0001,
+            0x7FF5_5555_5555_5555,
+            0xFFF8_1234_5678_9ABC,
+            0x7FEF_FFFF_FFFF_FFFF,
+            0xFFEF_FFFF_FFFF_FFFF,
+            0x0000_0000_0000_0001,
+            0x8000_0000_0000_0001,
+            0x0010_0000_0000_0000,
+            0x3FF0_0000_0000_0000,
+            0xBFF0_0000_0000_0000,
+            0x3FF0_0000_0000_0001,
+            0x4340_0000_0000_0000,
+            0x3CA0_0000_0000_0000,
+        ],
+    }
+}
+
+/// One random element's bits: a quarter special values, a quarter arbitrary bits, and half
+/// small magnitudes (exponents near 1 for floats, -4..=4 for integers) so that sums and
+/// products round, cancel and tie often.
+fn random_element(dtype: DataType, rng: &mut Rng) -> u64 {
+    let bits = rng.next();
+    match rng.below(4) {
+        0 => {
+            let specials = special_values(dtype);
+            specials[rng.below(specials.len())]
+        }
+        1 => bits,
+        _ => {
+            let sign = bits >> 63;
+            let (mantissa_bits, exponent_one) = match dtype {
+                DataType::F16 => (10, 15),
+                DataType::Bf16 => (7, 127),
+                DataType::F32 => (23, 127),
+                DataType::F64 => (52, 1023),
+                _ => return (bits % 9).wrapping_sub(4),
+            };
+            let exponent = exponent_one - 3 + (bits >> 32) % 7;
+            let width = 8 * dtype.size_bytes() as u32;
+            (sign << (width - 1)) | (exponent << mantissa_bits) | (bits & ((1 << mantissa_bits) - 1))
+        }
+    }
+}
+
+fn random_buffer(dtype: DataType, n_elems: usize, rng: &mut Rng) -> Vec<u8> {
+    let size = dtype.size_bytes();
+    let mut bytes = Vec::with_capacity(n_elems * size);
+    for _ in 0..n_elems {
+        bytes.extend_from_slice(&random_element(dtype, rng).to_le_bytes()[..size]);
+    }
+    bytes
+}
+
+/// Where the destination is.
+#[derive(Clone, Copy, Debug)]
+enum Placement {
+    Separate,
+    InPlaceOnA,
+    InPlaceOnB,
+    AllThreeShared,
+}
+
+const PLACEMENTS: &[Placement] =
+    &[Placement::Separate, Placement::InPlaceOnA, Placement::InPlaceOnB, Placement::AllThreeShared];
+
+/// `bytes` copied to `offset` bytes into a fresh buffer, followed by guard bytes; returns the
+/// buffer (whose start is 8-aligned by `Vec<u64>`'s allocation, so `offset` sets the alignment).
+fn placed(bytes: &[u8], offset: usize) -> Vec<u64> {
+    let words = (offset + bytes.len() + GUARD_BYTES).div_ceil(8);
+    let mut storage = vec![u64::from_ne_bytes([GUARD; 8]); words];
+    as_bytes_mut(&mut storage)[offset..offset + bytes.len()].copy_from_slice(bytes);
+    storage
+}
+
+fn as_bytes_mut(storage: &mut [u64]) -> &mut [u8] {
+    // SAFETY: any bytes are valid `u8`s, and the slice covers exactly the words' memory.
+    unsafe { std::slice::from_raw_parts_mut(storage.as_mut_ptr().cast::<u8>(), storage.len() * 8) }
+}
+
+/// Runs one case through the host kernel compiled for `isa` and returns the destination
+/// bytes, after checking that the bytes around it are untouched.
+fn host_result(
+    isa: VectorIsa,
+    dtype: DataType,
+    op: ReduceOp,
+    placement: Placement,
+    offset: usize,
+    a: &[u8],
+    b: &[u8],
+) -> Vec<u8> {
+    let len = a.len();
+    let n_elems = len / dtype.size_bytes();
+    let mut buffers = [placed(a, offset), placed(b, offset), placed(&vec![GUARD; len], offset)];
+    let [a_ptr, b_ptr, separate_dst] = buffers.each_mut().map(|buffer| as_bytes_mut(buffer)[offset..].as_mut_ptr());
+    let (dst_buffer, dst, a_ptr, b_ptr) = match placement {
+        Placement::Separate => (2, separate_dst, a_ptr, b_ptr),
+        Placement::InPlaceOnA => (0, a_ptr, a_ptr, b_ptr),
+        Placement::InPlaceOnB => (1, b_ptr, a_ptr, b_ptr),
+        Placement::AllThreeShared => (0, a_ptr, a_ptr, a_ptr),
+    };
+    // SAFETY: each pointer has `len` bytes behind it in live storage, `dst` is separate or
+    // exactly an operand, and `isa` comes from `isas_to_test`.
+    unsafe { reduce_for_isa(isa, dtype, op, dst, a_ptr, b_ptr, n_elems) };
+    let dst_bytes = as_bytes_mut(&mut buffers[dst_buffer]);
+    let (before, rest) = dst_bytes.split_at(offset);
+    let (result, after) = rest.split_at(len);
+    let untouched = |bytes: &[u8]| bytes.iter().all(|&byte| byte == GUARD);
+    assert!(untouched(before) && untouched(after), "{isa} {dtype} {op} n={n_elems}: wrote outside dst");
+    result.to_vec()
+}
+
+/// [`reduce`], but through the loop compiled for `isa` whatever the length.
+///
+/// # Safety
+/// As [`reduce`], and `isa` must not be wider than [`VectorIsa::detected`].
+unsafe fn reduce_for_isa(
+    isa: VectorIsa,
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    n_elems: usize,
+) {
+    assert!(isa <= VectorIsa::detected(), "{isa} is not available on this CPU");
+    with_element_type!(dtype, Scalar => unsafe { reduce_for_isa_as::<Scalar>(isa, op, dst, a, b, n_elems) })
+}
+
+unsafe fn reduce_for_isa_as<T: Lane>(
+    isa: VectorIsa,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: *const u8,
+    b: *const u8,
+    n_elems: usize,
+) {
+    let (dst, a, b) = (dst.cast::<T>(), a.cast::<T>(), b.cast::<T>());
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match op {
+            ReduceOp::Sum | ReduceOp::Avg => isa::combine_with::<T, Sum>(isa, dst, a, b, n_elems),
+            ReduceOp::Prod => isa::combine_with::<T, Prod>(isa, dst, a, b, n_elems),
+            ReduceOp::Max => isa::combine_with::<T, Max>(isa, dst, a, b, n_elems),
+            ReduceOp::Min => isa::combine_with::<T, Min>(isa, dst, a, b, n_elems),
+        }
+    }
+}
+
+/// Every instruction set this CPU runs; on an AVX-512 machine that is all three.
+fn isas_to_test() -> Vec<VectorIsa> {
+    VectorIsa::ALL.iter().copied().filter(|&isa| isa <= VectorIsa::detected()).collect()
+}
+
+fn reference_result(dtype: DataType, op: ReduceOp, a: &[u8], b: &[u8]) -> Vec<u8> {
+    let mut expected = a.to_vec();
+    reference::reduce(dtype, op, &mut expected, b).unwrap();
+    expected
+}
+
+fn assert_same_bits(dtype: DataType, actual: &[u8], expected: &[u8], a: &[u8], b: &[u8], case: &str) {
+    let size = dtype.size_bytes();
+    let first_mismatch = actual.chunks_exact(size).zip(expected.chunks_exact(size)).position(|(x, y)| x != y);
+    if let Some(index) = first_mismatch {
+        let element = |bytes: &[u8]| format!("{:02x?}", &bytes[index * size..(index + 1) * size]);
+        panic!(
+            "{case}: element {index} of {}: a={} b={} host={} reference={}",
+            actual.len() / size,
+            element(a),
+            element(b),
+            element(actual),
+            element(expected)
+        );
+    }
+}
+
+/// Every operator x length x offset x placement x instruction set for one data type.
+fn check_matches_reference(dtype: DataType) {
+    let mut rng = Rng(0xC011C ^ u64::from(dtype.nccl_code()));
+    let isas = isas_to_test();
+    for &op in ReduceOp::ALL {
+        for &n_elems in LENGTHS {
+            let a = random_buffer(dtype, n_elems, &mut rng);
+            let b = random_buffer(dtype, n_elems, &mut rng);
+            let expected = reference_result(dtype, op, &a, &b);
+            let expected_shared = reference_result(dtype, op, &a, &a);
+            for offset in 0..=3 {
+                for &placement in PLACEMENTS {
+                    let expected =
+                        if matches!(placement, Placement::AllThreeShared) { &expected_shared } else { &expected };
+                    for &isa in &isas {
+                        let actual = host_result(isa, dtype, op, placement, offset, &a, &b);
+                        let case = format!("{isa} {dtype} {op} n={n_elems} offset={offset} {placement:?}");
+                        assert_same_bits(dtype, &actual, expected, &a, &b, &case);
+                    }
+                }
+            }
+            // The public entry point, which runs short pieces inline and dispatches long ones.
+            let mut dst = vec![0u8; a.len()];
+            reduce_into(dtype, op, &mut dst, &a, &b).unwrap();
+            assert_same_bits(dtype, &dst, &expected, &a, &b, &format!("reduce_into {dtype} {op} n={n_elems}"));
+        }
+    }
+}
+
+macro_rules! matches_reference {
+    ($($test:ident => $dtype:ident),* $(,)?) => {$(
+        #[test]
+        fn $test() {
+            check_matches_reference(DataType::$dtype);
+        }
+    )*};
+}
+
+matches_reference!(
+    i8_matches_reference => I8,
+    u8_matches_reference => U8,
+    i32_matches_reference => I32,
+    u32_matches_reference => U32,
+    i64_matches_reference => I64,
+    u64_matches_reference => U64,
+    f16_matches_reference => F16,
+    f32_matches_reference => F32,
+    f64_matches_reference => F64,
+    bf16_matches_reference => Bf16,
+);
+
+/// The one rule the host kernels add to the reference's arithmetic, checked by value rather
+/// than against the reference: of two NaNs, a float sum or product keeps the first, quieted.
+#[test]
+#[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+fn sum_of_two_nans_keeps_the_first() {
+    let (first, second) = (f32::from_bits(0x7F80_0001), f32::from_bits(0xFFC1_2345));
+    let mut dst = vec![0u8; 4 * 40];
+    let a: Vec<u8> = std::iter::repeat_n(first.to_le_bytes(), 40).flatten().collect();
+    let b: Vec<u8> = std::iter::repeat_n(second.to_le_bytes(), 40).flatten().collect();
+    for op in [ReduceOp::Sum, ReduceOp::Prod] {
+        reduce_into(DataType::F32, op, &mut dst, &a, &b).unwrap();
+        for element in dst.chunks_exact(4) {
+            assert_eq!(element, 0x7FC0_0001u32.to_le_bytes(), "{op}");
+        }
+    }
+}
+
+#[test]
+fn f16_widening_matches_half_for_every_value() {
+    for bits in 0..=u16::MAX {
+        let expected = f16::from_bits(bits).to_f32().to_bits();
+        assert_eq!(f16_to_f32(bits).to_bits(), expected, "f16 {bits:#06x}");
+    }
+}
+
+#[test]
+fn bf16_widening_matches_half_for_every_value() {
+    for bits in 0..=u16::MAX {
+        let expected = bf16::from_bits(bits).to_f32().to_bits();
+        assert_eq!(bf16_to_f32(bits).to_bits(), expected, "bf16 {bits:#06x}");
+    }
+}
+
+/// Every `f32` sign, exponent and top mantissa bits that narrowing keeps, with the dropped
+/// bits set to each pattern that decides a rounding: zero, just below half, half (a tie),
+/// just above half, all ones and a random one.
+#[test]
+fn narrowing_matches_half_around_every_rounding_boundary() {
+    let mut rng = Rng(7);
+    for high in 0..=u32::from(u16::MAX) {
+        let random = rng.next() as u32;
+        for dropped in [0, 0x7FFF, 0x8000, 0x8001, 0xFFFF, random & 0xFFFF] {
+            let value = f32::from_bits((high << 16) | dropped);
+            assert_eq!(f32_to_bf16(value), bf16::from_f32(value).to_bits(), "bf16 from {:#010x}", value.to_bits());
+        }
+    }
+    for high in 0..(1u32 << 19) {
+        let random = rng.next() as u32;
+        for dropped in [0, 0x0FFF, 0x1000, 0x1001, 0x1FFF, random & 0x1FFF] {
+            let value = f32::from_bits((high << 13) | dropped);
+            assert_eq!(f32_to_f16(value), f16::from_f32(value).to_bits(), "f16 from {:#010x}", value.to_bits());
+        }
+    }
+}
+
+#[test]
+fn copy_copies_exactly_len_bytes_at_any_alignment() {
+    let mut rng = Rng(11);
+    for &len in LENGTHS {
+        let src = random_buffer(DataType::U8, len, &mut rng);
+        for offset in 0..=3 {
+            let mut dst = placed(&vec![GUARD; len], offset);
+            // SAFETY: `dst` has `offset + len` bytes and more; `src` has `len`; they are distinct.
+            unsafe { copy(as_bytes_mut(&mut dst)[offset..].as_mut_ptr(), src.as_ptr(), len) };
+            let dst = as_bytes_mut(&mut dst);
+            assert_eq!(&dst[offset..offset + len], &src[..], "len={len} offset={offset}");
+            assert!(dst[..offset].iter().chain(&dst[offset + len..]).all(|&byte| byte == GUARD));
+        }
+    }
+}
+
+#[test]
+fn reduce_slices_accumulates_in_place() {
+    let mut dst = [1u8, 0, 0, 0, 2, 0, 0, 0];
+    reduce_slices(DataType::I32, ReduceOp::Sum, &mut dst, &[5, 0, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF]).unwrap();
+    assert_eq!(dst, [6, 0, 0, 0, 1, 0, 0, 0]);
+}
+
+#[test]
+fn checked_wrappers_refuse_mismatched_buffers_and_leave_dst_unchanged() {
+    let mut dst = [7u8; 8];
+    let error = reduce_slices(DataType::F32, ReduceOp::Sum, &mut dst, &[0; 4]).unwrap_err();
+    assert_eq!(error, KernelError::LengthMismatch { dst_bytes: 8, src_bytes: 4 });
+    let error = reduce_into(DataType::F32, ReduceOp::Sum, &mut dst, &[0; 8], &[0; 12]).unwrap_err();
+    assert_eq!(error, KernelError::LengthMismatch { dst_bytes: 8, src_bytes: 12 });
+    let error = reduce_into(DataType::F64, ReduceOp::Max, &mut dst[..6], &[0; 6], &[0; 6]).unwrap_err();
+    assert_eq!(error, KernelError::PartialElement { dtype: DataType::F64, bytes: 6 });
+    let error = reduce_slices(DataType::Bf16, ReduceOp::Min, &mut dst[..3], &[0; 3]).unwrap_err();
+    assert_eq!(error, KernelError::PartialElement { dtype: DataType::Bf16, bytes: 3 });
+    assert_eq!(dst, [7; 8]);
+}
+
+#[test]
+fn detection_is_stable_and_matches_the_cpu() {
+    let isa = VectorIsa::detected();
+    assert_eq!(VectorIsa::detected(), isa);
+    #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
+    assert_eq!(isa >= VectorIsa::Avx2, is_x86_feature_detected!("avx2"));
+    #[cfg(not(any(target_arch = "x86", target_arch = "x86_64")))]
+    assert_eq!(isa, VectorIsa::Baseline);
+    assert_eq!(VectorIsa::Avx512.to_string(), "avx512");
+}

@@ -1,0 +1,90 @@
+//! The data check of `collc run -c 1` and of the tests: inputs crafted so every float result is exact, and the
+//! expected output of each collective computed element by element from its definition (not from any schedule),
+//! with the scalar reference kernels.
+
+use crate::comm::CallShape;
+use collc_compiler::Collective;
+use collc_kernels::{reference, DataType, ReduceOp};
+
+/// Blocks of `count` elements in each rank's send and receive buffer (NCCL's sizes).
+pub fn blocks(collective: Collective, n_ranks: u32) -> (usize, usize) {
+    let (input, output) = collective.buffer_chunks(n_ranks, 1);
+    (input as usize, output as usize)
+}
+
+/// Input element `index` of `rank`: small integers, so sums of up to thousands of ranks and products of a few
+/// twos stay exact in every type, `f16` and `bf16` included.
+pub fn input_value(op: ReduceOp, rank: u32, index: usize) -> i64 {
+    let mix = (rank as usize).wrapping_mul(7).wrapping_add(index.wrapping_mul(3));
+    match op {
+        ReduceOp::Prod => 1 + i64::from(mix % 16 == 0),
+        ReduceOp::Max | ReduceOp::Min => (mix % 101) as i64 - 50,
+        ReduceOp::Sum | ReduceOp::Avg => (mix % 5) as i64,
+    }
+}
+
+/// Writes `value` as one `dtype` element into `out`.
+pub fn encode(dtype: DataType, value: i64, out: &mut [u8]) {
+    match dtype {
+        DataType::I8 => out.copy_from_slice(&(value as i8).to_le_bytes()),
+        DataType::U8 => out.copy_from_slice(&(value as u8).to_le_bytes()),
+        DataType::I32 => out.copy_from_slice(&(value as i32).to_le_bytes()),
+        DataType::U32 => out.copy_from_slice(&(value as u32).to_le_bytes()),
+        DataType::I64 => out.copy_from_slice(&value.to_le_bytes()),
+        DataType::U64 => out.copy_from_slice(&(value as u64).to_le_bytes()),
+        DataType::F16 => out.copy_from_slice(&half::f16::from_f64(value as f64).to_le_bytes()),
+        DataType::Bf16 => out.copy_from_slice(&half::bf16::from_f64(value as f64).to_le_bytes()),
+        DataType::F32 => out.copy_from_slice(&(value as f32).to_le_bytes()),
+        DataType::F64 => out.copy_from_slice(&(value as f64).to_le_bytes()),
+    }
+}
+
+/// `rank`'s whole send buffer (`blocks * count` elements).
+pub fn input(shape: &CallShape, n_ranks: u32, rank: u32) -> Vec<u8> {
+    let elem = shape.dtype.size_bytes();
+    let n = blocks(shape.collective, n_ranks).0 * shape.count;
+    let mut bytes = vec![0u8; n * elem];
+    for (i, element) in bytes.chunks_exact_mut(elem).enumerate() {
+        encode(shape.dtype, input_value(shape.op, rank, i), element);
+    }
+    bytes
+}
+
+/// What `rank`'s receive buffer must hold after the call, or `None` where the collective leaves it undefined
+/// (a non-root's output of reduce, ranks other than the receiver of sendrecv).
+pub fn expected(shape: &CallShape, n_ranks: u32, rank: u32) -> Option<Vec<u8>> {
+    let (elem, count) = (shape.dtype.size_bytes(), shape.count);
+    let inputs: Vec<Vec<u8>> = (0..n_ranks).map(|r| input(shape, n_ranks, r)).collect();
+    let block = |r: u32, b: usize| &inputs[r as usize][b * count * elem..(b + 1) * count * elem];
+    let reduced = |b: usize| {
+        let mut sum = block(0, b).to_vec();
+        for r in 1..n_ranks {
+            reference::reduce(shape.dtype, shape.op, &mut sum, block(r, b)).expect("same lengths");
+        }
+        if shape.op == ReduceOp::Avg {
+            reference::finish_avg(shape.dtype, &mut sum, n_ranks as usize).expect("whole elements");
+        }
+        sum
+    };
+    let concat = |blocks: Vec<&[u8]>| blocks.concat();
+    let (root, peer, all) = (shape.root, shape.peer, 0..n_ranks);
+    Some(match shape.collective {
+        Collective::AllReduce => reduced(0),
+        Collective::ReduceScatter => reduced(rank as usize),
+        Collective::AllGather => concat(all.map(|q| block(q, 0)).collect()),
+        Collective::Broadcast => block(root, 0).to_vec(),
+        Collective::Reduce if rank == root => reduced(0),
+        Collective::Gather if rank == root => concat(all.map(|q| block(q, 0)).collect()),
+        Collective::Scatter => block(root, rank as usize).to_vec(),
+        Collective::AllToAll => concat(all.map(|q| block(q, rank as usize)).collect()),
+        Collective::SendRecv if rank == peer => block(root, 0).to_vec(),
+        _ => return None,
+    })
+}
+
+/// Elements of `got` that differ from `want`, bit for bit.
+pub fn count_wrong(dtype: DataType, want: &[u8], got: &[u8]) -> usize {
+    let elem = dtype.size_bytes();
+    let differing = want.chunks_exact(elem).zip(got.chunks_exact(elem)).filter(|(a, b)| a != b).count();
+    differing + want.len().abs_diff(got.len()) / elem
+}

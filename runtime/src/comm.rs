@@ -1,0 +1,375 @@
+//! `Communicator`: one rank's handle on a group of ranks, with NCCL-shaped calls for every collective. A call
+//! picks the schedule for its collective and placement (compiled and verified once), the plan for its shape
+//! (prepared once), and runs it; only the first call of a shape allocates.
+
+use crate::control::{CallInfo, Control, Status};
+use crate::error::RuntimeError;
+use crate::exec::{self, Call};
+use crate::plan::{self, Plan, PlanInput};
+use crate::segment::{Heap, Segments, Shm};
+use collc_compiler::sched::Placement;
+use collc_compiler::{compile, library, Bindings, Collective, Limits, Options as CompileOptions, VerifiedSchedule};
+use collc_kernels::{DataType, ReduceOp};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How a communicator runs; `from_env` reads the `COLLC_*` variables.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// How long any wait may last before it becomes an error naming what it waited for.
+    pub timeout: Duration,
+    /// Bytes per FIFO slot (8 slots per connection); 0 picks a size from the rank count.
+    pub slot_bytes: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { timeout: Duration::from_secs(60), slot_bytes: 0 }
+    }
+}
+
+impl Options {
+    /// `COLLC_TIMEOUT` (seconds) and `COLLC_SLOT_BYTES`, over the defaults.
+    pub fn from_env() -> Result<Options, RuntimeError> {
+        let mut options = Options::default();
+        if let Ok(text) = std::env::var("COLLC_TIMEOUT") {
+            let seconds: f64 = text
+                .parse()
+                .ok()
+                .filter(|s: &f64| *s > 0.0 && s.is_finite())
+                .ok_or_else(|| RuntimeError::Config(format!("COLLC_TIMEOUT=`{text}` is not a positive number")))?;
+            options.timeout = Duration::from_secs_f64(seconds);
+        }
+        if let Ok(text) = std::env::var("COLLC_SLOT_BYTES") {
+            options.slot_bytes = text
+                .parse()
+                .ok()
+                .filter(|b: &usize| (64..=1 << 30).contains(b))
+                .ok_or_else(|| RuntimeError::Config(format!("COLLC_SLOT_BYTES=`{text}` is not in 64..=2^30")))?;
+        }
+        Ok(options)
+    }
+
+    fn slot_bytes_for(&self, n_ranks: u32) -> usize {
+        if self.slot_bytes != 0 {
+            return self.slot_bytes;
+        }
+        // 8 slots on each of up to p^2 connections: keep the total near 256 MiB at most.
+        let budget = (256usize << 20) / (8 * (n_ranks as usize).pow(2)).max(1);
+        budget.clamp(16 << 10, 128 << 10)
+    }
+}
+
+/// The buffers of one call: NCCL's out-of-place (`send` != `recv`) or in-place form.
+pub enum Buffers<'a> {
+    OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
+    InPlace(&'a mut [u8]),
+}
+
+/// One collective call: what to compute, on how many elements per block, with which root and peer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CallShape {
+    pub collective: Collective,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub root: u32,
+    pub peer: u32,
+}
+
+#[derive(Clone, Debug)]
+struct Algorithm {
+    name: String,
+    source: String,
+    params: Vec<(String, i64)>,
+}
+
+type ScheduleKey = (Collective, Placement, u32, u32);
+type PlanKey = (CallShape, Placement);
+
+pub struct Communicator {
+    rank: u32,
+    n_ranks: u32,
+    options: Options,
+    segments: Arc<dyn Segments>,
+    control: Control,
+    /// Algorithm per collective: (name, source, parameter bindings).
+    algorithms: HashMap<Collective, Algorithm>,
+    schedules: HashMap<ScheduleKey, Arc<VerifiedSchedule>>,
+    plans: HashMap<PlanKey, Plan>,
+    seq: u64,
+    barriers: u64,
+}
+
+impl Communicator {
+    /// `n_ranks` communicators of one group, for rank threads of this process (the `threads` transport).
+    pub fn threads(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        let segments: Arc<dyn Segments> = Arc::new(Heap::default());
+        (0..n_ranks).map(|rank| Communicator::join(segments.clone(), rank, n_ranks, options.clone())).collect()
+    }
+
+    /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
+    /// calls this with the same `job` and `n_ranks`; it returns once all have joined.
+    pub fn shm(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
+        check_world(rank, n_ranks)?;
+        if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
+        }
+        let mut comm = Communicator::join(Arc::new(Shm::new(job)), rank, n_ranks, options)?;
+        comm.barrier()?;
+        Ok(comm)
+    }
+
+    fn join(segments: Arc<dyn Segments>, rank: u32, n_ranks: u32, options: Options) -> Result<Self, RuntimeError> {
+        let control = Control::open(segments.as_ref(), n_ranks)?;
+        control.join(rank)?;
+        Ok(Communicator {
+            rank,
+            n_ranks,
+            options,
+            segments,
+            control,
+            algorithms: HashMap::new(),
+            schedules: HashMap::new(),
+            plans: HashMap::new(),
+            seq: 0,
+            barriers: 0,
+        })
+    }
+
+    pub fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    pub fn n_ranks(&self) -> u32 {
+        self.n_ranks
+    }
+
+    pub fn transport(&self) -> &'static str {
+        self.segments.transport_name()
+    }
+
+    /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with
+    /// `params` bound (`--set`). Every rank must choose the same algorithm.
+    pub fn set_algorithm(&mut self, collective: Collective, name: &str, source: &str, params: Vec<(String, i64)>) {
+        let algorithm = Algorithm { name: name.to_string(), source: source.to_string(), params };
+        self.algorithms.insert(collective, algorithm);
+        self.schedules.retain(|key, _| key.0 != collective);
+        self.plans.retain(|key, _| key.0.collective != collective);
+    }
+
+    /// The algorithm `collective` runs with.
+    pub fn algorithm(&self, collective: Collective) -> String {
+        self.algorithms.get(&collective).map_or_else(|| library::default_for(collective).to_string(), |a| a.name.clone())
+    }
+
+    /// Waits until every rank has called `barrier` as often as this one.
+    pub fn barrier(&mut self) -> Result<(), RuntimeError> {
+        self.barriers += 1;
+        self.control.barrier(self.rank, self.barriers, self.options.timeout)
+    }
+
+    /// Collects one (time, count) pair from every rank at rank 0, which gets `Some` of them in rank order; the
+    /// others get `None`. A collective itself: every rank must call it.
+    pub fn gather_report(&mut self, seconds: f64, count: u64) -> Result<Option<Vec<(f64, u64)>>, RuntimeError> {
+        self.control.publish_report(self.rank, [seconds.to_bits(), count]);
+        self.barrier()?;
+        let all = (self.rank == 0).then(|| {
+            (0..self.n_ranks)
+                .map(|r| {
+                    let [time, count] = self.control.report_of(r);
+                    (f64::from_bits(time), count)
+                })
+                .collect()
+        });
+        self.barrier()?;
+        Ok(all)
+    }
+
+    /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).
+    pub fn fail(&self) {
+        self.control.leave(self.rank, Status::Failed);
+    }
+
+    /// Runs one collective call. `count` is NCCL's: elements per rank for allreduce/broadcast/reduce, per block
+    /// (the send count of allgather/gather, the receive count of reducescatter/scatter, per peer for alltoall).
+    pub fn call(&mut self, shape: CallShape, buffers: Buffers) -> Result<(), RuntimeError> {
+        let placement = match buffers {
+            Buffers::OutOfPlace { .. } => Placement::OutOfPlace,
+            Buffers::InPlace(_) => Placement::InPlace,
+        };
+        self.seq += 1;
+        let outcome = self.run_call(shape, placement, buffers);
+        if let Err(error) = &outcome {
+            if !matches!(error, RuntimeError::PeerFailed { .. }) {
+                self.control.abort(self.rank);
+            }
+        }
+        outcome
+    }
+
+    fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
+        let plan = self.plan(shape, placement)?;
+        let elem = plan.elem;
+        let check = |name: &str, got: usize, elements: usize| {
+            let needed = elements * elem;
+            if got < needed {
+                Err(RuntimeError::BufferSize { rank: plan.rank, buffer: name.into(), got, needed })
+            } else {
+                Ok(())
+            }
+        };
+        match buffers {
+            Buffers::OutOfPlace { send, recv } => {
+                check("send", send.len(), plan.user_elements[0])?;
+                check("recv", recv.len(), plan.user_elements[1])?;
+                // Out of place the verifier proved `in` is never written, so the cast loses nothing.
+                plan.bases[0] = send.as_ptr() as *mut u8;
+                plan.bases[1] = recv.as_mut_ptr();
+            }
+            Buffers::InPlace(buf) => {
+                let elements = plan.user_elements[0].max(plan.user_elements[1]);
+                check("buffer", buf.len(), elements)?;
+                plan.bases[0] = buf.as_mut_ptr();
+                plan.bases[1] = buf.as_mut_ptr();
+            }
+        }
+        for (b, (storage, offset)) in plan.scratch.iter_mut().enumerate() {
+            plan.bases[2 + b] = storage[*offset..].as_mut_ptr();
+        }
+        let kind = ((shape.collective as u32) << 24)
+            | ((shape.dtype as u32) << 16)
+            | ((shape.op as u32) << 8)
+            | placement as u32;
+        self.control.publish_call(
+            self.rank,
+            CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root },
+        );
+        let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout };
+        let plan = self.plans.get_mut(&(shape, placement)).expect("prepared above");
+        exec::run(plan, &call)
+    }
+
+    /// The prepared plan of a call shape, compiling and verifying its schedule on first use.
+    fn plan(&mut self, shape: CallShape, placement: Placement) -> Result<&mut Plan, RuntimeError> {
+        if !self.plans.contains_key(&(shape, placement)) {
+            let root = if shape.collective.rooted() { shape.root } else { 0 };
+            let key = (shape.collective, placement, root, shape.peer);
+            if !self.schedules.contains_key(&key) {
+                let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
+                self.schedules.insert(key, Arc::new(schedule));
+            }
+            let sched = self.schedules[&key].clone();
+            let source = self.algorithms.get(&shape.collective).map(|a| a.source.clone()).unwrap_or_default();
+            let plan = plan::prepare(
+                &sched,
+                PlanInput {
+                    rank: self.rank,
+                    count: shape.count,
+                    dtype: shape.dtype,
+                    op: shape.op,
+                    source: if source.is_empty() {
+                        library::get(library::default_for(shape.collective)).unwrap_or("")
+                    } else {
+                        &source
+                    },
+                    segments: self.segments.as_ref(),
+                    slot_bytes: self.options.slot_bytes_for(self.n_ranks),
+                },
+            )?;
+            self.plans.insert((shape, placement), plan);
+        }
+        Ok(self.plans.get_mut(&(shape, placement)).expect("inserted above"))
+    }
+
+    /// The verified schedule a call of `collective` runs, for inspection (what `collc run` reports).
+    pub fn schedule(&mut self, shape: CallShape, in_place: bool) -> Result<Arc<VerifiedSchedule>, RuntimeError> {
+        let placement = if in_place { Placement::InPlace } else { Placement::OutOfPlace };
+        let root = if shape.collective.rooted() { shape.root } else { 0 };
+        let key = (shape.collective, placement, root, shape.peer);
+        if !self.schedules.contains_key(&key) {
+            let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
+            self.schedules.insert(key, Arc::new(schedule));
+        }
+        Ok(self.schedules[&key].clone())
+    }
+
+    /// Bytes this rank reads and writes in its own memory per call of `shape` (after a call of that shape).
+    pub fn memory_bytes(&self, shape: CallShape, in_place: bool) -> Option<u64> {
+        let placement = if in_place { Placement::InPlace } else { Placement::OutOfPlace };
+        self.plans.get(&(shape, placement)).map(Plan::memory_bytes)
+    }
+
+    fn compile(
+        &self,
+        collective: Collective,
+        placement: Placement,
+        root: u32,
+        peer: u32,
+    ) -> Result<VerifiedSchedule, RuntimeError> {
+        let Algorithm { name, source, params } = match self.algorithms.get(&collective) {
+            Some(algorithm) => algorithm.clone(),
+            None => {
+                let name = library::default_for(collective);
+                let source = library::get(name).unwrap_or_default().to_string();
+                Algorithm { name: name.to_string(), source, params: Vec::new() }
+            }
+        };
+        let bindings = Bindings {
+            n_ranks: self.n_ranks,
+            root: collective.rooted().then_some(root),
+            peer: (collective == Collective::SendRecv).then_some(peer),
+            params,
+        };
+        let schedule = compile(&source, &bindings, CompileOptions { placement, fuse: true }, &Limits::default())
+            .map_err(|errors| {
+                let first = errors.0.first().map_or_else(String::new, |e| e.message.clone());
+                RuntimeError::Compile(format!(
+                    "{name} for {} ranks ({placement}) does not compile: {first}",
+                    self.n_ranks
+                ))
+            })?;
+        if schedule.collective != collective {
+            return Err(RuntimeError::Compile(format!(
+                "{name} implements {}, not {collective}",
+                schedule.collective
+            )));
+        }
+        Ok(schedule)
+    }
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        self.control.leave(self.rank, Status::Left);
+    }
+}
+
+fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
+    if n_ranks == 0 {
+        return Err(RuntimeError::Config("a communicator needs at least one rank (got 0)".into()));
+    }
+    if rank >= n_ranks {
+        return Err(RuntimeError::Config(format!("rank {rank} is outside a world of {n_ranks} ranks")));
+    }
+    Ok(())
+}
+
+/// `allreduce float sum count 1000 root 0`: a call as peers publish it, for mismatch reports.
+pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
+    let collective = Collective::ALL.get((kind >> 24) as usize).map_or("?", |c| c.name());
+    let dtype = DataType::ALL.get(((kind >> 16) & 0xff) as usize).map_or("?".into(), |d| d.to_string());
+    let op = ReduceOp::ALL.get(((kind >> 8) & 0xff) as usize).map_or("?".into(), |o| o.to_string());
+    let placement = if kind & 0xff == Placement::InPlace as u32 { "in-place" } else { "out-of-place" };
+    format!("{collective} {dtype} {op} count {count} root {root} {placement}")
+}
+
+/// For a launcher whose rank process `failed_rank` died: marks it failed in job `job`'s control block, so every
+/// other rank stops with an error naming it instead of waiting for its timeout.
+pub fn mark_shm_rank_failed(job: &str, n_ranks: u32, failed_rank: u32) -> Result<(), RuntimeError> {
+    let control = Control::open(&Shm::new(job), n_ranks)?;
+    control.leave(failed_rank, Status::Failed);
+    Ok(())
+}

@@ -1,0 +1,193 @@
+//! The control block every rank of a communicator maps: who has joined, a barrier, the call each rank is in (for
+//! mismatch reports), and the abort flag that turns one rank's failure into an error on every rank.
+
+use crate::error::RuntimeError;
+use crate::segment::{Segment, Segments};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const MAGIC: u64 = 0x636f_6c6c_635f_6374; // "collc_ct"
+
+#[repr(C, align(64))]
+struct Header {
+    magic: AtomicU64,
+    n_ranks: AtomicU32,
+    /// 0 while all is well; otherwise 1 + the rank that failed first.
+    abort: AtomicU32,
+}
+
+/// One rank's public state, on its own cache lines.
+#[repr(C, align(128))]
+struct RankState {
+    status: AtomicU32,
+    pid: AtomicU32,
+    barrier: AtomicU64,
+    call_seq: AtomicU64,
+    call_count: AtomicU64,
+    /// collective << 24 | dtype << 16 | op << 8 | placement.
+    call_kind: AtomicU32,
+    call_root: AtomicU32,
+    /// Two numbers a rank reports to rank 0 (a measured time, a count of wrong elements), between barriers.
+    report: [AtomicU64; 2],
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+pub(crate) enum Status {
+    Absent = 0,
+    Joined = 1,
+    Left = 2,
+    Failed = 3,
+}
+
+/// What a rank is doing, as its peers see it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallInfo {
+    pub seq: u64,
+    pub count: u64,
+    pub kind: u32,
+    pub root: u32,
+}
+
+pub(crate) struct Control {
+    segment: Segment,
+    n_ranks: u32,
+    /// Whether peers are separate processes whose death `kill(pid, 0)` can see.
+    processes: bool,
+}
+
+impl Control {
+    pub fn open(segments: &dyn Segments, n_ranks: u32) -> Result<Control, RuntimeError> {
+        let len = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
+        let segment = segments.open("control", len)?;
+        let control = Control { segment, n_ranks, processes: segments.transport_name() == "shm" };
+        let header = control.header();
+        match header.magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => header.n_ranks.store(n_ranks, Ordering::Release),
+            Err(MAGIC) => {}
+            Err(other) => {
+                return Err(RuntimeError::Config(format!("control block has magic {other:#x}: not a collc job")))
+            }
+        }
+        // The creator may not have stored n_ranks yet; it does so right after the magic.
+        let started = Instant::now();
+        let seen = loop {
+            let seen = header.n_ranks.load(Ordering::Acquire);
+            if seen != 0 || started.elapsed() > Duration::from_secs(5) {
+                break seen;
+            }
+            std::hint::spin_loop();
+        };
+        if seen != n_ranks {
+            return Err(RuntimeError::Config(format!(
+                "this rank was started with {n_ranks} ranks, the job has {seen}: all ranks need the same world size"
+            )));
+        }
+        Ok(control)
+    }
+
+    fn header(&self) -> &Header {
+        // SAFETY: the segment holds a header followed by n_ranks states, zero-initialised, alive with `self`.
+        unsafe { &*(self.segment.as_ptr() as *const Header) }
+    }
+
+    fn state(&self, rank: u32) -> &RankState {
+        debug_assert!(rank < self.n_ranks);
+        // SAFETY: as in `header`; rank < n_ranks.
+        unsafe { &*(self.segment.as_ptr() as *const RankState).add(1 + rank as usize) }
+    }
+
+    pub fn join(&self, rank: u32) -> Result<(), RuntimeError> {
+        let state = self.state(rank);
+        let previous = state.status.swap(Status::Joined as u32, Ordering::AcqRel);
+        if previous != Status::Absent as u32 && self.processes {
+            return Err(RuntimeError::Config(format!("rank {rank} joined this job twice: two processes claim it")));
+        }
+        state.pid.store(std::process::id(), Ordering::Release);
+        Ok(())
+    }
+
+    pub fn leave(&self, rank: u32, status: Status) {
+        self.state(rank).status.store(status as u32, Ordering::Release);
+        if status == Status::Failed {
+            self.abort(rank);
+        }
+    }
+
+    /// Marks the job failed, naming the first rank that failed; later calls keep the first name.
+    pub fn abort(&self, rank: u32) {
+        let _ = self.header().abort.compare_exchange(0, rank + 1, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    pub fn publish_call(&self, rank: u32, call: CallInfo) {
+        let state = self.state(rank);
+        state.call_count.store(call.count, Ordering::Relaxed);
+        state.call_kind.store(call.kind, Ordering::Relaxed);
+        state.call_root.store(call.root, Ordering::Relaxed);
+        state.call_seq.store(call.seq, Ordering::Release);
+    }
+
+    pub fn call_of(&self, rank: u32) -> CallInfo {
+        let state = self.state(rank);
+        let seq = state.call_seq.load(Ordering::Acquire);
+        CallInfo {
+            seq,
+            count: state.call_count.load(Ordering::Relaxed),
+            kind: state.call_kind.load(Ordering::Relaxed),
+            root: state.call_root.load(Ordering::Relaxed),
+        }
+    }
+
+    pub fn publish_report(&self, rank: u32, values: [u64; 2]) {
+        let state = self.state(rank);
+        state.report[0].store(values[0], Ordering::Relaxed);
+        state.report[1].store(values[1], Ordering::Relaxed);
+    }
+
+    pub fn report_of(&self, rank: u32) -> [u64; 2] {
+        let state = self.state(rank);
+        [state.report[0].load(Ordering::Relaxed), state.report[1].load(Ordering::Relaxed)]
+    }
+
+    /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.
+    pub fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
+        let abort = self.header().abort.load(Ordering::Acquire);
+        if abort != 0 {
+            return Err((abort - 1, "failed (see its error); this rank stops too".into()));
+        }
+        for &peer in peers {
+            let state = self.state(peer);
+            // A rank that left cleanly has finished every call it was part of; only a failure or a death counts.
+            match state.status.load(Ordering::Acquire) {
+                s if s == Status::Failed as u32 => return Err((peer, "failed (see its error)".into())),
+                s if s == Status::Left as u32 => continue,
+                _ => {}
+            }
+            let pid = state.pid.load(Ordering::Acquire);
+            // SAFETY: kill with signal 0 only checks that the process exists.
+            if self.processes && pid != 0 && unsafe { libc::kill(pid as i32, 0) } != 0 {
+                let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+                if gone {
+                    return Err((peer, format!("died (process {pid} is gone)")));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Waits until every rank has reached barrier `generation`, failing on the timeout or a peer's failure.
+    pub fn barrier(&self, rank: u32, generation: u64, timeout: Duration) -> Result<(), RuntimeError> {
+        self.state(rank).barrier.store(generation, Ordering::Release);
+        let everyone: Vec<u32> = (0..self.n_ranks).collect();
+        let mut wait = crate::wait::Backoff::new(timeout);
+        for peer in 0..self.n_ranks {
+            while self.state(peer).barrier.load(Ordering::Acquire) < generation {
+                wait.idle(|| self.health(&everyone)).map_err(|fault| {
+                    fault.into_error(rank, "barrier".into(), "communicator setup".into(), format!("rank {peer}"))
+                })?;
+            }
+            wait.reset();
+        }
+        Ok(())
+    }
+}

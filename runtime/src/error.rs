@@ -1,0 +1,31 @@
+//! Every way a run can fail. Faults that involve a peer name it, and the instruction and `.coll` line where the
+//! rank was when it happened.
+
+use collc_kernels::KernelError;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum RuntimeError {
+    #[error("rank {rank}: buffer `{buffer}` has {got} bytes, the call needs {needed}")]
+    BufferSize { rank: u32, buffer: String, got: usize, needed: usize },
+    #[error("expected buffers for {expected} ranks, got {got}")]
+    RankCount { expected: u32, got: usize },
+    #[error("rank {rank} instruction #{index}: {source}")]
+    Kernel { rank: u32, index: usize, source: KernelError },
+    #[error("count {count} x {elem} bytes overflows the address space")]
+    CountOverflow { count: usize, elem: usize },
+    #[error("invalid communicator: {0}")]
+    Config(String),
+    #[error("shared segment {name}: {reason}")]
+    Segment { name: String, reason: String },
+    #[error("rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (timeout; set COLLC_TIMEOUT to change)")]
+    Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String },
+    #[error("rank {rank}: {what} at {at}: rank {peer} {how}")]
+    PeerFailed { rank: u32, what: String, at: String, peer: u32, how: String },
+    #[error("rank {rank}: mismatched calls: this rank called {ours}, rank {peer} called {theirs}")]
+    Mismatch { rank: u32, peer: u32, ours: String, theirs: String },
+    #[error("a lock was poisoned by a panicking rank thread")]
+    Poisoned,
+    #[error("{0}")]
+    Compile(String),
+}

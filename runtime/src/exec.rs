@@ -1,0 +1,232 @@
+//! The host executor: runs a `Plan` on one rank, tile by tile. Within a tile every instruction starts as soon as
+//! its dependencies are done and its connections allow (dataflow order, not program order); a message is reduced
+//! or copied straight out of the sender's FIFO slot, and fused instructions write their result straight into the
+//! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long.
+
+use crate::control::Control;
+use crate::error::RuntimeError;
+use crate::fifo::Stamp;
+use crate::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
+use crate::wait::Backoff;
+use collc_compiler::sched::Op;
+use collc_kernels::{host, ReduceOp};
+use std::time::Duration;
+
+pub(crate) struct Call<'a> {
+    pub control: &'a Control,
+    pub seq: u64,
+    pub timeout: Duration,
+}
+
+pub(crate) fn run(plan: &mut Plan, call: &Call) -> Result<(), RuntimeError> {
+    let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
+    let mut wait = Backoff::new(call.timeout);
+    for t in 0..plan.n_tiles {
+        let lo = t * plan.tile;
+        let hi = (lo + plan.tile).min(plan.capacity);
+        plan.unmet.copy_from_slice(&plan.unmet_at_start);
+        plan.fired_on.fill(0);
+        plan.waiting.clear();
+        plan.waiting.extend_from_slice(&plan.roots);
+        let mut remaining = plan.steps.len();
+        while remaining > 0 {
+            let mut progressed = false;
+            let mut w = 0;
+            while w < plan.waiting.len() {
+                let i = plan.waiting[w];
+                if !try_fire(plan, i as usize, lo, hi, stamp, call)? {
+                    w += 1;
+                    continue;
+                }
+                plan.waiting.remove(w);
+                remaining -= 1;
+                progressed = true;
+                let (start, end) = (plan.dependents_start[i as usize], plan.dependents_start[i as usize + 1]);
+                for d in start..end {
+                    let dependent = plan.dependents[d as usize];
+                    plan.unmet[dependent as usize] -= 1;
+                    if plan.unmet[dependent as usize] == 0 {
+                        plan.waiting.push(dependent);
+                    }
+                }
+            }
+            if progressed {
+                wait.reset();
+                continue;
+            }
+            if let Err(fault) = wait.idle(|| call.control.health(&plan.peers)) {
+                let i = plan.waiting.first().copied().unwrap_or(0) as usize;
+                return Err(fault.into_error(plan.rank, describe(plan, i), format!("tile {t}"), waiting_for(plan, i)));
+            }
+        }
+    }
+    if plan.op == ReduceOp::Avg && plan.collective.reduces() {
+        finish_avg(plan)?;
+    }
+    Ok(())
+}
+
+fn finish_avg(plan: &mut Plan) -> Result<(), RuntimeError> {
+    let (buf, range) = plan.output.clone();
+    let base = plan.bases[buf as usize];
+    // SAFETY: the output window lies inside the caller's buffer, checked when the call started.
+    let bytes = unsafe {
+        std::slice::from_raw_parts_mut(base.add(range.start * plan.elem), (range.end - range.start) * plan.elem)
+    };
+    collc_kernels::reference::finish_avg(plan.dtype, bytes, plan.n_ranks as usize)
+        .map_err(|source| RuntimeError::Kernel { rank: plan.rank, index: 0, source })
+}
+
+/// `rank 1 instruction #4 RecvReduceSend (allreduce/ring line 12)`.
+pub(crate) fn describe(plan: &Plan, i: usize) -> String {
+    let label = &plan.labels[i.min(plan.labels.len().saturating_sub(1))];
+    format!("instruction #{} {} ({} line {})", label.index, label.op.name(), plan.algorithm, label.line)
+}
+
+fn waiting_for(plan: &Plan, i: usize) -> String {
+    let Some(step) = plan.steps.get(i) else { return "nothing".into() };
+    let mut what = Vec::new();
+    if step.recv != NONE {
+        let f = &plan.fifos[step.recv as usize];
+        what.push(format!("a message from rank {} on channel {}", f.from, f.channel));
+    }
+    if step.send != NONE {
+        let f = &plan.fifos[step.send as usize];
+        what.push(format!("room on the connection to rank {} on channel {}", f.to, f.channel));
+    }
+    if what.is_empty() {
+        what.push("its local dependencies".into());
+    }
+    what.join(" and ")
+}
+
+/// Runs step `i` on tile `lo..hi` if its connections allow; returns whether it ran.
+#[inline]
+fn try_fire(plan: &mut Plan, i: usize, lo: usize, hi: usize, stamp: Stamp, call: &Call) -> Result<bool, RuntimeError> {
+    let step = plan.steps[i];
+    let incoming = if step.recv != NONE {
+        if plan.fired_on[step.recv as usize] != step.recv_pos {
+            return Ok(false);
+        }
+        match plan.fifos[step.recv as usize].peek() {
+            None => return Ok(false),
+            Some((got, data)) if got == stamp => data,
+            Some((got, _)) => return Err(mismatch(plan, step.recv as usize, got, stamp, call)),
+        }
+    } else {
+        std::ptr::null()
+    };
+    let outgoing = if step.send != NONE {
+        if plan.fired_on[step.send as usize] != step.send_pos {
+            return Ok(false);
+        }
+        match plan.fifos[step.send as usize].reserve() {
+            None => return Ok(false),
+            Some(data) => data,
+        }
+    } else {
+        std::ptr::null_mut()
+    };
+    let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
+    // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles.
+    unsafe { execute(plan, &step, pieces, incoming, outgoing, lo, hi) };
+    if step.recv != NONE {
+        plan.fifos[step.recv as usize].release();
+        plan.fired_on[step.recv as usize] += 1;
+    }
+    if step.send != NONE {
+        plan.fifos[step.send as usize].post(stamp);
+        plan.fired_on[step.send as usize] += 1;
+    }
+    Ok(true)
+}
+
+/// The bytes of `place` inside tile `lo..hi`, and how many elements of it are valid.
+#[inline]
+fn local(plan: &Plan, place: Place, lo: usize, hi: usize) -> (*mut u8, usize) {
+    debug_assert!(place.buf != NO_BUF);
+    let n = hi.min(place.valid).saturating_sub(lo);
+    // SAFETY (for callers): offset + lo is inside the buffer whenever n > 0.
+    let ptr = plan.bases[place.buf as usize].wrapping_add((place.offset + lo) * plan.elem);
+    (ptr, n)
+}
+
+/// # Safety
+/// `incoming`/`outgoing` are FIFO data areas of this step's message when it receives/sends; `plan.bases` are valid.
+unsafe fn execute(
+    plan: &Plan,
+    step: &Step,
+    pieces: &[Piece],
+    incoming: *const u8,
+    outgoing: *mut u8,
+    lo: usize,
+    hi: usize,
+) {
+    let (dtype, op, elem) = (plan.dtype, plan.op, plan.elem);
+    let stride = plan.tile * elem;
+    for (k, piece) in pieces.iter().enumerate() {
+        let fifo_in = incoming.wrapping_add(k * stride);
+        let fifo_out = outgoing.wrapping_add(k * stride);
+        // SAFETY: every pointer below is inside its buffer or FIFO slot for the `n` elements used.
+        unsafe {
+            match step.op {
+                Op::Send => {
+                    let (src, n) = local(plan, piece.src, lo, hi);
+                    host::copy(fifo_out, src, n * elem);
+                }
+                Op::Recv => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    host::copy(dst, fifo_in, n * elem);
+                }
+                Op::RecvReduceCopy => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    let (acc, _) = local(plan, piece.acc, lo, hi);
+                    host::reduce(dtype, op, dst, acc, fifo_in, n);
+                }
+                Op::RecvReduceSend => {
+                    let (acc, n) = local(plan, piece.acc, lo, hi);
+                    host::reduce(dtype, op, fifo_out, acc, fifo_in, n);
+                }
+                Op::RecvReduceCopySend => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    let (acc, _) = local(plan, piece.acc, lo, hi);
+                    host::reduce(dtype, op, dst, acc, fifo_in, n);
+                    host::copy(fifo_out, dst, n * elem);
+                }
+                Op::RecvCopySend => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    host::copy(dst, fifo_in, n * elem);
+                    host::copy(fifo_out, fifo_in, (hi - lo) * elem);
+                }
+                Op::Copy => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    let (src, m) = local(plan, piece.src, lo, hi);
+                    host::copy(dst, src, n.min(m) * elem);
+                }
+                Op::Reduce => {
+                    let (dst, n) = local(plan, piece.dst, lo, hi);
+                    let (acc, _) = local(plan, piece.acc, lo, hi);
+                    let (src, _) = local(plan, piece.src, lo, hi);
+                    host::reduce(dtype, op, dst, acc, src, n);
+                }
+            }
+        }
+    }
+}
+
+fn mismatch(plan: &Plan, fifo: usize, got: Stamp, ours: Stamp, call: &Call) -> RuntimeError {
+    let peer = plan.fifos[fifo].from;
+    let theirs = call.control.call_of(peer);
+    let describe_call = |seq: u64, info: Option<crate::control::CallInfo>| match info {
+        Some(info) => format!("call #{seq}: {}", crate::comm::describe_kind(info.kind, info.count, info.root)),
+        None => format!("call #{seq}"),
+    };
+    let ours_info = call.control.call_of(plan.rank);
+    let peer_info = (theirs.seq == got.seq).then_some(theirs);
+    RuntimeError::Mismatch {
+        rank: plan.rank,
+        peer,
+        ours: format!("{} with {}", describe_call(ours.seq, Some(ours_info)), plan.algorithm),
+        theirs: describe_call(got.seq, peer_info),
+    }
+}

@@ -1,0 +1,128 @@
+//! Joining a job started by someone else: the rank, world size and a job id read from the environment of
+//! collc's own launcher, torchrun, Open MPI, MPICH/Hydra or Slurm (REFERENCE.md section 5).
+
+/// Where this process sits in a job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Launch {
+    pub rank: u32,
+    pub world_size: u32,
+    /// Ranks on this host, when the launcher says.
+    pub local_world_size: Option<u32>,
+    /// Identifies the job among others on the host: every rank of one job computes the same id.
+    pub job: String,
+    pub launcher: &'static str,
+}
+
+/// One launcher's variables: rank, world size, local world size, and those that identify the job.
+struct Convention {
+    launcher: &'static str,
+    rank: &'static str,
+    size: &'static str,
+    local_size: Option<&'static str>,
+    job: &'static [&'static str],
+}
+
+const CONVENTIONS: &[Convention] = &[
+    Convention {
+        launcher: "collc",
+        rank: "COLLC_RANK",
+        size: "COLLC_WORLD_SIZE",
+        local_size: None,
+        job: &["COLLC_JOB"],
+    },
+    Convention {
+        launcher: "torchrun",
+        rank: "RANK",
+        size: "WORLD_SIZE",
+        local_size: Some("LOCAL_WORLD_SIZE"),
+        job: &["TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"],
+    },
+    Convention {
+        launcher: "mpirun (Open MPI)",
+        rank: "OMPI_COMM_WORLD_RANK",
+        size: "OMPI_COMM_WORLD_SIZE",
+        local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
+        job: &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"],
+    },
+    Convention { launcher: "mpirun (MPICH)", rank: "PMI_RANK", size: "PMI_SIZE", local_size: None, job: &["PMI_KVSNAME", "PMI_PORT"] },
+    Convention {
+        launcher: "slurm",
+        rank: "SLURM_PROCID",
+        size: "SLURM_NTASKS",
+        local_size: Some("SLURM_NTASKS_PER_NODE"),
+        job: &["SLURM_JOB_ID", "SLURM_STEP_ID"],
+    },
+];
+
+/// Reads the first launcher whose rank and size variables are set. `Ok(None)`: not started by a launcher.
+pub fn from_env() -> Result<Option<Launch>, String> {
+    from_vars(|name| std::env::var(name).ok())
+}
+
+pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<Launch>, String> {
+    for c in CONVENTIONS {
+        let (Some(rank), Some(size)) = (var(c.rank), var(c.size)) else { continue };
+        let number = |name: &str, text: &str| {
+            text.trim().parse::<u32>().map_err(|_| format!("{name}=`{text}` (set by {}) is not a number", c.launcher))
+        };
+        let rank = number(c.rank, &rank)?;
+        let world_size = number(c.size, &size)?;
+        if world_size == 0 || rank >= world_size {
+            return Err(format!("{}={rank} is outside {}={world_size} (set by {})", c.rank, c.size, c.launcher));
+        }
+        // Slurm writes `2(x3)` for three nodes of two tasks: the count before the parenthesis is this host's.
+        let local_world_size =
+            c.local_size.and_then(&var).and_then(|text| text.split('(').next().and_then(|t| t.trim().parse().ok()));
+        let parts: Vec<String> = c.job.iter().filter_map(|name| var(name)).collect();
+        if parts.is_empty() {
+            return Err(format!(
+                "{} set {} and {} but none of {}: cannot tell this job from others on the host",
+                c.launcher,
+                c.rank,
+                c.size,
+                c.job.join(", ")
+            ));
+        }
+        let job = if c.launcher == "collc" { parts[0].clone() } else { format!("{:016x}", hash(&parts.join("|"))) };
+        return Ok(Some(Launch { rank, world_size, local_world_size, job, launcher: c.launcher }));
+    }
+    Ok(None)
+}
+
+fn hash(text: &str) -> u64 {
+    text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::from_vars;
+    use std::collections::HashMap;
+
+    fn env(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        move |name| map.get(name).cloned()
+    }
+
+    #[test]
+    fn torchrun_variables_make_one_job_id_for_every_rank() {
+        let vars = |rank: &'static str| {
+            env(&[("RANK", rank), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")])
+        };
+        let a = from_vars(vars("0")).unwrap().unwrap();
+        let b = from_vars(vars("3")).unwrap().unwrap();
+        assert_eq!((a.rank, b.rank, a.world_size, a.local_world_size), (0, 3, 4, Some(4)));
+        assert_eq!(a.job, b.job);
+        assert_eq!(a.launcher, "torchrun");
+    }
+
+    #[test]
+    fn slurm_and_open_mpi_are_read_and_bad_values_are_named() {
+        let slurm = from_vars(env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "77")])).unwrap();
+        assert_eq!(slurm.unwrap().launcher, "slurm");
+        let ompi = from_vars(env(&[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "4"), ("PMIX_NAMESPACE", "x")]));
+        assert!(ompi.unwrap_err().contains("OMPI_COMM_WORLD_RANK=5 is outside"));
+        let no_job = from_vars(env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap_err();
+        assert!(no_job.contains("cannot tell this job"), "{no_job}");
+        assert_eq!(from_vars(env(&[])).unwrap(), None);
+    }
+}

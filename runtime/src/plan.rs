@@ -1,0 +1,309 @@
+//! A `Plan`: one rank's part of a verified schedule, prepared for one call shape (count, dtype, op) so that running
+//! it allocates nothing. Instructions become steps with element offsets for every chunk they touch, connections
+//! become FIFOs, scratch buffers are allocated, and the message is cut into tiles.
+//!
+//! Tiles: every chunk slot has the same padded capacity `ceil(count / C)` elements; tile `t` is the element range
+//! `[t*E, (t+1)*E)` of every chunk, and a call runs the whole schedule once per tile. Each run is the verified
+//! schedule on smaller data, so matching, ordering and deadlock freedom carry over; consecutive runs overlap on the
+//! FIFOs, which pipelines them. A chunk of a user buffer may hold fewer elements than the capacity (the remainder of
+//! `count` is spread over the first chunks): only its valid elements are read or written.
+
+use crate::error::RuntimeError;
+use crate::fifo::Fifo;
+use crate::layout::ChunkLayout;
+use crate::segment::Segments;
+use collc_compiler::sched::{BufId, Op, Operand, Placement};
+use collc_compiler::{Collective, VerifiedSchedule};
+use collc_kernels::{DataType, ReduceOp};
+
+pub(crate) const NONE: u16 = u16::MAX;
+pub(crate) const NO_BUF: u8 = u8::MAX;
+
+/// Where one chunk of an operand lives: buffer, first element, and how many elements of the capacity are valid.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Place {
+    pub buf: u8,
+    pub offset: usize,
+    pub valid: usize,
+}
+
+impl Place {
+    const NONE: Place = Place { buf: NO_BUF, offset: 0, valid: 0 };
+}
+
+/// One instruction of this rank.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Step {
+    pub op: Op,
+    /// Chunks it moves; its pieces are `pieces[first_piece..first_piece + n]`.
+    pub n: u32,
+    pub first_piece: u32,
+    /// Indices into `Plan::fifos`, `NONE` if unused.
+    pub send: u16,
+    pub recv: u16,
+    /// Its position among this rank's instructions on `send` / `recv`.
+    pub send_pos: u32,
+    pub recv_pos: u32,
+}
+
+/// The src, acc and dst of one chunk of a step.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Piece {
+    pub src: Place,
+    pub acc: Place,
+    pub dst: Place,
+}
+
+/// How a step is named in errors: index, instruction and `.coll` line.
+#[derive(Clone, Debug)]
+pub(crate) struct StepLabel {
+    pub index: usize,
+    pub op: Op,
+    pub line: usize,
+}
+
+pub struct Plan {
+    pub(crate) rank: u32,
+    pub(crate) n_ranks: u32,
+    pub(crate) collective: Collective,
+    pub(crate) algorithm: String,
+    pub(crate) dtype: DataType,
+    pub(crate) op: ReduceOp,
+    pub(crate) elem: usize,
+    /// Elements per tile of one chunk, and tiles per call.
+    pub(crate) tile: usize,
+    pub(crate) n_tiles: usize,
+    pub(crate) capacity: usize,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) pieces: Vec<Piece>,
+    pub(crate) labels: Vec<StepLabel>,
+    pub(crate) dependents_start: Vec<u32>,
+    pub(crate) dependents: Vec<u32>,
+    pub(crate) unmet_at_start: Vec<u32>,
+    pub(crate) roots: Vec<u32>,
+    pub(crate) fifos: Vec<Fifo>,
+    pub(crate) peers: Vec<u32>,
+    /// Scratch buffers, 64-byte aligned inside their allocation: (storage, offset of the aligned start).
+    pub(crate) scratch: Vec<(Vec<u8>, usize)>,
+    /// Elements the user's `in` and `out` must hold.
+    pub(crate) user_elements: [usize; 2],
+    /// The output window, for the `avg` epilogue: buffer and element range.
+    pub(crate) output: (u8, std::ops::Range<usize>),
+    pub(crate) fingerprint: u64,
+    /// Bytes this rank reads and writes in its own buffers per call (FIFO traffic excluded: it stays in cache).
+    pub(crate) memory_bytes: u64,
+    // Per-call state, kept here so running allocates nothing.
+    pub(crate) unmet: Vec<u32>,
+    pub(crate) fired_on: Vec<u32>,
+    pub(crate) waiting: Vec<u32>,
+    pub(crate) bases: Vec<*mut u8>,
+}
+
+unsafe impl Send for Plan {}
+
+/// What `prepare` needs besides the schedule.
+pub(crate) struct PlanInput<'a> {
+    pub rank: u32,
+    pub count: usize,
+    pub dtype: DataType,
+    pub op: ReduceOp,
+    pub source: &'a str,
+    pub segments: &'a dyn Segments,
+    pub slot_bytes: usize,
+}
+
+pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
+    let PlanInput { rank, count, dtype, op, source, segments, slot_bytes } = input;
+    let elem = dtype.size_bytes();
+    let chunks = sched.chunks.max(1) as usize;
+    let capacity = count.div_ceil(chunks);
+    count.checked_mul(elem).and_then(|b| b.checked_mul(sched.n_ranks as usize)).ok_or(RuntimeError::CountOverflow {
+        count,
+        elem,
+    })?;
+    let program = &sched.ranks[rank as usize];
+    let layout = ChunkLayout::new(count, sched.chunks);
+    let max_n = program.instrs.iter().map(|i| i.count as usize).max().unwrap_or(1).max(1);
+    if slot_bytes < max_n * elem {
+        return Err(RuntimeError::Config(format!(
+            "FIFO slots of {slot_bytes} bytes cannot hold one element of each of the {max_n} chunks one message \
+             carries; raise COLLC_SLOT_BYTES"
+        )));
+    }
+    let tile = (slot_bytes / (max_n * elem)).min(capacity).max(1);
+    let n_tiles = capacity.div_ceil(tile);
+    let (in_chunks, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    // A user buffer's chunk j sits in block j / C at the chunk layout's offset; scratch chunks are padded.
+    let place = |operand: Operand, k: u32| -> Place {
+        let Some(operand) = operand.get() else { return Place::NONE };
+        let j = operand.index + k;
+        if operand.buf.0 < 2 {
+            let elements = layout.elements(j, 1);
+            Place { buf: operand.buf.0 as u8, offset: elements.start, valid: elements.len() }
+        } else {
+            Place { buf: operand.buf.0 as u8, offset: j as usize * capacity, valid: capacity }
+        }
+    };
+    let mut fifos: Vec<Fifo> = Vec::new();
+    let fifo_index = |from: u32, to: u32, channel: u8, fifos: &mut Vec<Fifo>| -> Result<u16, RuntimeError> {
+        if let Some(i) = fifos.iter().position(|f| f.from == from && f.to == to && f.channel == channel) {
+            return Ok(i as u16);
+        }
+        fifos.push(Fifo::open(segments, from, to, channel, slot_bytes)?);
+        Ok((fifos.len() - 1) as u16)
+    };
+    let mut steps = Vec::with_capacity(program.len());
+    let mut pieces = Vec::new();
+    let mut labels = Vec::with_capacity(program.len());
+    let mut on_fifo: Vec<(u32, u32)> = Vec::new();
+    let mut memory_bytes = 0u64;
+    for (index, instr) in program.instrs.iter().enumerate() {
+        let send = match instr.send_peer() {
+            Some(peer) => fifo_index(rank, peer, instr.channel, &mut fifos)?,
+            None => NONE,
+        };
+        let recv = match instr.recv_peer() {
+            Some(peer) => fifo_index(peer, rank, instr.channel, &mut fifos)?,
+            None => NONE,
+        };
+        on_fifo.resize(fifos.len(), (0, 0));
+        let position = |f: u16, which: fn(&mut (u32, u32)) -> &mut u32, on_fifo: &mut Vec<(u32, u32)>| {
+            if f == NONE {
+                return 0;
+            }
+            let counter = which(&mut on_fifo[f as usize]);
+            *counter += 1;
+            *counter - 1
+        };
+        let send_pos = position(send, |p| &mut p.0, &mut on_fifo);
+        let recv_pos = position(recv, |p| &mut p.1, &mut on_fifo);
+        let first_piece = pieces.len() as u32;
+        for k in 0..instr.count {
+            let piece = Piece { src: place(instr.src, k), acc: place(instr.acc, k), dst: place(instr.dst, k) };
+            memory_bytes += [piece.src, piece.acc, piece.dst].iter().map(|p| (p.valid * elem) as u64).sum::<u64>();
+            pieces.push(piece);
+        }
+        steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
+        labels.push(StepLabel { index, op: instr.op, line: sched.line_of(source, instr.span) });
+    }
+    let (dependents_start, dependents, unmet_at_start) = dependents_of(program);
+    let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
+    let scratch = sched.buffers[2..]
+        .iter()
+        .map(|decl| {
+            let bytes = decl.chunks as usize * capacity * elem;
+            let storage = vec![0u8; bytes + 64];
+            let offset = storage.as_ptr().align_offset(64);
+            (storage, offset)
+        })
+        .collect();
+    let block_elements = |chunks_in_buffer: u32| layout.elements(0, chunks_in_buffer).end;
+    let user_elements = match sched.placement {
+        Placement::OutOfPlace => [block_elements(in_chunks), block_elements(out_chunks)],
+        Placement::InPlace => {
+            let shared = block_elements(in_chunks.max(out_chunks));
+            if sched.shared_buffer() == BufId::IN {
+                [shared, 0]
+            } else {
+                [0, shared]
+            }
+        }
+    };
+    let (out_buf, out_offset) = sched.output_window(rank);
+    let output = (out_buf.0 as u8, layout.elements(out_offset, out_chunks));
+    let mut peers: Vec<u32> = fifos.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let fingerprint = fingerprint(sched, count, dtype, op);
+    let n_steps = steps.len();
+    let n_fifos = fifos.len();
+    let n_bufs = sched.buffers.len();
+    Ok(Plan {
+        rank,
+        n_ranks: sched.n_ranks,
+        collective: sched.collective,
+        algorithm: sched.algorithm.clone(),
+        dtype,
+        op,
+        elem,
+        tile,
+        n_tiles,
+        capacity,
+        steps,
+        pieces,
+        labels,
+        dependents_start,
+        dependents,
+        unmet_at_start,
+        roots,
+        fifos,
+        peers,
+        scratch,
+        user_elements,
+        output,
+        fingerprint,
+        memory_bytes,
+        unmet: vec![0; n_steps],
+        fired_on: vec![0; n_fifos],
+        waiting: Vec::with_capacity(n_steps),
+        bases: vec![std::ptr::null_mut(); n_bufs],
+    })
+}
+
+/// Local dependents of each instruction (CSR) and how many dependencies each waits for.
+fn dependents_of(program: &collc_compiler::sched::RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+    let n = program.len();
+    let mut start = vec![0u32; n + 1];
+    let mut unmet = vec![0u32; n];
+    for i in 0..n {
+        unmet[i] = program.deps_of(i).len() as u32;
+        for &d in program.deps_of(i) {
+            start[d as usize + 1] += 1;
+        }
+    }
+    for i in 1..=n {
+        start[i] += start[i - 1];
+    }
+    let mut fill = start.clone();
+    let mut dependents = vec![0u32; start[n] as usize];
+    for i in 0..n {
+        for &d in program.deps_of(i) {
+            dependents[fill[d as usize] as usize] = i as u32;
+            fill[d as usize] += 1;
+        }
+    }
+    (start, dependents, unmet)
+}
+
+/// Identifies a call shape: every rank of a matching call computes the same value.
+fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: ReduceOp) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut mix = |bytes: &[u8]| {
+        for &b in bytes {
+            h = (h ^ b as u64).wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    mix(sched.algorithm.as_bytes());
+    mix(sched.collective.name().as_bytes());
+    mix(&(count as u64).to_le_bytes());
+    mix(&[dtype as u8, op as u8, sched.placement as u8]);
+    mix(&sched.root.to_le_bytes());
+    mix(&sched.peer.to_le_bytes());
+    mix(&sched.chunks.to_le_bytes());
+    h
+}
+
+impl Plan {
+    /// Bytes this rank reads and writes in its own buffers per call (FIFO traffic excluded).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    pub fn collective(&self) -> Collective {
+        self.collective
+    }
+
+    pub fn algorithm(&self) -> &str {
+        &self.algorithm
+    }
+}

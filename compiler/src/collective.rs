@@ -89,7 +89,11 @@ impl Collective {
     pub fn rooted(self) -> bool {
         matches!(
             self,
-            Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter | Collective::SendRecv
+            Collective::Broadcast
+                | Collective::Reduce
+                | Collective::Gather
+                | Collective::Scatter
+                | Collective::SendRecv
         )
     }
 

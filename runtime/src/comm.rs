@@ -162,7 +162,9 @@ impl Communicator {
 
     /// The algorithm `collective` runs with.
     pub fn algorithm(&self, collective: Collective) -> String {
-        self.algorithms.get(&collective).map_or_else(|| library::default_for(collective).to_string(), |a| a.name.clone())
+        self.algorithms
+            .get(&collective)
+            .map_or_else(|| library::default_for(collective).to_string(), |a| a.name.clone())
     }
 
     /// Waits until every rank has called `barrier` as often as this one.
@@ -243,10 +245,8 @@ impl Communicator {
             | ((shape.dtype as u32) << 16)
             | ((shape.op as u32) << 8)
             | placement as u32;
-        self.control.publish_call(
-            self.rank,
-            CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root },
-        );
+        self.control
+            .publish_call(self.rank, CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root });
         let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout };
         let plan = self.plans.get_mut(&(shape, placement)).expect("prepared above");
         exec::run(plan, &call)
@@ -332,10 +332,7 @@ impl Communicator {
                 ))
             })?;
         if schedule.collective != collective {
-            return Err(RuntimeError::Compile(format!(
-                "{name} implements {}, not {collective}",
-                schedule.collective
-            )));
+            return Err(RuntimeError::Compile(format!("{name} implements {}, not {collective}", schedule.collective)));
         }
         Ok(schedule)
     }

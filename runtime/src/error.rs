@@ -18,7 +18,9 @@ pub enum RuntimeError {
     Config(String),
     #[error("shared segment {name}: {reason}")]
     Segment { name: String, reason: String },
-    #[error("rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (timeout; set COLLC_TIMEOUT to change)")]
+    #[error(
+        "rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (timeout; set COLLC_TIMEOUT to change)"
+    )]
     Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String },
     #[error("rank {rank}: {what} at {at}: rank {peer} {how}")]
     PeerFailed { rank: u32, what: String, at: String, peer: u32, how: String },

@@ -44,7 +44,13 @@ const CONVENTIONS: &[Convention] = &[
         local_size: Some("OMPI_COMM_WORLD_LOCAL_SIZE"),
         job: &["OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "OMPI_MCA_orte_hnp_uri"],
     },
-    Convention { launcher: "mpirun (MPICH)", rank: "PMI_RANK", size: "PMI_SIZE", local_size: None, job: &["PMI_KVSNAME", "PMI_PORT"] },
+    Convention {
+        launcher: "mpirun (MPICH)",
+        rank: "PMI_RANK",
+        size: "PMI_SIZE",
+        local_size: None,
+        job: &["PMI_KVSNAME", "PMI_PORT"],
+    },
     Convention {
         launcher: "slurm",
         rank: "SLURM_PROCID",
@@ -106,7 +112,13 @@ mod tests {
     #[test]
     fn torchrun_variables_make_one_job_id_for_every_rank() {
         let vars = |rank: &'static str| {
-            env(&[("RANK", rank), ("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "4"), ("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500")])
+            env(&[
+                ("RANK", rank),
+                ("WORLD_SIZE", "4"),
+                ("LOCAL_WORLD_SIZE", "4"),
+                ("MASTER_ADDR", "10.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ])
         };
         let a = from_vars(vars("0")).unwrap().unwrap();
         let b = from_vars(vars("3")).unwrap().unwrap();
@@ -119,7 +131,8 @@ mod tests {
     fn slurm_and_open_mpi_are_read_and_bad_values_are_named() {
         let slurm = from_vars(env(&[("SLURM_PROCID", "1"), ("SLURM_NTASKS", "2"), ("SLURM_JOB_ID", "77")])).unwrap();
         assert_eq!(slurm.unwrap().launcher, "slurm");
-        let ompi = from_vars(env(&[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "4"), ("PMIX_NAMESPACE", "x")]));
+        let ompi =
+            from_vars(env(&[("OMPI_COMM_WORLD_RANK", "5"), ("OMPI_COMM_WORLD_SIZE", "4"), ("PMIX_NAMESPACE", "x")]));
         assert!(ompi.unwrap_err().contains("OMPI_COMM_WORLD_RANK=5 is outside"));
         let no_job = from_vars(env(&[("RANK", "0"), ("WORLD_SIZE", "2")])).unwrap_err();
         assert!(no_job.contains("cannot tell this job"), "{no_job}");

@@ -117,10 +117,10 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let elem = dtype.size_bytes();
     let chunks = sched.chunks.max(1) as usize;
     let capacity = count.div_ceil(chunks);
-    count.checked_mul(elem).and_then(|b| b.checked_mul(sched.n_ranks as usize)).ok_or(RuntimeError::CountOverflow {
-        count,
-        elem,
-    })?;
+    count
+        .checked_mul(elem)
+        .and_then(|b| b.checked_mul(sched.n_ranks as usize))
+        .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let program = &sched.ranks[rank as usize];
     let layout = ChunkLayout::new(count, sched.chunks);
     let max_n = program.instrs.iter().map(|i| i.count as usize).max().unwrap_or(1).max(1);

@@ -51,7 +51,6 @@ impl Segment {
     pub fn as_ptr(&self) -> *mut u8 {
         self.ptr
     }
-
 }
 
 /// Where a communicator's segments live.

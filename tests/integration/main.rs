@@ -6,6 +6,8 @@
 //! - `mutation`: single mutations of library and fixture schedules, judged by `oracle` (with `contract`), must be
 //!   rejected by the verifier whenever they are broken.
 //! - `property`: random bytes, token soups and `random_program`s never panic and finish quickly.
+//! - `runtime`: every library algorithm runs on both transports for gloo's matrix of ranks, counts, dtypes and
+//!   ops, matching the reference interpreter and the collective's definition, guard bytes intact.
 //! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
 
 mod contract;
@@ -17,3 +19,4 @@ mod oracle;
 mod property;
 mod random_program;
 mod roundtrip;
+mod runtime;

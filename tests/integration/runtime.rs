@@ -1,0 +1,231 @@
+//! gloo's matrix for the runtime: every library algorithm x transport (threads, shm) x ranks {1,2,3,4,5,8} x counts
+//! {0,1,7,1000,65537} x every dtype x every op x both placements (x roots 0 and p-1 where there is a root). Each
+//! rank's result must equal the reference interpreter's on the same inputs and the collective's definition
+//! (`check::expected`), and the guard bytes around every buffer must stay untouched.
+
+use collc_compiler::library::LIBRARY;
+use collc_compiler::{compile, Bindings, Collective, Limits, Options, Placement, VerifiedSchedule};
+use collc_kernels::{DataType, ReduceOp};
+use collc_runtime::{check, Buffers, CallShape, Communicator, Options as RunOptions};
+use std::time::Duration;
+
+const RANKS: [u32; 6] = [1, 2, 3, 4, 5, 8];
+const COUNTS: [usize; 5] = [0, 1, 7, 1000, 65537];
+const GUARD: usize = 64;
+const GUARD_BYTE: u8 = 0xA5;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Transport {
+    Threads,
+    Shm,
+}
+
+fn communicators(transport: Transport, n_ranks: u32, job: &str) -> Vec<Communicator> {
+    let options = RunOptions { timeout: Duration::from_secs(30), slot_bytes: 4096 };
+    match transport {
+        Transport::Threads => Communicator::threads(n_ranks, options).expect("threads communicator"),
+        // Rank threads that each map the job's /dev/shm segments themselves, exactly as rank processes do.
+        Transport::Shm => std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..n_ranks)
+                .map(|rank| {
+                    let options = options.clone();
+                    scope.spawn(move || Communicator::shm(job, rank, n_ranks, options).expect("shm communicator"))
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("joins")).collect()
+        }),
+    }
+}
+
+/// A buffer with guard bytes on both sides.
+struct Guarded(Vec<u8>);
+
+impl Guarded {
+    fn new(payload: &[u8]) -> Self {
+        let mut bytes = vec![GUARD_BYTE; payload.len() + 2 * GUARD];
+        bytes[GUARD..GUARD + payload.len()].copy_from_slice(payload);
+        Guarded(bytes)
+    }
+
+    fn payload(&mut self) -> &mut [u8] {
+        let n = self.0.len() - 2 * GUARD;
+        &mut self.0[GUARD..GUARD + n]
+    }
+
+    fn guards_intact(&self) -> bool {
+        let n = self.0.len();
+        self.0[..GUARD].iter().chain(&self.0[n - GUARD..]).all(|&b| b == GUARD_BYTE)
+    }
+}
+
+/// The outputs of every rank under the reference interpreter, for one call shape and placement.
+fn reference_outputs(sched: &VerifiedSchedule, shape: &CallShape, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let n_ranks = inputs.len() as u32;
+    let elem = shape.dtype.size_bytes();
+    let (in_blocks, out_blocks) = check::blocks(shape.collective, n_ranks);
+    let block = shape.count * elem;
+    let mut buffers: Vec<Vec<Vec<u8>>> = (0..n_ranks)
+        .map(|rank| {
+            let input = inputs[rank as usize].clone();
+            match sched.placement {
+                Placement::OutOfPlace => vec![input, vec![0xEE; out_blocks * block]],
+                Placement::InPlace => {
+                    let mut shared = vec![0xEE; in_blocks.max(out_blocks) * block];
+                    let (i, _) = shape.collective.in_place_offsets(rank, 1);
+                    shared[i as usize * block..i as usize * block + input.len()].copy_from_slice(&input);
+                    let id = sched.shared_buffer().0 as usize;
+                    let mut bufs = vec![Vec::new(), Vec::new()];
+                    bufs[id] = shared;
+                    bufs
+                }
+            }
+        })
+        .collect();
+    collc_runtime::run(sched, &mut buffers, shape.count, shape.dtype, shape.op).expect("the reference runs");
+    (0..n_ranks)
+        .map(|rank| {
+            let r = &buffers[rank as usize];
+            match sched.placement {
+                Placement::OutOfPlace => r[1].clone(),
+                Placement::InPlace => {
+                    let (_, o) = shape.collective.in_place_offsets(rank, 1);
+                    let start = o as usize * block;
+                    r[sched.shared_buffer().0 as usize][start..start + out_blocks * block].to_vec()
+                }
+            }
+        })
+        .collect()
+}
+
+/// Runs one call on every rank (one thread each) and returns each rank's output window and whether its guards held.
+fn run_call(
+    comms: &mut [Communicator],
+    shape: CallShape,
+    placement: Placement,
+    inputs: &[Vec<u8>],
+) -> Vec<(Vec<u8>, bool)> {
+    let n_ranks = comms.len() as u32;
+    let (in_blocks, out_blocks) = check::blocks(shape.collective, n_ranks);
+    let block = shape.count * shape.dtype.size_bytes();
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .iter_mut()
+            .map(|comm| {
+                scope.spawn(move || {
+                    let rank = comm.rank();
+                    let input = &inputs[rank as usize];
+                    let (i, o) = shape.collective.in_place_offsets(rank, 1);
+                    let (i, o) = (i as usize * block, o as usize * block);
+                    match placement {
+                        Placement::OutOfPlace => {
+                            let send = Guarded::new(input);
+                            let mut recv = Guarded::new(&vec![0xEE; out_blocks * block]);
+                            let send_payload = &send.0[GUARD..GUARD + input.len()];
+                            comm.call(shape, Buffers::OutOfPlace { send: send_payload, recv: recv.payload() })
+                                .unwrap_or_else(|e| panic!("{shape:?} out of place: {e}"));
+                            let ok = send.guards_intact() && recv.guards_intact() && send_payload == input.as_slice();
+                            (recv.payload().to_vec(), ok)
+                        }
+                        Placement::InPlace => {
+                            let mut shared = vec![0xEE; in_blocks.max(out_blocks) * block];
+                            shared[i..i + input.len()].copy_from_slice(input);
+                            let mut buf = Guarded::new(&shared);
+                            comm.call(shape, Buffers::InPlace(buf.payload()))
+                                .unwrap_or_else(|e| panic!("{shape:?} in place: {e}"));
+                            let out = buf.payload()[o..o + out_blocks * block].to_vec();
+                            (out, buf.guards_intact())
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
+    })
+}
+
+fn collective_of(source: &str) -> Collective {
+    let file = collc_grammar::parse(source, &Limits::default().syntax).expect("library parses");
+    file.algorithm.collective.name.parse().expect("a collective")
+}
+
+fn matrix(transports: &[Transport]) {
+    let mut calls = 0usize;
+    for (name, source) in LIBRARY {
+        let collective = collective_of(source);
+        for n_ranks in RANKS {
+            let roots: Vec<u32> = if collective.rooted() { vec![0, n_ranks - 1] } else { vec![0] };
+            for root in roots {
+                let peer = (root + 1) % n_ranks;
+                let bindings = Bindings {
+                    n_ranks,
+                    root: collective.rooted().then_some(root),
+                    peer: (collective == Collective::SendRecv).then_some(peer),
+                    params: Vec::new(),
+                };
+                let compiled: Vec<_> = Placement::BOTH
+                    .iter()
+                    .map(|&placement| compile(source, &bindings, Options { placement, fuse: true }, &Limits::default()))
+                    .collect();
+                let [Ok(out_of_place), Ok(in_place)] = <[_; 2]>::try_from(compiled).ok().expect("two") else {
+                    // Only a rank count the algorithm's `where` excludes may fail, e.g. a sendrecv on one rank.
+                    assert!(n_ranks == 1, "{name} does not compile for {n_ranks} ranks");
+                    continue;
+                };
+                let job = format!("test-{}-{}-{n_ranks}-{root}", std::process::id(), name.replace('/', "_"));
+                let mut groups: Vec<(Transport, Vec<Communicator>)> =
+                    transports.iter().map(|&t| (t, communicators(t, n_ranks, &job))).collect();
+                for (_, comms) in &mut groups {
+                    for comm in comms {
+                        comm.set_algorithm(collective, name, source, Vec::new());
+                    }
+                }
+                let ops: &[ReduceOp] = if collective.reduces() { ReduceOp::ALL } else { &[ReduceOp::Sum] };
+                for &count in &COUNTS {
+                    for &dtype in DataType::ALL {
+                        for &op in ops {
+                            let shape = CallShape { collective, count, dtype, op, root, peer };
+                            let inputs = check::inputs(&shape, n_ranks);
+                            let defined: Vec<_> =
+                                (0..n_ranks).map(|r| check::expected_from(&shape, n_ranks, r, &inputs)).collect();
+                            for sched in [&out_of_place, &in_place] {
+                                let want = reference_outputs(sched, &shape, &inputs);
+                                for (transport, comms) in &mut groups {
+                                    let got = run_call(comms, shape, sched.placement, &inputs);
+                                    for (rank, ((output, guards_ok), reference)) in got.iter().zip(&want).enumerate() {
+                                        let context = format!(
+                                        "{transport:?} {name} p={n_ranks} root={root} count={count} {dtype} {op} {} rank {rank}",
+                                        sched.placement
+                                    );
+                                        assert!(guards_ok, "{context}: a guard byte or the send buffer changed");
+                                        // Where the collective leaves an output undefined, its bytes may differ.
+                                        if let Some(defined) = &defined[rank] {
+                                            let wrong = check::count_wrong(dtype, reference, output);
+                                            assert_eq!(
+                                                wrong, 0,
+                                                "{context}: {wrong} elements differ from the reference"
+                                            );
+                                            let wrong = check::count_wrong(dtype, defined, output);
+                                            assert_eq!(
+                                                wrong, 0,
+                                                "{context}: {wrong} elements differ from the definition"
+                                            );
+                                        }
+                                    }
+                                    calls += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+                drop(groups);
+                collc_runtime::Shm::remove_job(&job);
+            }
+        }
+    }
+    assert!(calls > 1000, "the matrix ran only {calls} calls");
+}
+
+#[test]
+fn every_algorithm_matches_the_reference_on_threads_and_shm() {
+    matrix(&[Transport::Threads, Transport::Shm]);
+}

@@ -22,7 +22,7 @@ impl BindArgs {
     }
 }
 
-fn parse_set(text: &str) -> Result<(String, i64), String> {
+pub fn parse_set(text: &str) -> Result<(String, i64), String> {
     let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
     let value = value.trim().parse::<i64>().map_err(|_| format!("`{value}` is not an integer"))?;
     Ok((name.trim().to_string(), value))

@@ -17,7 +17,7 @@ pub fn blocks(collective: Collective, n_ranks: u32) -> (usize, usize) {
 pub fn input_value(op: ReduceOp, rank: u32, index: usize) -> i64 {
     let mix = (rank as usize).wrapping_mul(7).wrapping_add(index.wrapping_mul(3));
     match op {
-        ReduceOp::Prod => 1 + i64::from(mix % 16 == 0),
+        ReduceOp::Prod => 1 + i64::from(mix.is_multiple_of(16)),
         ReduceOp::Max | ReduceOp::Min => (mix % 101) as i64 - 50,
         ReduceOp::Sum | ReduceOp::Avg => (mix % 5) as i64,
     }

@@ -122,6 +122,21 @@ impl Communicator {
         Ok(comm)
     }
 
+    /// This process's rank of the job a launcher started it in (torchrun, mpirun, Slurm or `collc run`), over
+    /// `shm`; `Ok(None)` when no launcher's variables are set.
+    pub fn from_env(options: Options) -> Result<Option<Communicator>, RuntimeError> {
+        let Some(launch) = crate::launch::from_env().map_err(RuntimeError::Config)? else { return Ok(None) };
+        if launch.local_world_size.is_some_and(|local| local != launch.world_size) {
+            return Err(RuntimeError::Config(format!(
+                "{} puts {} of {} ranks on this host; the shm transport needs all of them on one host",
+                launch.launcher,
+                launch.local_world_size.unwrap_or(0),
+                launch.world_size
+            )));
+        }
+        Communicator::shm(&launch.job, launch.rank, launch.world_size, options).map(Some)
+    }
+
     fn join(segments: Arc<dyn Segments>, rank: u32, n_ranks: u32, options: Options) -> Result<Self, RuntimeError> {
         let control = Control::open(segments.as_ref(), n_ranks)?;
         control.join(rank)?;
@@ -170,7 +185,11 @@ impl Communicator {
     /// Waits until every rank has called `barrier` as often as this one.
     pub fn barrier(&mut self) -> Result<(), RuntimeError> {
         self.barriers += 1;
-        self.control.barrier(self.rank, self.barriers, self.options.timeout)
+        let at = match self.seq {
+            0 => "communicator setup".to_string(),
+            seq => format!("after call #{seq}"),
+        };
+        self.control.barrier(self.rank, self.barriers, self.options.timeout, &at)
     }
 
     /// Collects one (time, count) pair from every rank at rank 0, which gets `Some` of them in rank order; the
@@ -192,7 +211,7 @@ impl Communicator {
 
     /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).
     pub fn fail(&self) {
-        self.control.leave(self.rank, Status::Failed);
+        let _ = self.control.leave(self.rank, Status::Failed);
     }
 
     /// Runs one collective call. `count` is NCCL's: elements per rank for allreduce/broadcast/reduce, per block
@@ -263,9 +282,11 @@ impl Communicator {
             }
             let sched = self.schedules[&key].clone();
             let source = self.algorithms.get(&shape.collective).map(|a| a.source.clone()).unwrap_or_default();
+            let name = self.algorithm(shape.collective);
             let plan = plan::prepare(
                 &sched,
                 PlanInput {
+                    name: &name,
                     rank: self.rank,
                     count: shape.count,
                     dtype: shape.dtype,
@@ -340,7 +361,9 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        self.control.leave(self.rank, Status::Left);
+        if self.control.leave(self.rank, Status::Left) {
+            self.segments.remove_all();
+        }
     }
 }
 
@@ -367,6 +390,6 @@ pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
 /// other rank stops with an error naming it instead of waiting for its timeout.
 pub fn mark_shm_rank_failed(job: &str, n_ranks: u32, failed_rank: u32) -> Result<(), RuntimeError> {
     let control = Control::open(&Shm::new(job), n_ranks)?;
-    control.leave(failed_rank, Status::Failed);
+    let _ = control.leave(failed_rank, Status::Failed);
     Ok(())
 }

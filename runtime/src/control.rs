@@ -14,6 +14,8 @@ struct Header {
     n_ranks: AtomicU32,
     /// 0 while all is well; otherwise 1 + the rank that failed first.
     abort: AtomicU32,
+    /// Ranks that have left; the last one out removes the job's segments.
+    departed: AtomicU32,
 }
 
 /// One rank's public state, on its own cache lines.
@@ -107,11 +109,14 @@ impl Control {
         Ok(())
     }
 
-    pub fn leave(&self, rank: u32, status: Status) {
-        self.state(rank).status.store(status as u32, Ordering::Release);
+    /// Records how `rank` ended; returns whether it was the last rank of the job to leave.
+    pub fn leave(&self, rank: u32, status: Status) -> bool {
+        let previous = self.state(rank).status.swap(status as u32, Ordering::AcqRel);
         if status == Status::Failed {
             self.abort(rank);
         }
+        let first_exit = previous == Status::Joined as u32;
+        first_exit && self.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == self.n_ranks
     }
 
     /// Marks the job failed, naming the first rank that failed; later calls keep the first name.
@@ -176,15 +181,14 @@ impl Control {
     }
 
     /// Waits until every rank has reached barrier `generation`, failing on the timeout or a peer's failure.
-    pub fn barrier(&self, rank: u32, generation: u64, timeout: Duration) -> Result<(), RuntimeError> {
+    pub fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
         self.state(rank).barrier.store(generation, Ordering::Release);
         let everyone: Vec<u32> = (0..self.n_ranks).collect();
         let mut wait = crate::wait::Backoff::new(timeout);
         for peer in 0..self.n_ranks {
             while self.state(peer).barrier.load(Ordering::Acquire) < generation {
-                wait.idle(|| self.health(&everyone)).map_err(|fault| {
-                    fault.into_error(rank, "barrier".into(), "communicator setup".into(), format!("rank {peer}"))
-                })?;
+                wait.idle(|| self.health(&everyone))
+                    .map_err(|fault| fault.into_error(rank, "barrier".into(), at.into(), format!("rank {peer}")))?;
             }
             wait.reset();
         }

@@ -11,6 +11,7 @@
 //! `VerifiedSchedule` only.
 
 pub mod check;
+mod collectives;
 pub mod comm;
 mod control;
 mod error;
@@ -23,6 +24,9 @@ pub mod reference;
 mod segment;
 mod wait;
 
+pub use collc_compiler::Collective;
+pub use collc_kernels::{DataType, ReduceOp};
+pub use collectives::Element;
 pub use comm::{mark_shm_rank_failed, Buffers, CallShape, Communicator, Options};
 pub use error::RuntimeError;
 pub use layout::ChunkLayout;

@@ -103,6 +103,8 @@ unsafe impl Send for Plan {}
 
 /// What `prepare` needs besides the schedule.
 pub(crate) struct PlanInput<'a> {
+    /// How errors name the algorithm: its library name or file.
+    pub name: &'a str,
     pub rank: u32,
     pub count: usize,
     pub dtype: DataType,
@@ -113,7 +115,7 @@ pub(crate) struct PlanInput<'a> {
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { rank, count, dtype, op, source, segments, slot_bytes } = input;
+    let PlanInput { name, rank, count, dtype, op, source, segments, slot_bytes } = input;
     let elem = dtype.size_bytes();
     let chunks = sched.chunks.max(1) as usize;
     let capacity = count.div_ceil(chunks);
@@ -222,7 +224,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         rank,
         n_ranks: sched.n_ranks,
         collective: sched.collective,
-        algorithm: sched.algorithm.clone(),
+        algorithm: name.to_string(),
         dtype,
         op,
         elem,

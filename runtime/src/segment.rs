@@ -58,6 +58,8 @@ pub trait Segments: Send + Sync {
     /// The segment called `name`, created zeroed with `len` bytes by whichever rank asks first.
     fn open(&self, name: &str, len: usize) -> Result<Segment, RuntimeError>;
     fn transport_name(&self) -> &'static str;
+    /// Removes every segment of the job, once no rank needs them.
+    fn remove_all(&self);
 }
 
 const ALIGN: usize = 4096;
@@ -89,6 +91,9 @@ impl Segments for Heap {
     fn transport_name(&self) -> &'static str {
         "threads"
     }
+
+    /// Heap segments go with the last communicator that holds them.
+    fn remove_all(&self) {}
 }
 
 fn check_len(name: &str, segment: Segment, len: usize) -> Result<Segment, RuntimeError> {
@@ -185,5 +190,9 @@ impl Segments for Shm {
 
     fn transport_name(&self) -> &'static str {
         "shm"
+    }
+
+    fn remove_all(&self) {
+        Shm::remove_job(&self.job);
     }
 }

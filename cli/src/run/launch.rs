@@ -31,7 +31,11 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
         }
         Ok(None) => 0,
         Err(error) => {
-            eprintln!("error: rank {rank}: {error}");
+            let text = error.to_string();
+            match text.starts_with("rank ") {
+                true => eprintln!("error: {text}"),
+                false => eprintln!("error: rank {rank}: {text}"),
+            }
             comm.fail();
             1
         }

@@ -6,7 +6,6 @@ mod launch;
 mod sweep;
 mod table;
 
-use crate::args::BindArgs;
 use crate::library;
 use clap::{Args, ValueEnum};
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
@@ -66,8 +65,12 @@ pub struct RunArgs {
     /// Root rank for rooted collectives (the sender of sendrecv).
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: u32,
-    #[command(flatten)]
-    pub bind: BindArgs,
+    /// Destination rank of sendrecv (default: root + 1).
+    #[arg(long)]
+    pub peer: Option<u32>,
+    /// Bind a `param` (or `nodes`/`local`) by name: `--set k=2`. Repeatable.
+    #[arg(long = "set", value_name = "NAME=VALUE", value_parser = crate::args::parse_set)]
+    pub set: Vec<(String, i64)>,
     /// Print a table (nccl-tests') or one JSON document.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
@@ -160,7 +163,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
     if args.root >= n_ranks {
         return Err(usage(format!("-r {}: the root must be below the rank count {n_ranks}", args.root)));
     }
-    let peer = args.bind.peer.unwrap_or((args.root + 1) % n_ranks);
+    let peer = args.peer.unwrap_or((args.root + 1) % n_ranks);
     let mut options = Options::from_env().map_err(|e| usage(e.to_string()))?;
     if let Some(seconds) = args.timeout {
         if !(seconds > 0.0 && seconds.is_finite()) {
@@ -177,7 +180,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
                 n_ranks,
                 root: collective.rooted().then_some(args.root),
                 peer: (collective == Collective::SendRecv).then_some(peer),
-                params: args.bind.set.clone(),
+                params: args.set.clone(),
             };
             compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())
         });
@@ -200,7 +203,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
         ops,
         root: args.root,
         peer,
-        params: args.bind.set.clone(),
+        params: args.set.clone(),
         iters: args.iters,
         warmup: args.warmup,
         check: args.check != 0,

@@ -1,0 +1,154 @@
+//! `collc run` as a user runs it: every library algorithm on both transports with -c 1, nccl-tests' table, JSON,
+//! usage errors, and a rank killed mid-run.
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn collc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).output().expect("collc runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The #wrong columns of every row of an nccl-tests table.
+fn wrong_columns(table: &str) -> Vec<String> {
+    table
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .flat_map(|l| {
+            let cols: Vec<&str> = l.split_whitespace().collect();
+            [cols[8].to_string(), cols[12].to_string()]
+        })
+        .collect()
+}
+
+#[test]
+fn every_library_algorithm_runs_correctly_on_both_transports() {
+    let list = text(&collc(&["list"]).stdout);
+    let names: Vec<&str> =
+        list.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|n| n.contains('/')).collect();
+    assert!(names.len() >= 10, "{list}");
+    for name in names {
+        for transport in ["threads", "shm"] {
+            let out = collc(&[
+                "run",
+                name,
+                "--ranks",
+                "3",
+                "--transport",
+                transport,
+                "-b",
+                "4",
+                "-e",
+                "64K",
+                "-f",
+                "16",
+                "-n",
+                "2",
+                "-w",
+                "1",
+                "-c",
+                "1",
+                "-d",
+                "int32",
+            ]);
+            let stdout = text(&out.stdout);
+            assert_eq!(out.status.code(), Some(0), "{name} {transport}:\n{stdout}\n{}", text(&out.stderr));
+            assert!(stdout.contains(&format!("algorithm {name}")) && stdout.contains(transport), "{stdout}");
+            let wrong = wrong_columns(&stdout);
+            assert!(!wrong.is_empty() && wrong.iter().all(|w| w == "0"), "{name} {transport}:\n{stdout}");
+            assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn json_output_has_one_row_per_size_with_bandwidths() {
+    let out = collc(&["run", "allreduce/ring", "--ranks", "2", "-b", "1K", "-e", "4K", "-n", "2", "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 3);
+    assert_eq!(rows[0]["size"], 1024);
+    assert_eq!(rows[0]["out_of_place"]["wrong"], 0);
+    assert!(rows[2]["in_place"]["busbw"].as_f64().expect("busbw") > 0.0);
+    assert_eq!(doc["transport"], "threads");
+}
+
+#[test]
+fn bad_arguments_are_usage_errors() {
+    for (args, needle) in [
+        (vec!["--ranks", "0"], "at least one rank"),
+        (vec!["-d", "float7"], "unknown data type"),
+        (vec!["-o", "mean"], "unknown reduce op"),
+        (vec!["-b", "1M", "-e", "1K"], "size range is empty"),
+        (vec!["-b", "99999999999999999999"], "-b"),
+        (vec!["-r", "5", "--ranks", "2"], "root must be below"),
+        (vec!["--ranks", "2", "--timeout", "0"], "positive number"),
+    ] {
+        let mut all = vec!["run", "broadcast/binomial"];
+        all.extend(args);
+        let out = collc(&all);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(needle), "{all:?}: {}", text(&out.stderr));
+    }
+}
+
+/// Process ids whose parent is `parent`, from /proc.
+fn children(parent: u32) -> Vec<u32> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // The fields after the command name (which may hold spaces) start after the last ')'.
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
+            found.push(pid);
+        }
+    }
+    found
+}
+
+#[test]
+fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--ranks", "3", "--transport", "shm", "-b", "8M", "-e", "8M"])
+        .args(["-n", "100000", "-w", "0", "-c", "0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("collc runs");
+    let started = Instant::now();
+    let ranks = loop {
+        let ranks = children(run.id());
+        if ranks.len() == 3 || started.elapsed() > Duration::from_secs(10) {
+            break ranks;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(ranks.len(), 3, "the rank processes did not start");
+    // Long enough to be inside the timed loop of the only row.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut sorted = ranks.clone();
+    sorted.sort_unstable();
+    // SAFETY: sending SIGKILL to a child process of the run we started.
+    unsafe { libc_kill(sorted[1] as i32, 9) };
+    let killed_at = Instant::now();
+    let out = run.wait_with_output().expect("the run ends");
+    let stderr = text(&out.stderr);
+    assert!(killed_at.elapsed() < Duration::from_secs(15), "took {:?}", killed_at.elapsed());
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("was killed"), "{stderr}");
+    let victim = stderr.lines().find(|l| l.contains("was killed")).expect("named");
+    let rank = victim.split_whitespace().nth(2).expect("rank number");
+    let others: Vec<&str> = stderr.lines().filter(|l| l.contains(&format!("rank {rank} "))).collect();
+    assert!(others.len() >= 2, "the surviving ranks should name rank {rank}:\n{stderr}");
+    assert!(stderr.contains("allreduce/ring line"), "{stderr}");
+}
+
+extern "C" {
+    #[link_name = "kill"]
+    fn libc_kill(pid: i32, signal: i32) -> i32;
+}

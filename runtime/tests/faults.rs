@@ -1,0 +1,87 @@
+//! Faults become errors on every rank, naming the rank, the instruction and the `.coll` line, within a bounded
+//! time: mismatched calls, a rank that never makes its call, a rank that fails, a rank that never joins.
+
+use collc_runtime::{Communicator, Options, ReduceOp, RuntimeError};
+use std::time::{Duration, Instant};
+
+fn quick() -> Options {
+    Options { timeout: Duration::from_millis(700), slot_bytes: 0 }
+}
+
+/// Runs `work` on every rank of a threads communicator and returns each rank's outcome.
+fn on_ranks<F>(n_ranks: u32, options: Options, work: F) -> Vec<Result<(), RuntimeError>>
+where
+    F: Fn(&mut Communicator) -> Result<(), RuntimeError> + Sync,
+{
+    let comms = Communicator::threads(n_ranks, options).expect("threads");
+    std::thread::scope(|scope| {
+        let work = &work;
+        let handles: Vec<_> = comms.into_iter().map(|mut c| scope.spawn(move || work(&mut c))).collect();
+        handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+    })
+}
+
+#[test]
+fn mismatched_counts_are_reported_instead_of_misread() {
+    let outcomes = on_ranks(2, quick(), |comm| {
+        let n = if comm.rank() == 0 { 100 } else { 99 };
+        comm.all_reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum)
+    });
+    let texts: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
+    assert!(texts.iter().any(|t| t.contains("mismatched calls")), "{texts:?}");
+    let mismatch = texts.iter().find(|t| t.contains("mismatched calls")).expect("found");
+    assert!(mismatch.contains("count 100") || mismatch.contains("count 99"), "{mismatch}");
+}
+
+#[test]
+fn a_rank_that_never_calls_times_out_its_peers_with_what_they_waited_for() {
+    let started = Instant::now();
+    let outcomes = on_ranks(3, quick(), |comm| {
+        if comm.rank() == 2 {
+            std::thread::sleep(Duration::from_millis(1500));
+            return Ok(());
+        }
+        comm.all_reduce(&[1i64; 64], &mut [0i64; 64], ReduceOp::Sum)
+    });
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let first = outcomes[0].as_ref().unwrap_err().to_string();
+    let second = outcomes[1].as_ref().unwrap_err().to_string();
+    for text in [&first, &second] {
+        assert!(text.contains("allreduce/ring line"), "{text}");
+        assert!(text.contains("timeout") || text.contains("failed"), "{text}");
+    }
+    assert!(first.contains("rank 0") && first.contains("instruction #"), "{first}");
+}
+
+#[test]
+fn a_failed_rank_stops_every_other_rank_with_its_name() {
+    let outcomes = on_ranks(4, Options { timeout: Duration::from_secs(20), ..quick() }, |comm| {
+        if comm.rank() == 3 {
+            comm.fail();
+            return Ok(());
+        }
+        comm.all_reduce(&[1u32; 1000], &mut [0u32; 1000], ReduceOp::Sum)
+    });
+    for (rank, outcome) in outcomes.iter().enumerate().take(3) {
+        let text = outcome.as_ref().unwrap_err().to_string();
+        assert!(text.contains("rank 3 failed"), "rank {rank}: {text}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_joins_an_shm_job_is_named() {
+    let job = format!("never-joins-{}", std::process::id());
+    let started = Instant::now();
+    let error = Communicator::shm(&job, 0, 2, quick()).err().expect("rank 1 never comes");
+    collc_runtime::Shm::remove_job(&job);
+    let text = error.to_string();
+    assert!(text.contains("rank 1") && text.contains("barrier"), "{text}");
+    assert!(started.elapsed() < Duration::from_secs(5));
+}
+
+#[test]
+fn a_world_of_zero_ranks_or_a_bad_job_id_is_refused() {
+    assert!(Communicator::threads(0, quick()).is_err());
+    assert!(Communicator::shm("has/slash", 0, 1, quick()).is_err());
+    assert!(Communicator::shm("ok", 3, 2, quick()).is_err());
+}

@@ -1,22 +1,28 @@
 //! A connection's message FIFO in shared memory, NCCL's SHM transport: `SLOTS` slots in a ring, the sender writes
 //! a message straight into the next free slot and publishes it, the receiver reduces or copies straight out of it
-//! and frees it. Two counters, each written by one side only, on their own cache lines. Each slot starts with a
-//! header that names the call the message belongs to, so mismatched calls are caught instead of misread.
+//! and frees it. Each slot starts with a header holding its ready flag and the stamp of the call the message
+//! belongs to (mismatched calls are caught instead of misread); small messages share that cache line.
 
 use crate::error::RuntimeError;
 use crate::segment::{Segment, Segments};
+use std::cell::Cell;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Messages in flight per connection: NCCL's NCCL_STEPS, and the `channel_slots` the verifier proved the
 /// schedules deadlock-free with.
 pub const SLOTS: u64 = 8;
 const HEADER: usize = 128;
-const SLOT_HEADER: usize = 64;
+/// A slot starts with its header; the data follows in the same cache line, so a small message travels in one
+/// line (NCCL's LL protocol puts flag and data together for the same reason).
+const SLOT_HEADER: usize = std::mem::size_of::<SlotHeader>();
 
+/// Each counter is written by one side only and lives on its own cache line.
 #[repr(C)]
 struct Counters {
+    /// Messages the sender has posted; read by the sender only.
     posted: AtomicU64,
     _pad: [u8; 56],
+    /// Messages the receiver has consumed; the sender reads it only when it believes the ring is full.
     consumed: AtomicU64,
 }
 
@@ -28,10 +34,20 @@ pub(crate) struct Stamp {
     pub fingerprint: u64,
 }
 
+#[repr(C)]
+struct SlotHeader {
+    /// 1 + the message number once the message is complete: the receiver polls this, not a shared counter.
+    ready: AtomicU64,
+    _pad: u64,
+    stamp: Stamp,
+}
+
 /// One end of a connection, as a plan holds it.
 pub(crate) struct Fifo {
     base: *mut u8,
-    slot_bytes: usize,
+    stride: usize,
+    /// The sender's last look at `consumed`: a lower bound, refreshed only when the ring seems full.
+    known_consumed: Cell<u64>,
     pub from: u32,
     pub to: u32,
     pub channel: u8,
@@ -48,9 +64,18 @@ impl Fifo {
         channel: u8,
         slot_bytes: usize,
     ) -> Result<Fifo, RuntimeError> {
-        let len = HEADER + SLOTS as usize * (SLOT_HEADER + slot_bytes);
+        let stride = (SLOT_HEADER + slot_bytes).next_multiple_of(64);
+        let len = HEADER + SLOTS as usize * stride;
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
-        Ok(Fifo { base: segment.as_ptr(), slot_bytes, from, to, channel, _segment: segment })
+        Ok(Fifo {
+            base: segment.as_ptr(),
+            stride,
+            known_consumed: Cell::new(0),
+            from,
+            to,
+            channel,
+            _segment: segment,
+        })
     }
 
     fn counters(&self) -> &Counters {
@@ -61,7 +86,12 @@ impl Fifo {
     fn slot(&self, message: u64) -> *mut u8 {
         let index = (message % SLOTS) as usize;
         // SAFETY: index < SLOTS, inside the segment.
-        unsafe { self.base.add(HEADER + index * (SLOT_HEADER + self.slot_bytes)) }
+        unsafe { self.base.add(HEADER + index * self.stride) }
+    }
+
+    fn header(&self, message: u64) -> &SlotHeader {
+        // SAFETY: every slot starts with a header, 64-byte aligned.
+        unsafe { &*(self.slot(message) as *const SlotHeader) }
     }
 
     /// Sender: the data area of the next message if the receiver has freed room for it.
@@ -69,8 +99,11 @@ impl Fifo {
     pub fn reserve(&self) -> Option<*mut u8> {
         let c = self.counters();
         let next = c.posted.load(Ordering::Relaxed);
-        if next - c.consumed.load(Ordering::Acquire) >= SLOTS {
-            return None;
+        if next - self.known_consumed.get() >= SLOTS {
+            self.known_consumed.set(c.consumed.load(Ordering::Acquire));
+            if next - self.known_consumed.get() >= SLOTS {
+                return None;
+            }
         }
         // SAFETY: the slot's data follows its header.
         Some(unsafe { self.slot(next).add(SLOT_HEADER) })
@@ -81,24 +114,26 @@ impl Fifo {
     pub fn post(&self, stamp: Stamp) {
         let c = self.counters();
         let next = c.posted.load(Ordering::Relaxed);
-        // SAFETY: the header area of the reserved slot; only the sender writes it before publishing.
-        unsafe { std::ptr::write_volatile(self.slot(next) as *mut Stamp, stamp) };
-        c.posted.store(next + 1, Ordering::Release);
+        let slot = self.slot(next) as *mut SlotHeader;
+        // SAFETY: the reserved slot's header; the receiver reads the stamp only after `ready` says so.
+        unsafe { std::ptr::addr_of_mut!((*slot).stamp).write_volatile(stamp) };
+        self.header(next).ready.store(next + 1, Ordering::Release);
+        c.posted.store(next + 1, Ordering::Relaxed);
     }
 
     /// Receiver: the next message's stamp and data, once it has been posted.
     #[inline]
     pub fn peek(&self) -> Option<(Stamp, *const u8)> {
-        let c = self.counters();
-        let next = c.consumed.load(Ordering::Relaxed);
-        if c.posted.load(Ordering::Acquire) <= next {
+        let next = self.counters().consumed.load(Ordering::Relaxed);
+        let header = self.header(next);
+        if header.ready.load(Ordering::Acquire) != next + 1 {
             return None;
         }
-        let slot = self.slot(next);
-        // SAFETY: posted > next, so the sender wrote this slot before its release store.
-        let stamp = unsafe { std::ptr::read_volatile(slot as *const Stamp) };
+        let slot = self.slot(next) as *const SlotHeader;
+        // SAFETY: `ready` was released after the stamp and the data were written.
+        let stamp = unsafe { std::ptr::addr_of!((*slot).stamp).read_volatile() };
         // SAFETY: the data follows the header.
-        Some((stamp, unsafe { slot.add(SLOT_HEADER) } as *const u8))
+        Some((stamp, unsafe { self.slot(next).add(SLOT_HEADER) } as *const u8))
     }
 
     /// Receiver: frees the slot `peek` returned.

@@ -1,23 +1,26 @@
 //! The fast host kernels: the copy and reduce the runtime runs on every piece it moves.
 //!
-//! They compute exactly what [`crate::reference`] computes, bit for bit, but a block of
-//! elements at a time in vector registers, using the widest instruction set this CPU has
-//! ([`VectorIsa`], detected once). A call picks its loop with two jump tables (data type,
-//! operator) and, for more than one block, one relaxed atomic load; pieces smaller than a
-//! block skip even that. Nothing allocates, locks or dispatches per element.
+//! They compute what [`crate::reference`] computes, bit for bit (except which NaN a sum of
+//! two NaNs returns, see [`reduce`]), a block of elements at a time in vector registers, with
+//! the widest instruction set this CPU has ([`VectorIsa`], detected once). A call picks its
+//! loop with one table lookup (data type x operator) and, from one block up, one relaxed
+//! atomic load; shorter pieces skip even that. Nothing allocates, locks or dispatches per
+//! element.
 //!
 //! The raw-pointer entry points serve a runtime that reduces between buffers it owns as
 //! pointers (in place, `dst == a`, is the common case); [`reduce_slices`] and [`reduce_into`]
 //! are the checked forms.
 
 mod blocks;
+mod half_blocks;
 mod half_float;
 mod isa;
 mod lane;
 
 pub use isa::VectorIsa;
 
-use crate::element::with_element_type;
+use half::{bf16, f16};
+
 use crate::{DataType, KernelError, ReduceOp};
 use lane::{Block, Combine, Lane, Max, Min, Prod, Sum};
 
@@ -35,8 +38,9 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 /// `dst[i] = a[i] (op) b[i]` for `n_elems` little-endian elements of `dtype`, with
 /// [`crate::reference::reduce`]'s arithmetic; `Avg` combines as `Sum`.
 ///
-/// When both operands of a float `Sum`, `Prod` or `Avg` are NaN, the result on x86 is `a`'s
-/// NaN made quiet (the hardware's rule for `a + b`, which the reference follows as compiled).
+/// The one difference: when both operands of a float `Sum`, `Prod` or `Avg` are NaN, the
+/// result on x86 is always `a`'s NaN made quiet, where the reference's NaN depends on how LLVM
+/// compiled it (see `lane.rs`); elsewhere it is some NaN.
 ///
 /// # Safety
 /// - `a` and `b` must be valid for reading, and `dst` for writing, `n_elems *
@@ -46,8 +50,9 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
 ///   either. `a` and `b` may overlap each other in any way.
 #[inline]
 pub unsafe fn reduce(dtype: DataType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n_elems: usize) {
-    // SAFETY: forwarded from the caller.
-    with_element_type!(dtype, Scalar => unsafe { reduce_as::<Scalar>(op, dst, a, b, n_elems) })
+    let kernel = REDUCE_KERNELS[usize::from(dtype.nccl_code())][usize::from(op.nccl_code())];
+    // SAFETY: forwarded from the caller; the table row is `dtype`'s scalar.
+    unsafe { kernel(dst, a, b, n_elems) }
 }
 
 /// `dst = dst (op) src`, elementwise: [`crate::reference::reduce`]'s contract and checks, at
@@ -71,33 +76,54 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &
     Ok(())
 }
 
-/// Picks the operator once, so each loop is compiled for exactly one.
-#[inline(always)]
-unsafe fn reduce_as<T: Lane>(op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n_elems: usize) {
+/// One monomorphic kernel per data type and operator, indexed by their NCCL codes, so a
+/// call costs one indirect jump into a small function rather than a walk through a function
+/// holding all fifty.
+type ReduceKernel = unsafe fn(*mut u8, *const u8, *const u8, usize);
+
+static REDUCE_KERNELS: [[ReduceKernel; 5]; 10] = [
+    kernels_for::<i8>(),
+    kernels_for::<u8>(),
+    kernels_for::<i32>(),
+    kernels_for::<u32>(),
+    kernels_for::<i64>(),
+    kernels_for::<u64>(),
+    kernels_for::<f16>(),
+    kernels_for::<f32>(),
+    kernels_for::<f64>(),
+    kernels_for::<bf16>(),
+];
+
+/// `T`'s row, in `ReduceOp` code order: `Sum`, `Prod`, `Max`, `Min`, `Avg` (as `Sum`).
+const fn kernels_for<T: Lane>() -> [ReduceKernel; 5] {
+    [reduce_as::<T, Sum>, reduce_as::<T, Prod>, reduce_as::<T, Max>, reduce_as::<T, Min>, reduce_as::<T, Sum>]
+}
+
+/// Less than one wide block runs the baseline loop right here: wider registers would not
+/// help, and the runtime sends pieces as small as one element, so this path must stay a few
+/// instructions (the long path lives in its own function so its register needs do not make
+/// every call save registers).
+///
+/// # Safety
+/// As [`reduce`], with `T` the scalar of its `dtype`.
+unsafe fn reduce_as<T: Lane, O: Combine>(dst: *mut u8, a: *const u8, b: *const u8, n_elems: usize) {
     let (dst, a, b) = (dst.cast::<T>(), a.cast::<T>(), b.cast::<T>());
     // SAFETY: forwarded from the caller.
     unsafe {
-        match op {
-            ReduceOp::Sum | ReduceOp::Avg => reduce_with::<T, Sum>(dst, a, b, n_elems),
-            ReduceOp::Prod => reduce_with::<T, Prod>(dst, a, b, n_elems),
-            ReduceOp::Max => reduce_with::<T, Max>(dst, a, b, n_elems),
-            ReduceOp::Min => reduce_with::<T, Min>(dst, a, b, n_elems),
+        if n_elems < <T::Wide as Block<T>>::LEN {
+            blocks::combine_all::<T, O, false>(dst, a, b, n_elems);
+        } else {
+            reduce_long::<T, O>(dst, a, b, n_elems);
         }
     }
 }
 
-/// Less than one wide block runs the baseline loop inline: wider registers would not help,
-/// and the runtime sends pieces as small as one element.
-#[inline(always)]
-unsafe fn reduce_with<T: Lane, O: Combine>(dst: *mut T, a: *const T, b: *const T, n_elems: usize) {
+/// # Safety
+/// As [`reduce`], in elements of `T`.
+#[inline(never)]
+unsafe fn reduce_long<T: Lane, O: Combine>(dst: *mut T, a: *const T, b: *const T, n_elems: usize) {
     // SAFETY: forwarded from the caller; `detected()` is what this CPU supports.
-    unsafe {
-        if n_elems < <T::Wide as Block<T>>::LEN {
-            blocks::combine_all::<T, O>(dst, a, b, n_elems);
-        } else {
-            isa::combine_with::<T, O>(VectorIsa::detected(), dst, a, b, n_elems);
-        }
-    }
+    unsafe { isa::combine_with::<T, O>(VectorIsa::detected(), dst, a, b, n_elems) }
 }
 
 fn check_same_length(dst: &[u8], src: &[u8]) -> Result<(), KernelError> {
@@ -109,8 +135,9 @@ fn check_same_length(dst: &[u8], src: &[u8]) -> Result<(), KernelError> {
 }
 
 fn count_elements(dtype: DataType, buf: &[u8]) -> Result<usize, KernelError> {
-    if buf.len() % dtype.size_bytes() == 0 {
-        Ok(buf.len() / dtype.size_bytes())
+    let n_elems = buf.len() / dtype.size_bytes();
+    if n_elems * dtype.size_bytes() == buf.len() {
+        Ok(n_elems)
     } else {
         Err(KernelError::PartialElement { dtype, bytes: buf.len() })
     }

@@ -67,15 +67,7 @@ impl Fifo {
         let stride = (SLOT_HEADER + slot_bytes).next_multiple_of(64);
         let len = HEADER + SLOTS as usize * stride;
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
-        Ok(Fifo {
-            base: segment.as_ptr(),
-            stride,
-            known_consumed: Cell::new(0),
-            from,
-            to,
-            channel,
-            _segment: segment,
-        })
+        Ok(Fifo { base: segment.as_ptr(), stride, known_consumed: Cell::new(0), from, to, channel, _segment: segment })
     }
 
     fn counters(&self) -> &Counters {

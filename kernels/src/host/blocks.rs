@@ -6,18 +6,24 @@
 //! down its scalar path). Blocks are loaded and stored unaligned: on x86 an unaligned vector
 //! access to aligned memory costs nothing extra, so there is no alignment prologue.
 
-use super::lane::{Block, Combine, Lane};
+use super::lane::{combine_lane, Block, Combine, Lane};
 
-/// `dst[i] = a[i] (O) b[i]` for `i < n_elems`.
+/// `dst[i] = a[i] (O) b[i]` for `i < n_elems`; `F16C` lets `f16` blocks use F16C.
 ///
 /// # Safety
-/// As [`super::reduce`], in elements of `T`; the pointers need no alignment.
+/// As [`super::reduce`], in elements of `T`; the pointers need no alignment. With `F16C`,
+/// the CPU must have F16C.
 #[inline(always)]
-pub(super) unsafe fn combine_all<T: Lane, O: Combine>(dst: *mut T, a: *const T, b: *const T, n_elems: usize) {
-    // SAFETY: each call stays below `n_elems`, which the caller vouches for.
+pub(super) unsafe fn combine_all<T: Lane, O: Combine, const F16C: bool>(
+    dst: *mut T,
+    a: *const T,
+    b: *const T,
+    n_elems: usize,
+) {
+    // SAFETY: each access stays below `n_elems`, which the caller vouches for.
     unsafe {
-        let done = combine_blocks::<T, O, T::Wide>(dst, a, b, 0, n_elems);
-        let done = combine_blocks::<T, O, T::Narrow>(dst, a, b, done, n_elems);
+        let done = combine_blocks::<T, O, T::Wide, F16C>(dst, a, b, 0, n_elems);
+        let done = combine_blocks::<T, O, T::Narrow, F16C>(dst, a, b, done, n_elems);
         for index in done..n_elems {
             let combined = combine_lane::<T, O>(a.add(index).read_unaligned(), b.add(index).read_unaligned());
             dst.add(index).write_unaligned(combined);
@@ -28,7 +34,7 @@ pub(super) unsafe fn combine_all<T: Lane, O: Combine>(dst: *mut T, a: *const T, 
 /// Combines whole blocks of `B` from element `start` while a whole block fits before
 /// `n_elems`; returns the index of the first element left over.
 #[inline(always)]
-unsafe fn combine_blocks<T: Lane, O: Combine, B: Block<T>>(
+unsafe fn combine_blocks<T: Lane, O: Combine, B: Block<T>, const F16C: bool>(
     dst: *mut T,
     a: *const T,
     b: *const T,
@@ -37,21 +43,15 @@ unsafe fn combine_blocks<T: Lane, O: Combine, B: Block<T>>(
 ) -> usize {
     let mut index = start;
     while n_elems - index >= B::LEN {
-        // SAFETY: `index + B::LEN <= n_elems`; both operands are read before `dst` is written.
+        // SAFETY: `index + B::LEN <= n_elems`; both operands are read before `dst` is written;
+        // `F16C` is forwarded from the caller.
         unsafe {
             let mut block = a.add(index).cast::<B>().read_unaligned();
             let other = b.add(index).cast::<B>().read_unaligned();
-            for (lane, &other_lane) in block.lanes_mut().iter_mut().zip(other.lanes()) {
-                *lane = combine_lane::<T, O>(*lane, other_lane);
-            }
+            T::combine_block::<O, F16C>(block.lanes_mut(), other.lanes());
             dst.add(index).cast::<B>().write_unaligned(block);
         }
         index += B::LEN;
     }
     index
-}
-
-#[inline(always)]
-fn combine_lane<T: Lane, O: Combine>(a: T, b: T) -> T {
-    O::apply(a.from_le(), b.from_le()).to_le()
 }

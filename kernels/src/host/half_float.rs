@@ -64,6 +64,6 @@ pub(super) fn f32_to_bf16(value: f32) -> u16 {
     let lowest_kept = (bits >> 16) & 1;
     let rounded = bits.wrapping_add(0x7FFF + lowest_kept) >> 16;
     let nan = (bits >> 16) | 0x0040;
-    let narrowed = if bits & 0x7FFF_FFFF > 0x7F80_0000 { nan } else { rounded };
+    let narrowed = if value.is_nan() { nan } else { rounded };
     narrowed as u16
 }

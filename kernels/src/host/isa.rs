@@ -16,9 +16,9 @@ use super::lane::{Combine, Lane};
 pub enum VectorIsa {
     /// What the build target guarantees: SSE2 on x86-64, NEON on aarch64.
     Baseline,
-    /// 256-bit AVX2 (x86).
+    /// 256-bit AVX2, with F16C for `f16` (x86; every AVX2 CPU has F16C).
     Avx2,
-    /// 512-bit AVX-512 with the F, BW, DQ and VL extensions (x86).
+    /// 512-bit AVX-512 with the F, BW, DQ and VL extensions, and F16C (x86).
     Avx512,
 }
 
@@ -66,7 +66,7 @@ fn detect_and_remember() -> VectorIsa {
 
 fn detect() -> VectorIsa {
     #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
-    {
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c") {
         if is_x86_feature_detected!("avx512f")
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512dq")
@@ -74,9 +74,7 @@ fn detect() -> VectorIsa {
         {
             return VectorIsa::Avx512;
         }
-        if is_x86_feature_detected!("avx2") {
-            return VectorIsa::Avx2;
-        }
+        return VectorIsa::Avx2;
     }
     VectorIsa::Baseline
 }
@@ -100,7 +98,7 @@ pub(super) unsafe fn combine_with<T: Lane, O: Combine>(
             VectorIsa::Avx512 => x86::combine_avx512::<T, O>(dst, a, b, n_elems),
             #[cfg(any(target_arch = "x86", target_arch = "x86_64"))]
             VectorIsa::Avx2 => x86::combine_avx2::<T, O>(dst, a, b, n_elems),
-            _ => combine_all::<T, O>(dst, a, b, n_elems),
+            _ => combine_all::<T, O, false>(dst, a, b, n_elems),
         }
     }
 }
@@ -111,18 +109,18 @@ mod x86 {
     use super::super::lane::{Combine, Lane};
 
     /// # Safety
-    /// As [`combine_all`], on a CPU with AVX2.
-    #[target_feature(enable = "avx2")]
+    /// As [`combine_all`], on a CPU with AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
     pub(super) unsafe fn combine_avx2<T: Lane, O: Combine>(dst: *mut T, a: *const T, b: *const T, n_elems: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe { combine_all::<T, O>(dst, a, b, n_elems) }
+        unsafe { combine_all::<T, O, true>(dst, a, b, n_elems) }
     }
 
     /// # Safety
-    /// As [`combine_all`], on a CPU with AVX-512 F, BW, DQ and VL.
-    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl")]
+    /// As [`combine_all`], on a CPU with AVX-512 F, BW, DQ and VL, and F16C.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,f16c")]
     pub(super) unsafe fn combine_avx512<T: Lane, O: Combine>(dst: *mut T, a: *const T, b: *const T, n_elems: usize) {
         // SAFETY: forwarded from the caller.
-        unsafe { combine_all::<T, O>(dst, a, b, n_elems) }
+        unsafe { combine_all::<T, O, true>(dst, a, b, n_elems) }
     }
 }

@@ -113,7 +113,7 @@ fn children(parent: u32) -> Vec<u32> {
 
 #[test]
 fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
-    let mut run = Command::new(env!("CARGO_BIN_EXE_collc"))
+    let run = Command::new(env!("CARGO_BIN_EXE_collc"))
         .args(["run", "allreduce/ring", "--ranks", "3", "--transport", "shm", "-b", "8M", "-e", "8M"])
         .args(["-n", "100000", "-w", "0", "-c", "0"])
         .stdout(Stdio::piped())

@@ -256,9 +256,8 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
 fn dependents_of(program: &collc_compiler::sched::RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let n = program.len();
     let mut start = vec![0u32; n + 1];
-    let mut unmet = vec![0u32; n];
+    let unmet: Vec<u32> = (0..n).map(|i| program.deps_of(i).len() as u32).collect();
     for i in 0..n {
-        unmet[i] = program.deps_of(i).len() as u32;
         for &d in program.deps_of(i) {
             start[d as usize + 1] += 1;
         }

@@ -55,7 +55,7 @@ impl Backoff {
         } else {
             std::thread::sleep(Duration::from_micros(50));
         }
-        if self.rounds % CHECK_EVERY == 0 {
+        if self.rounds.is_multiple_of(CHECK_EVERY) {
             let since = *self.since.get_or_insert_with(Instant::now);
             health().map_err(|(peer, how)| Fault::Peer(peer, how))?;
             let waited = since.elapsed();

@@ -7,7 +7,7 @@
 pub mod collective;
 pub mod diag;
 pub mod emit;
-mod fxhash;
+pub mod fxhash;
 pub mod ir;
 pub mod library;
 pub mod lower;

@@ -7,6 +7,7 @@ use crate::error::RuntimeError;
 use crate::exec::{self, Call};
 use crate::plan::{self, Plan, PlanInput};
 use crate::segment::{Heap, Segments, Shm};
+use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::Placement;
 use collc_compiler::{compile, library, Bindings, Collective, Limits, Options as CompileOptions, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
@@ -97,7 +98,10 @@ pub struct Communicator {
     /// Algorithm per collective: (name, source, parameter bindings).
     algorithms: HashMap<Collective, Algorithm>,
     schedules: HashMap<ScheduleKey, Arc<VerifiedSchedule>>,
-    plans: HashMap<PlanKey, Plan>,
+    plans: Vec<Plan>,
+    plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
+    /// The last call's plan: back-to-back calls of one shape skip the hash lookup.
+    last_plan: Option<(PlanKey, usize)>,
     seq: u64,
     barriers: u64,
 }
@@ -148,7 +152,9 @@ impl Communicator {
             control,
             algorithms: HashMap::new(),
             schedules: HashMap::new(),
-            plans: HashMap::new(),
+            plans: Vec::new(),
+            plan_index: HashMap::default(),
+            last_plan: None,
             seq: 0,
             barriers: 0,
         })
@@ -172,7 +178,10 @@ impl Communicator {
         let algorithm = Algorithm { name: name.to_string(), source: source.to_string(), params };
         self.algorithms.insert(collective, algorithm);
         self.schedules.retain(|key, _| key.0 != collective);
-        self.plans.retain(|key, _| key.0.collective != collective);
+        // Plans are cheap to prepare again; dropping them all keeps the index simple.
+        self.plans.clear();
+        self.plan_index.clear();
+        self.last_plan = None;
     }
 
     /// The algorithm `collective` runs with.
@@ -232,7 +241,8 @@ impl Communicator {
     }
 
     fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
-        let plan = self.plan(shape, placement)?;
+        let index = self.plan(shape, placement)?;
+        let plan = &mut self.plans[index];
         let elem = plan.elem;
         let check = |name: &str, got: usize, elements: usize| {
             let needed = elements * elem;
@@ -267,20 +277,25 @@ impl Communicator {
         self.control
             .publish_call(self.rank, CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root });
         let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout };
-        let plan = self.plans.get_mut(&(shape, placement)).expect("prepared above");
         exec::run(plan, &call)
     }
 
-    /// The prepared plan of a call shape, compiling and verifying its schedule on first use.
-    fn plan(&mut self, shape: CallShape, placement: Placement) -> Result<&mut Plan, RuntimeError> {
-        if !self.plans.contains_key(&(shape, placement)) {
-            let root = if shape.collective.rooted() { shape.root } else { 0 };
-            let key = (shape.collective, placement, root, shape.peer);
-            if !self.schedules.contains_key(&key) {
-                let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
-                self.schedules.insert(key, Arc::new(schedule));
+    /// The index of the prepared plan of a call shape, compiling and verifying its schedule on first use.
+    fn plan(&mut self, shape: CallShape, placement: Placement) -> Result<usize, RuntimeError> {
+        let key = (shape, placement);
+        if let Some((last, index)) = self.last_plan {
+            if last == key {
+                return Ok(index);
             }
-            let sched = self.schedules[&key].clone();
+        }
+        if !self.plan_index.contains_key(&key) {
+            let root = if shape.collective.rooted() { shape.root } else { 0 };
+            let sched_key = (shape.collective, placement, root, shape.peer);
+            if !self.schedules.contains_key(&sched_key) {
+                let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
+                self.schedules.insert(sched_key, Arc::new(schedule));
+            }
+            let sched = self.schedules[&sched_key].clone();
             let source = self.algorithms.get(&shape.collective).map(|a| a.source.clone()).unwrap_or_default();
             let name = self.algorithm(shape.collective);
             let plan = plan::prepare(
@@ -300,9 +315,12 @@ impl Communicator {
                     slot_bytes: self.options.slot_bytes_for(self.n_ranks),
                 },
             )?;
-            self.plans.insert((shape, placement), plan);
+            self.plans.push(plan);
+            self.plan_index.insert(key, self.plans.len() - 1);
         }
-        Ok(self.plans.get_mut(&(shape, placement)).expect("inserted above"))
+        let index = self.plan_index[&key];
+        self.last_plan = Some((key, index));
+        Ok(index)
     }
 
     /// The verified schedule a call of `collective` runs, for inspection (what `collc run` reports).
@@ -320,7 +338,7 @@ impl Communicator {
     /// Bytes this rank reads and writes in its own memory per call of `shape` (after a call of that shape).
     pub fn memory_bytes(&self, shape: CallShape, in_place: bool) -> Option<u64> {
         let placement = if in_place { Placement::InPlace } else { Placement::OutOfPlace };
-        self.plans.get(&(shape, placement)).map(Plan::memory_bytes)
+        self.plan_index.get(&(shape, placement)).map(|&i| self.plans[i].memory_bytes())
     }
 
     fn compile(

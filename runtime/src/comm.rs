@@ -104,6 +104,8 @@ pub struct Communicator {
     last_plan: Option<(PlanKey, usize)>,
     seq: u64,
     barriers: u64,
+    /// Idle rounds a wait spins before it yields the core.
+    spins: u32,
 }
 
 impl Communicator {
@@ -157,6 +159,7 @@ impl Communicator {
             last_plan: None,
             seq: 0,
             barriers: 0,
+            spins: spins_for(n_ranks),
         })
     }
 
@@ -276,7 +279,7 @@ impl Communicator {
             | placement as u32;
         self.control
             .publish_call(self.rank, CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root });
-        let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout };
+        let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout, spins: self.spins };
         exec::run(plan, &call)
     }
 
@@ -382,6 +385,20 @@ impl Drop for Communicator {
         if self.control.leave(self.rank, Status::Left) {
             self.segments.remove_all();
         }
+    }
+}
+
+/// Spinning only pays when the peer runs on another core at the same time: with more ranks than cores, yield at
+/// once. (`COLLC_SPINS` overrides.)
+fn spins_for(n_ranks: u32) -> u32 {
+    if let Some(spins) = std::env::var("COLLC_SPINS").ok().and_then(|s| s.parse().ok()) {
+        return spins;
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if n_ranks as usize > cores {
+        0
+    } else {
+        crate::wait::SPINS
     }
 }
 

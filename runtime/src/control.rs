@@ -184,7 +184,7 @@ impl Control {
     pub fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
         self.state(rank).barrier.store(generation, Ordering::Release);
         let everyone: Vec<u32> = (0..self.n_ranks).collect();
-        let mut wait = crate::wait::Backoff::new(timeout);
+        let mut wait = crate::wait::Backoff::new(timeout, crate::wait::SPINS);
         for peer in 0..self.n_ranks {
             while self.state(peer).barrier.load(Ordering::Acquire) < generation {
                 wait.idle(|| self.health(&everyone))

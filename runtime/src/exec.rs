@@ -16,11 +16,12 @@ pub(crate) struct Call<'a> {
     pub control: &'a Control,
     pub seq: u64,
     pub timeout: Duration,
+    pub spins: u32,
 }
 
 pub(crate) fn run(plan: &mut Plan, call: &Call) -> Result<(), RuntimeError> {
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
-    let mut wait = Backoff::new(call.timeout);
+    let mut wait = Backoff::new(call.timeout, call.spins);
     for t in 0..plan.n_tiles {
         let lo = t * plan.tile;
         let hi = (lo + plan.tile).min(plan.capacity);

@@ -4,13 +4,15 @@
 use crate::error::RuntimeError;
 use std::time::{Duration, Instant};
 
-const SPINS: u32 = 64;
+/// Idle rounds spent spinning before yielding, when every rank has a core to itself.
+pub(crate) const SPINS: u32 = 64;
 const YIELDS: u32 = 20_000;
 /// How often (in idle rounds past the spinning phase) the clock and peers are looked at.
 const CHECK_EVERY: u32 = 128;
 
 pub(crate) struct Backoff {
     rounds: u32,
+    spins: u32,
     since: Option<Instant>,
     timeout: Duration,
 }
@@ -33,8 +35,10 @@ impl Fault {
 }
 
 impl Backoff {
-    pub fn new(timeout: Duration) -> Self {
-        Backoff { rounds: 0, since: None, timeout }
+    /// `spins`: rounds to spin before yielding; 0 when ranks outnumber cores, since then the peer being waited
+    /// for is likely waiting for this core.
+    pub fn new(timeout: Duration, spins: u32) -> Self {
+        Backoff { rounds: 0, spins, since: None, timeout }
     }
 
     /// Progress was made: the next wait starts from spinning again.
@@ -46,11 +50,11 @@ impl Backoff {
     /// One idle round. `health` is asked now and then whether the peers are still there.
     pub fn idle(&mut self, health: impl FnOnce() -> Result<(), (u32, String)>) -> Result<(), Fault> {
         self.rounds = self.rounds.saturating_add(1);
-        if self.rounds < SPINS {
+        if self.rounds < self.spins {
             std::hint::spin_loop();
             return Ok(());
         }
-        if self.rounds < YIELDS {
+        if self.rounds < self.spins + YIELDS {
             std::thread::yield_now();
         } else {
             std::thread::sleep(Duration::from_micros(50));

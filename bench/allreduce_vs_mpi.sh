@@ -7,7 +7,8 @@
 #
 # Usage: bench/allreduce_vs_mpi.sh
 # Env knobs (defaults in brackets):
-#   SIZES_B [8] SIZES_E [256M] FACTOR [4] ITERS [20] WARMUP [5]   nccl-tests -b -e -f -n -w for both sides
+#   SIZES_B [8] SIZES_E [256M] FACTOR [2] ITERS [20] WARMUP [5]   nccl-tests -b -e -f -n -w for both sides
+#   LAT_ITERS [20000]   iterations of the separate 8-byte latency runs (2 ranks) the latency goal uses
 #   RUNS [3]            runs per side and rank count; medians over them
 #   RANKS ["2 4"]       rank counts to run (the goal lines refer to 2 and 4)
 #   ALGO [allreduce/ring]
@@ -23,7 +24,7 @@ cd "$(dirname "$0")/.."
 
 sizes_b=${SIZES_B:-8}
 sizes_e=${SIZES_E:-256M}
-factor=${FACTOR:-4}
+factor=${FACTOR:-2}
 iters=${ITERS:-20}
 warmup=${WARMUP:-5}
 runs=${RUNS:-3}
@@ -164,6 +165,25 @@ for n in $ranks_list; do
              ($3 < 0 || bound <= 0) ? "-" : sprintf("%.1f%%", 100 * $3 / bound) }' "$work/joined_$n"
 done
 
+# --- latency ---------------------------------------------------------------------------------------------------
+# The sweep's first row also pays for first-touch effects on both sides; the latency goal uses separate runs of
+# 8-byte calls only, many iterations each, alternating sides, median over RUNS.
+lat_iters=${LAT_ITERS:-20000}
+latency() {  # latency collc|mpi N -> median 8-byte out-of-place time in us over RUNS runs
+  local side=$1 n=$2 cmd=() times=()
+  for r in $(seq "$runs"); do
+    if [ "$side" = collc ]; then collc_cmd "$n"; else cmd=("$mpirun_bin" "${mpi_args_arr[@]}" -np "$n" "$work/mpi_allreduce"); fi
+    times+=("$(timeout "$run_timeout" "${cmd[@]}" -b 8 -e 8 -n "$lat_iters" -w 1000 -c 0 2>/dev/null |
+               awk '!/^#/ && $1 == 8 {print $6}')")
+  done
+  printf '%s\n' "${times[@]}" | awk 'NF' | sort -g | awk '{t[NR] = $1} END {if (NR) print (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2}'
+}
+lat_collc=""; lat_mpi=""
+if [[ " $ranks_list " == *" 2 "* ]]; then
+  echo "== 2 ranks: 8-byte latency, $runs x $lat_iters iterations per side ..." >&2
+  lat_collc=$(latency collc 2); lat_mpi=$(latency mpi 2)
+fi
+
 # --- goals ---------------------------------------------------------------------------------------------------
 # pick FILE TARGET -> the row of FILE whose size is nearest TARGET in log scale (ties go to the larger size),
 # among rows where both sides have data.
@@ -194,8 +214,12 @@ if [ -s "$work/joined_2" ]; then
     read -r s ct cb mt mb <<<"$(pick "$work/joined_2" 8)"
     lat="8 B latency"
     [ "$s" = 8 ] || lat="latency $(at "$s" 8)"
-    echo "2 ranks: $lat collc/MPI = $(awk -v a="$ct" -v b="$mt" 'BEGIN {printf (b > 0 ? "%.2f" : "-"), (b > 0 ? a / b : 0)}')" \
-         "($ct us / $mt us) (goal <= 1.2)"
+    echo "2 ranks: $lat in the sweep collc/MPI = $(awk -v a="$ct" -v b="$mt" 'BEGIN {printf (b > 0 ? "%.2f" : "-"), (b > 0 ? a / b : 0)}')" \
+         "($ct us / $mt us)"
+    if [ -n "$lat_collc" ] && [ -n "$lat_mpi" ]; then
+      echo "2 ranks: 8 B latency ($lat_iters iterations) collc/MPI = $(awk -v a="$lat_collc" -v b="$lat_mpi" 'BEGIN {printf "%.2f", a / b}')" \
+           "($lat_collc us / $lat_mpi us) (goal <= 1.2)"
+    fi
   fi
 fi
 if [ -s "$work/joined_4" ]; then

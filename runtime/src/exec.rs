@@ -188,16 +188,24 @@ unsafe fn execute(
                     let (acc, n) = local(plan, piece.acc, lo, hi);
                     host::reduce(dtype, op, fifo_out, acc, fifo_in, n);
                 }
+                // The fused forms write two places from one read: in blocks small enough that the second write
+                // reads what the first just touched from L1, not the message again from the other core.
                 Op::RecvReduceCopySend => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, dst, acc, fifo_in, n);
-                    host::copy(fifo_out, dst, n * elem);
+                    for (at, m) in blocks(n, elem) {
+                        host::reduce(dtype, op, dst.add(at), acc.add(at), fifo_in.add(at), m);
+                        host::copy(fifo_out.add(at), dst.add(at), m * elem);
+                    }
                 }
                 Op::RecvCopySend => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
-                    host::copy(dst, fifo_in, n * elem);
-                    host::copy(fifo_out, fifo_in, (hi - lo) * elem);
+                    // Forward the whole tile: a later rank may hold more of this chunk than this rank does.
+                    for (at, m) in blocks(hi - lo, elem) {
+                        let here = n.saturating_sub(at / elem).min(m);
+                        host::copy(dst.add(at), fifo_in.add(at), here * elem);
+                        host::copy(fifo_out.add(at), fifo_in.add(at), m * elem);
+                    }
                 }
                 Op::Copy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
@@ -213,6 +221,15 @@ unsafe fn execute(
             }
         }
     }
+}
+
+/// Bytes per block of a fused instruction: well inside L1.
+const FUSED_BLOCK_BYTES: usize = 16 << 10;
+
+/// `(byte offset, elements)` of the blocks that cover `n` elements.
+fn blocks(n: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
+    let per_block = (FUSED_BLOCK_BYTES / elem).max(1);
+    (0..n).step_by(per_block).map(move |start| (start * elem, per_block.min(n - start)))
 }
 
 fn mismatch(plan: &Plan, fifo: usize, got: Stamp, ours: Stamp, call: &Call) -> RuntimeError {

@@ -85,3 +85,19 @@ fn a_world_of_zero_ranks_or_a_bad_job_id_is_refused() {
     assert!(Communicator::shm("has/slash", 0, 1, quick()).is_err());
     assert!(Communicator::shm("ok", 3, 2, quick()).is_err());
 }
+
+#[test]
+fn a_count_that_overflows_is_an_error_not_a_crash() {
+    use collc_runtime::{Buffers, CallShape, Collective, DataType};
+    let mut comms = Communicator::threads(2, quick()).expect("threads");
+    let shape = CallShape {
+        collective: Collective::AllGather,
+        count: usize::MAX / 4,
+        dtype: DataType::F64,
+        op: ReduceOp::Sum,
+        root: 0,
+        peer: 1,
+    };
+    let error = comms[0].call(shape, Buffers::InPlace(&mut [0u8; 64])).unwrap_err();
+    assert!(matches!(error, RuntimeError::CountOverflow { .. }), "{error}");
+}

@@ -15,7 +15,10 @@ fn header(comm: &mut Communicator, job: &Job) -> Header {
     Header {
         algorithm: comm.algorithm(job.collective),
         transport: comm.transport(),
-        executor: format!("host (dataflow, tiled, 8-slot FIFOs{slots})"),
+        executor: format!(
+            "host {} (dataflow, tiled, 8-slot FIFOs{slots})",
+            collc_kernels::host::VectorIsa::detected().name()
+        ),
     }
 }
 

@@ -35,6 +35,52 @@ pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping(src, dst, len) }
 }
 
+/// `dst[..len] = src[..len]` with non-temporal stores: for results that will not be read again soon (the output
+/// of a message larger than the caches), so the destination's lines are not first read from memory and do not
+/// evict what the next instructions need. Short copies and non-x86 targets fall back to [`copy`].
+///
+/// # Safety
+/// As [`copy`].
+pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    if len >= STREAMING_MIN_BYTES {
+        // SAFETY: forwarded from the caller.
+        unsafe { streaming::copy(dst, src, len) };
+        return;
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe { copy(dst, src, len) }
+}
+
+/// Below this, the fence and the unaligned head cost more than non-temporal stores save.
+const STREAMING_MIN_BYTES: usize = 4096;
+
+#[cfg(target_arch = "x86_64")]
+mod streaming {
+    use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_sfence, _mm_stream_si128};
+
+    /// SSE2 (every x86-64 CPU): 16-byte aligned stream stores, 64 bytes per round, unaligned loads.
+    pub(super) unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+        let head = dst.align_offset(16).min(len);
+        // SAFETY (all blocks below): the caller guarantees `len` bytes at both pointers, no overlap; `dst + head`
+        // is 16-byte aligned, so every stream store is aligned.
+        unsafe {
+            std::ptr::copy_nonoverlapping(src, dst, head);
+            let (mut d, mut s, mut left) = (dst.add(head), src.add(head), len - head);
+            while left >= 64 {
+                for k in 0..4 {
+                    let v = _mm_loadu_si128(s.add(16 * k) as *const __m128i);
+                    _mm_stream_si128(d.add(16 * k) as *mut __m128i, v);
+                }
+                (d, s, left) = (d.add(64), s.add(64), left - 64);
+            }
+            std::ptr::copy_nonoverlapping(s, d, left);
+            // Stream stores are weakly ordered: make them visible before anything published after this copy.
+            _mm_sfence();
+        }
+    }
+}
+
 /// `dst[i] = a[i] (op) b[i]` for `n_elems` little-endian elements of `dtype`, with
 /// [`crate::reference::reduce`]'s arithmetic; `Avg` combines as `Sum`.
 ///

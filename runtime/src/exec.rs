@@ -177,7 +177,7 @@ unsafe fn execute(
                 }
                 Op::Recv => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
-                    host::copy(dst, fifo_in, n * elem);
+                    store(plan, piece.dst, dst, fifo_in, n * elem);
                 }
                 Op::RecvReduceCopy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
@@ -194,8 +194,8 @@ unsafe fn execute(
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
                     for (at, m) in blocks(n, elem) {
-                        host::reduce(dtype, op, dst.add(at), acc.add(at), fifo_in.add(at), m);
-                        host::copy(fifo_out.add(at), dst.add(at), m * elem);
+                        host::reduce(dtype, op, fifo_out.add(at), acc.add(at), fifo_in.add(at), m);
+                        store(plan, piece.dst, dst.add(at), fifo_out.add(at), m * elem);
                     }
                 }
                 Op::RecvCopySend => {
@@ -203,14 +203,14 @@ unsafe fn execute(
                     // Forward the whole tile: a later rank may hold more of this chunk than this rank does.
                     for (at, m) in blocks(hi - lo, elem) {
                         let here = n.saturating_sub(at / elem).min(m);
-                        host::copy(dst.add(at), fifo_in.add(at), here * elem);
+                        store(plan, piece.dst, dst.add(at), fifo_in.add(at), here * elem);
                         host::copy(fifo_out.add(at), fifo_in.add(at), m * elem);
                     }
                 }
                 Op::Copy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (src, m) = local(plan, piece.src, lo, hi);
-                    host::copy(dst, src, n.min(m) * elem);
+                    store(plan, piece.dst, dst, src, n.min(m) * elem);
                 }
                 Op::Reduce => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
@@ -219,6 +219,23 @@ unsafe fn execute(
                     host::reduce(dtype, op, dst, acc, src, n);
                 }
             }
+        }
+    }
+}
+
+/// Writes a result into `place`: with non-temporal stores when it is a user buffer of a message too large for the
+/// caches (its lines would only be read from memory to be overwritten, and evict the data still to come).
+///
+/// # Safety
+/// As `host::copy`.
+#[inline]
+unsafe fn store(plan: &Plan, place: Place, dst: *mut u8, src: *const u8, len: usize) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if plan.streaming && place.buf < 2 {
+            host::copy_streaming(dst, src, len);
+        } else {
+            host::copy(dst, src, len);
         }
     }
 }

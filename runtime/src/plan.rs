@@ -17,6 +17,9 @@ use collc_compiler::{Collective, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
 
 pub(crate) const NONE: u16 = u16::MAX;
+/// Messages from this size up write their results with non-temporal stores: about the size where a ring
+/// allreduce of two ranks stops fitting the last-level cache share of a rank.
+const STREAMING_BYTES: usize = 8 << 20;
 pub(crate) const NO_BUF: u8 = u8::MAX;
 
 /// Where one chunk of an operand lives: buffer, first element, and how many elements of the capacity are valid.
@@ -74,6 +77,8 @@ pub struct Plan {
     pub(crate) tile: usize,
     pub(crate) n_tiles: usize,
     pub(crate) capacity: usize,
+    /// Whether results go to user buffers with non-temporal stores (messages larger than the caches).
+    pub(crate) streaming: bool,
     pub(crate) steps: Vec<Step>,
     pub(crate) pieces: Vec<Piece>,
     pub(crate) labels: Vec<StepLabel>,
@@ -231,6 +236,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         tile,
         n_tiles,
         capacity,
+        streaming: (user_elements[0].max(user_elements[1]) * elem) >= STREAMING_BYTES,
         steps,
         pieces,
         labels,

@@ -463,3 +463,19 @@ fn detection_is_stable_and_matches_the_cpu() {
     assert_eq!(isa, VectorIsa::Baseline);
     assert_eq!(VectorIsa::Avx512.to_string(), "avx512");
 }
+
+/// Streaming copies equal plain ones at every length around the threshold and every alignment, and touch nothing
+/// outside the destination.
+#[test]
+fn streaming_copy_copies_exactly_the_range() {
+    let src: Vec<u8> = (0..20_000u32).map(|i| (i * 7 + 3) as u8).collect();
+    for len in [0, 1, 63, 4095, 4096, 4097, 5000, 12_345] {
+        for offset in 0..4 {
+            let mut dst = vec![0xA5u8; len + 64];
+            // SAFETY: both ranges hold `len` bytes from their offsets and do not overlap.
+            unsafe { super::copy_streaming(dst.as_mut_ptr().add(offset), src.as_ptr().add(3), len) };
+            assert_eq!(&dst[offset..offset + len], &src[3..3 + len], "len {len} offset {offset}");
+            assert!(dst[..offset].iter().chain(&dst[offset + len..]).all(|&b| b == 0xA5), "len {len} offset {offset}");
+        }
+    }
+}

@@ -1,12 +1,15 @@
 //! Waiting without a lock or a syscall on the fast path: spin briefly, then yield the core (so more ranks than
-//! cores still make progress), then sleep in short naps; check the clock and the peers' health now and then.
+//! cores still make progress), and only after a long wait sleep in short naps (a nap wakes up tens of
+//! microseconds late, which a rank waiting at a barrier for a slower peer must not add to its next call); check
+//! the clock and the peers' health now and then.
 
 use crate::error::RuntimeError;
 use std::time::{Duration, Instant};
 
 /// Idle rounds spent spinning before yielding, when every rank has a core to itself.
 pub(crate) const SPINS: u32 = 64;
-const YIELDS: u32 = 20_000;
+/// Waiting longer than this, a rank naps instead of yielding: it is waiting for something slow.
+const NAP_AFTER: Duration = Duration::from_millis(200);
 /// How often (in idle rounds past the spinning phase) the clock and peers are looked at.
 const CHECK_EVERY: u32 = 128;
 
@@ -14,6 +17,7 @@ pub(crate) struct Backoff {
     rounds: u32,
     spins: u32,
     since: Option<Instant>,
+    napping: bool,
     timeout: Duration,
 }
 
@@ -38,13 +42,14 @@ impl Backoff {
     /// `spins`: rounds to spin before yielding; 0 when ranks outnumber cores, since then the peer being waited
     /// for is likely waiting for this core.
     pub fn new(timeout: Duration, spins: u32) -> Self {
-        Backoff { rounds: 0, spins, since: None, timeout }
+        Backoff { rounds: 0, spins, since: None, napping: false, timeout }
     }
 
     /// Progress was made: the next wait starts from spinning again.
     pub fn reset(&mut self) {
         self.rounds = 0;
         self.since = None;
+        self.napping = false;
     }
 
     /// One idle round. `health` is asked now and then whether the peers are still there.
@@ -54,15 +59,16 @@ impl Backoff {
             std::hint::spin_loop();
             return Ok(());
         }
-        if self.rounds < self.spins + YIELDS {
-            std::thread::yield_now();
-        } else {
+        if self.napping {
             std::thread::sleep(Duration::from_micros(50));
+        } else {
+            std::thread::yield_now();
         }
         if self.rounds.is_multiple_of(CHECK_EVERY) {
             let since = *self.since.get_or_insert_with(Instant::now);
             health().map_err(|(peer, how)| Fault::Peer(peer, how))?;
             let waited = since.elapsed();
+            self.napping = waited > NAP_AFTER;
             if waited > self.timeout {
                 return Err(Fault::Timeout(waited));
             }

@@ -40,6 +40,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
         if job.collective.reduces() { job.ops.iter().copied().map(Some).collect() } else { vec![None] };
     let mut rows = Vec::new();
     let mut buffers = Scratch::default();
+    warm_up(comm, job, &mut buffers)?;
     for &dtype in &job.dtypes {
         for &op in &ops {
             for &bytes in &job.sizes {
@@ -69,6 +70,25 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
         }
     }
     Ok((comm.rank() == 0).then_some(rows))
+}
+
+/// As nccl-tests does before its sweep: `-w` calls at the largest size, then at the smallest, so the first row does
+/// not pay for first touches of the buffers and the FIFOs, nor for the ranks settling on their cores.
+fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<(), RuntimeError> {
+    let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
+    let (in_blocks, out_blocks) = check::blocks(job.collective, job.n_ranks);
+    for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
+        let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
+        let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
+        let (send_len, recv_len) = (in_blocks * count * dtype.size_bytes(), out_blocks * count * dtype.size_bytes());
+        grow(&mut scratch.send, send_len);
+        grow(&mut scratch.recv, recv_len);
+        for _ in 0..job.warmup {
+            let buffers = Buffers::OutOfPlace { send: &scratch.send[..send_len], recv: &mut scratch.recv[..recv_len] };
+            comm.call(shape, buffers)?;
+        }
+    }
+    Ok(())
 }
 
 /// Buffers reused across rows, so a row pays no page faults of the last one's size.

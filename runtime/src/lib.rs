@@ -31,5 +31,5 @@ pub use comm::{mark_shm_rank_failed, Buffers, CallShape, Communicator, Options};
 pub use error::RuntimeError;
 pub use layout::ChunkLayout;
 pub use plan::Plan;
-pub use reference::{run, RunError};
+pub use reference::run;
 pub use segment::Shm;

@@ -1,22 +1,12 @@
 //! The reference interpreter: runs every rank of a verified schedule in one thread, in dataflow order, with the
 //! scalar kernels. Slow and simple on purpose: it is the oracle.
 
+use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
 use collc_compiler::sched::{BufId, Instr, Op, Operand};
 use collc_compiler::VerifiedSchedule;
-use collc_kernels::{reference, DataType, KernelError, ReduceOp};
+use collc_kernels::{reference, DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
-use thiserror::Error;
-
-#[derive(Debug, Error, PartialEq)]
-pub enum RunError {
-    #[error("rank {rank}: buffer `{buffer}` has {got} bytes, the call needs {needed}")]
-    BufferSize { rank: u32, buffer: String, got: usize, needed: usize },
-    #[error("expected buffers for {expected} ranks, got {got}")]
-    RankCount { expected: u32, got: usize },
-    #[error("rank {rank} instruction #{index}: {source}")]
-    Kernel { rank: u32, index: usize, source: KernelError },
-}
 
 /// Every rank's buffers, indexed like `Schedule::buffers` (`in`, `out`, scratch). Scratch may be given empty: it is
 /// allocated here.
@@ -29,9 +19,9 @@ pub fn run(
     count: usize,
     dtype: DataType,
     op: ReduceOp,
-) -> Result<(), RunError> {
+) -> Result<(), RuntimeError> {
     if buffers.len() != sched.n_ranks as usize {
-        return Err(RunError::RankCount { expected: sched.n_ranks, got: buffers.len() });
+        return Err(RuntimeError::RankCount { expected: sched.n_ranks, got: buffers.len() });
     }
     let layout = ChunkLayout::new(count, sched.chunks);
     let elem = dtype.size_bytes();
@@ -43,7 +33,7 @@ pub fn run(
                 bufs[b].resize(needed, 0);
             }
             if bufs[b].len() < needed && is_used(sched, b as u16) {
-                return Err(RunError::BufferSize {
+                return Err(RuntimeError::BufferSize {
                     rank: rank as u32,
                     buffer: decl.name.clone(),
                     got: bufs[b].len(),
@@ -59,7 +49,7 @@ pub fn run(
             let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
             let bytes = byte_range(&layout, elem, Operand::new(buf, offset), out_chunks);
             reference::finish_avg(dtype, &mut buffers[rank as usize][buf.0 as usize][bytes], sched.n_ranks as usize)
-                .map_err(|source| RunError::Kernel { rank, index: 0, source })?;
+                .map_err(|source| RuntimeError::Kernel { rank, index: 0, source })?;
         }
     }
     Ok(())
@@ -88,7 +78,7 @@ struct Interpreter<'a> {
 }
 
 impl Interpreter<'_> {
-    fn run(&mut self, buffers: &mut [RankBuffers]) -> Result<(), RunError> {
+    fn run(&mut self, buffers: &mut [RankBuffers]) -> Result<(), RuntimeError> {
         let p = self.sched.n_ranks as usize;
         let mut done: Vec<Vec<bool>> = self.sched.ranks.iter().map(|r| vec![false; r.len()]).collect();
         let mut remaining: usize = self.sched.n_instrs();
@@ -134,9 +124,9 @@ impl Interpreter<'_> {
         bufs[op.buf.0 as usize][byte_range(&self.layout, self.elem, op, n)].to_vec()
     }
 
-    fn execute(&mut self, rank: u32, index: usize, bufs: &mut RankBuffers) -> Result<(), RunError> {
+    fn execute(&mut self, rank: u32, index: usize, bufs: &mut RankBuffers) -> Result<(), RuntimeError> {
         let instr = self.sched.ranks[rank as usize].instrs[index];
-        let kernel = |source| RunError::Kernel { rank, index, source };
+        let kernel = |source| RuntimeError::Kernel { rank, index, source };
         let mut value = match instr.recv_peer() {
             Some(peer) => self
                 .queues

@@ -8,6 +8,7 @@ use super::{configure, Job};
 use collc_runtime::launch::Launch;
 use collc_runtime::{Communicator, RuntimeError, Shm};
 use std::process::{Child, Command};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 fn header(comm: &mut Communicator, job: &Job) -> Header {
@@ -128,10 +129,33 @@ fn nanos_now() -> u128 {
 }
 
 /// Waits for every rank; the first that dies by a signal or fails is reported and marked failed in the job.
+/// Set by SIGINT/SIGTERM: the launcher stops its ranks and removes the job's segments before it exits.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_interrupt(_signal: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::Relaxed);
+}
+
+fn catch_interrupts() {
+    for signal in [libc::SIGINT, libc::SIGTERM] {
+        // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(signal, on_interrupt as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+    }
+}
+
 fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
     let mut worst = 0u8;
     let mut failed_since: Option<Instant> = None;
+    catch_interrupts();
     loop {
+        if INTERRUPTED.load(Ordering::Relaxed) {
+            eprintln!("error: interrupted; stopping the {} rank processes", job.n_ranks);
+            for child in children.iter_mut().flatten() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            return 130;
+        }
         let mut running = 0;
         for (rank, slot) in children.iter_mut().enumerate() {
             let Some(child) = slot else { continue };

@@ -103,7 +103,10 @@ impl Control {
         let state = self.state(rank);
         let previous = state.status.swap(Status::Joined as u32, Ordering::AcqRel);
         if previous != Status::Absent as u32 && self.processes {
-            return Err(RuntimeError::Config(format!("rank {rank} joined this job twice: two processes claim it")));
+            return Err(RuntimeError::Config(format!(
+                "rank {rank} joined this job twice: two processes claim it, or an earlier run with the same job id \
+                 died without cleaning up (remove /dev/shm/collc-<job>-*, or give the job a new id)"
+            )));
         }
         state.pid.store(std::process::id(), Ordering::Release);
         Ok(())

@@ -87,6 +87,9 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
             return 2;
         }
     }
+    if launch.launcher == "collc" {
+        collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
+    }
     match Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()) {
         Ok(comm) => rank_main(configure(comm, job), job),
         Err(error) => fail(&error),

@@ -189,9 +189,7 @@ impl Communicator {
 
     /// The algorithm `collective` runs with.
     pub fn algorithm(&self, collective: Collective) -> String {
-        self.algorithms
-            .get(&collective)
-            .map_or_else(|| library::default_for(collective).to_string(), |a| a.name.clone())
+        self.algorithm_for(collective).name
     }
 
     /// Waits until every rank has called `barrier` as often as this one.
@@ -270,9 +268,6 @@ impl Communicator {
                 plan.bases[1] = buf.as_mut_ptr();
             }
         }
-        for (b, (storage, offset)) in plan.scratch.iter_mut().enumerate() {
-            plan.bases[2 + b] = storage[*offset..].as_mut_ptr();
-        }
         let kind = ((shape.collective as u32) << 24)
             | ((shape.dtype as u32) << 16)
             | ((shape.op as u32) << 8)
@@ -292,28 +287,17 @@ impl Communicator {
             }
         }
         if !self.plan_index.contains_key(&key) {
-            let root = if shape.collective.rooted() { shape.root } else { 0 };
-            let sched_key = (shape.collective, placement, root, shape.peer);
-            if !self.schedules.contains_key(&sched_key) {
-                let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
-                self.schedules.insert(sched_key, Arc::new(schedule));
-            }
-            let sched = self.schedules[&sched_key].clone();
-            let source = self.algorithms.get(&shape.collective).map(|a| a.source.clone()).unwrap_or_default();
-            let name = self.algorithm(shape.collective);
+            let sched = self.schedule_for(shape, placement)?;
+            let algorithm = self.algorithm_for(shape.collective);
             let plan = plan::prepare(
                 &sched,
                 PlanInput {
-                    name: &name,
+                    name: &algorithm.name,
                     rank: self.rank,
                     count: shape.count,
                     dtype: shape.dtype,
                     op: shape.op,
-                    source: if source.is_empty() {
-                        library::get(library::default_for(shape.collective)).unwrap_or("")
-                    } else {
-                        &source
-                    },
+                    source: &algorithm.source,
                     segments: self.segments.as_ref(),
                     slot_bytes: self.options.slot_bytes_for(self.n_ranks),
                 },
@@ -326,22 +310,25 @@ impl Communicator {
         Ok(index)
     }
 
-    /// The verified schedule a call of `collective` runs, for inspection (what `collc run` reports).
-    pub fn schedule(&mut self, shape: CallShape, in_place: bool) -> Result<Arc<VerifiedSchedule>, RuntimeError> {
-        let placement = if in_place { Placement::InPlace } else { Placement::OutOfPlace };
+    /// The verified schedule of a call shape in a placement, compiled once per collective, placement, root and peer.
+    fn schedule_for(&mut self, shape: CallShape, placement: Placement) -> Result<Arc<VerifiedSchedule>, RuntimeError> {
         let root = if shape.collective.rooted() { shape.root } else { 0 };
-        let key = (shape.collective, placement, root, shape.peer);
+        let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
+        let key = (shape.collective, placement, root, peer);
         if !self.schedules.contains_key(&key) {
-            let schedule = self.compile(shape.collective, placement, root, shape.peer)?;
+            let schedule = self.compile(shape.collective, placement, root, peer)?;
             self.schedules.insert(key, Arc::new(schedule));
         }
         Ok(self.schedules[&key].clone())
     }
 
-    /// Bytes this rank reads and writes in its own memory per call of `shape` (after a call of that shape).
-    pub fn memory_bytes(&self, shape: CallShape, in_place: bool) -> Option<u64> {
-        let placement = if in_place { Placement::InPlace } else { Placement::OutOfPlace };
-        self.plan_index.get(&(shape, placement)).map(|&i| self.plans[i].memory_bytes())
+    /// The algorithm `collective` runs: the one set with `set_algorithm`, else the library's default.
+    fn algorithm_for(&self, collective: Collective) -> Algorithm {
+        self.algorithms.get(&collective).cloned().unwrap_or_else(|| {
+            let name = library::default_for(collective);
+            let source = library::get(name).unwrap_or_default().to_string();
+            Algorithm { name: name.to_string(), source, params: Vec::new() }
+        })
     }
 
     fn compile(
@@ -351,14 +338,7 @@ impl Communicator {
         root: u32,
         peer: u32,
     ) -> Result<VerifiedSchedule, RuntimeError> {
-        let Algorithm { name, source, params } = match self.algorithms.get(&collective) {
-            Some(algorithm) => algorithm.clone(),
-            None => {
-                let name = library::default_for(collective);
-                let source = library::get(name).unwrap_or_default().to_string();
-                Algorithm { name: name.to_string(), source, params: Vec::new() }
-            }
-        };
+        let Algorithm { name, source, params } = self.algorithm_for(collective);
         let bindings = Bindings {
             n_ranks: self.n_ranks,
             root: collective.rooted().then_some(root),

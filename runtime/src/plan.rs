@@ -88,19 +88,18 @@ pub struct Plan {
     pub(crate) roots: Vec<u32>,
     pub(crate) fifos: Vec<Fifo>,
     pub(crate) peers: Vec<u32>,
-    /// Scratch buffers, 64-byte aligned inside their allocation: (storage, offset of the aligned start).
-    pub(crate) scratch: Vec<(Vec<u8>, usize)>,
+    /// The storage of the scratch buffers, which `bases[2..]` point into (64-byte aligned).
+    _scratch: Vec<Vec<u8>>,
     /// Elements the user's `in` and `out` must hold.
     pub(crate) user_elements: [usize; 2],
     /// The output window, for the `avg` epilogue: buffer and element range.
     pub(crate) output: (u8, std::ops::Range<usize>),
     pub(crate) fingerprint: u64,
-    /// Bytes this rank reads and writes in its own buffers per call (FIFO traffic excluded: it stays in cache).
-    pub(crate) memory_bytes: u64,
     // Per-call state, kept here so running allocates nothing.
     pub(crate) unmet: Vec<u32>,
     pub(crate) fired_on: Vec<u32>,
     pub(crate) waiting: Vec<u32>,
+    /// Where each buffer starts: `in` and `out` set by each call, scratch when the plan is prepared.
     pub(crate) bases: Vec<*mut u8>,
 }
 
@@ -162,8 +161,8 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let mut steps = Vec::with_capacity(program.len());
     let mut pieces = Vec::new();
     let mut labels = Vec::with_capacity(program.len());
-    let mut on_fifo: Vec<(u32, u32)> = Vec::new();
-    let mut memory_bytes = 0u64;
+    // Instructions so far on each FIFO. A FIFO is this rank's sending end or its receiving end, never both.
+    let mut on_fifo: Vec<u32> = Vec::new();
     for (index, instr) in program.instrs.iter().enumerate() {
         let send = match instr.send_peer() {
             Some(peer) => fifo_index(rank, peer, instr.channel, &mut fifos)?,
@@ -173,21 +172,18 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
             Some(peer) => fifo_index(peer, rank, instr.channel, &mut fifos)?,
             None => NONE,
         };
-        on_fifo.resize(fifos.len(), (0, 0));
-        let position = |f: u16, which: fn(&mut (u32, u32)) -> &mut u32, on_fifo: &mut Vec<(u32, u32)>| {
+        on_fifo.resize(fifos.len(), 0);
+        let mut position = |f: u16| {
             if f == NONE {
                 return 0;
             }
-            let counter = which(&mut on_fifo[f as usize]);
-            *counter += 1;
-            *counter - 1
+            on_fifo[f as usize] += 1;
+            on_fifo[f as usize] - 1
         };
-        let send_pos = position(send, |p| &mut p.0, &mut on_fifo);
-        let recv_pos = position(recv, |p| &mut p.1, &mut on_fifo);
+        let (send_pos, recv_pos) = (position(send), position(recv));
         let first_piece = pieces.len() as u32;
         for k in 0..instr.count {
             let piece = Piece { src: place(instr.src, k), acc: place(instr.acc, k), dst: place(instr.dst, k) };
-            memory_bytes += [piece.src, piece.acc, piece.dst].iter().map(|p| (p.valid * elem) as u64).sum::<u64>();
             pieces.push(piece);
         }
         steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
@@ -195,15 +191,16 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     }
     let (dependents_start, dependents, unmet_at_start) = dependents_of(program);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
-    let scratch = sched.buffers[2..]
-        .iter()
-        .map(|decl| {
-            let bytes = decl.chunks as usize * capacity * elem;
-            let storage = vec![0u8; bytes + 64];
-            let offset = storage.as_ptr().align_offset(64);
-            (storage, offset)
-        })
-        .collect();
+    // `in` and `out` are the caller's, set per call; scratch is this plan's, set once (a Vec's heap storage does not
+    // move when the plan does).
+    let mut bases = vec![std::ptr::null_mut(); sched.buffers.len()];
+    let mut scratch = Vec::with_capacity(sched.buffers.len().saturating_sub(2));
+    for (b, decl) in sched.buffers.iter().enumerate().skip(2) {
+        let mut storage = vec![0u8; decl.chunks as usize * capacity * elem + 64];
+        let offset = storage.as_ptr().align_offset(64);
+        bases[b] = storage[offset..].as_mut_ptr();
+        scratch.push(storage);
+    }
     let block_elements = |chunks_in_buffer: u32| layout.elements(0, chunks_in_buffer).end;
     let user_elements = match sched.placement {
         Placement::OutOfPlace => [block_elements(in_chunks), block_elements(out_chunks)],
@@ -224,7 +221,6 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let fingerprint = fingerprint(sched, count, dtype, op);
     let n_steps = steps.len();
     let n_fifos = fifos.len();
-    let n_bufs = sched.buffers.len();
     Ok(Plan {
         rank,
         n_ranks: sched.n_ranks,
@@ -246,15 +242,14 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         roots,
         fifos,
         peers,
-        scratch,
+        _scratch: scratch,
         user_elements,
         output,
         fingerprint,
-        memory_bytes,
         unmet: vec![0; n_steps],
         fired_on: vec![0; n_fifos],
         waiting: Vec::with_capacity(n_steps),
-        bases: vec![std::ptr::null_mut(); n_bufs],
+        bases,
     })
 }
 
@@ -298,19 +293,4 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
     mix(&sched.peer.to_le_bytes());
     mix(&sched.chunks.to_le_bytes());
     h
-}
-
-impl Plan {
-    /// Bytes this rank reads and writes in its own buffers per call (FIFO traffic excluded).
-    pub fn memory_bytes(&self) -> u64 {
-        self.memory_bytes
-    }
-
-    pub fn collective(&self) -> Collective {
-        self.collective
-    }
-
-    pub fn algorithm(&self) -> &str {
-        &self.algorithm
-    }
 }

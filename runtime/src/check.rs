@@ -7,9 +7,41 @@ use collc_compiler::Collective;
 use collc_kernels::{reference, DataType, ReduceOp};
 
 /// Blocks of `count` elements in each rank's send and receive buffer (NCCL's sizes).
-pub fn blocks(collective: Collective, n_ranks: u32) -> (usize, usize) {
+fn blocks(collective: Collective, n_ranks: u32) -> (usize, usize) {
     let (input, output) = collective.buffer_chunks(n_ranks, 1);
     (input as usize, output as usize)
+}
+
+/// Where one rank's input and output sit in the buffers of a call, in bytes. Out of place, `input` lies in the send
+/// buffer and `output` in the receive buffer; in place both lie in one buffer of `send` (= `recv`) bytes, as NCCL
+/// lays them out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Windows {
+    pub send: usize,
+    pub recv: usize,
+    pub input: std::ops::Range<usize>,
+    pub output: std::ops::Range<usize>,
+}
+
+impl Windows {
+    /// The one buffer of an in-place call: `input` in its window, a marker byte (0xEE) everywhere else.
+    pub fn in_place_buffer(&self, input: &[u8]) -> Vec<u8> {
+        let mut buffer = vec![0xEE; self.send];
+        buffer[self.input.clone()].copy_from_slice(input);
+        buffer
+    }
+}
+
+pub fn windows(shape: &CallShape, n_ranks: u32, rank: u32, in_place: bool) -> Windows {
+    let block = shape.count * shape.dtype.size_bytes();
+    let (in_blocks, out_blocks) = blocks(shape.collective, n_ranks);
+    let (input, output) = if in_place { shape.collective.in_place_offsets(rank, 1) } else { (0, 0) };
+    let (input, output) = (input as usize * block, output as usize * block);
+    let (send, recv) = match in_place {
+        true => (in_blocks.max(out_blocks) * block, in_blocks.max(out_blocks) * block),
+        false => (in_blocks * block, out_blocks * block),
+    };
+    Windows { send, recv, input: input..input + in_blocks * block, output: output..output + out_blocks * block }
 }
 
 /// Input element `index` of `rank`: small integers, so sums of up to thousands of ranks and products of a few

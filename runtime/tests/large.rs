@@ -5,23 +5,19 @@ use collc_runtime::{check, Buffers, CallShape, Collective, Communicator, DataTyp
 fn run_everywhere(shape: CallShape, n_ranks: u32, in_place: bool) {
     let comms = Communicator::threads(n_ranks, Options::default()).expect("threads");
     let inputs = check::inputs(&shape, n_ranks);
-    let (in_blocks, out_blocks) = check::blocks(shape.collective, n_ranks);
-    let block = shape.count * shape.dtype.size_bytes();
     std::thread::scope(|scope| {
         for mut comm in comms {
             let inputs = &inputs;
             scope.spawn(move || {
                 let rank = comm.rank();
                 let want = check::expected_from(&shape, n_ranks, rank, inputs).expect("defined everywhere");
-                let (i, o) = shape.collective.in_place_offsets(rank, 1);
+                let w = check::windows(&shape, n_ranks, rank, in_place);
                 let got = if in_place {
-                    let mut buf = vec![0u8; in_blocks.max(out_blocks) * block];
-                    let at = i as usize * block;
-                    buf[at..at + inputs[rank as usize].len()].copy_from_slice(&inputs[rank as usize]);
+                    let mut buf = w.in_place_buffer(&inputs[rank as usize]);
                     comm.call(shape, Buffers::InPlace(&mut buf)).expect("runs");
-                    buf[o as usize * block..o as usize * block + want.len()].to_vec()
+                    buf[w.output].to_vec()
                 } else {
-                    let mut recv = vec![0u8; out_blocks * block];
+                    let mut recv = vec![0u8; w.recv];
                     comm.call(shape, Buffers::OutOfPlace { send: &inputs[rank as usize], recv: &mut recv })
                         .expect("runs");
                     recv

@@ -61,40 +61,24 @@ impl Guarded {
 /// The outputs of every rank under the reference interpreter, for one call shape and placement.
 fn reference_outputs(sched: &VerifiedSchedule, shape: &CallShape, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     let n_ranks = inputs.len() as u32;
-    let elem = shape.dtype.size_bytes();
-    let (in_blocks, out_blocks) = check::blocks(shape.collective, n_ranks);
-    let block = shape.count * elem;
-    let mut buffers: Vec<Vec<Vec<u8>>> = (0..n_ranks)
-        .map(|rank| {
-            let input = inputs[rank as usize].clone();
-            match sched.placement {
-                Placement::OutOfPlace => vec![input, vec![0xEE; out_blocks * block]],
-                Placement::InPlace => {
-                    let mut shared = vec![0xEE; in_blocks.max(out_blocks) * block];
-                    let (i, _) = shape.collective.in_place_offsets(rank, 1);
-                    shared[i as usize * block..i as usize * block + input.len()].copy_from_slice(&input);
-                    let id = sched.shared_buffer().0 as usize;
-                    let mut bufs = vec![Vec::new(), Vec::new()];
-                    bufs[id] = shared;
-                    bufs
-                }
+    let in_place = sched.placement == Placement::InPlace;
+    let windows: Vec<_> = (0..n_ranks).map(|rank| check::windows(shape, n_ranks, rank, in_place)).collect();
+    let shared = sched.shared_buffer().0 as usize;
+    let mut buffers: Vec<Vec<Vec<u8>>> = windows
+        .iter()
+        .zip(inputs)
+        .map(|(w, input)| match in_place {
+            false => vec![input.clone(), vec![0xEE; w.recv]],
+            true => {
+                let mut bufs = vec![Vec::new(), Vec::new()];
+                bufs[shared] = w.in_place_buffer(input);
+                bufs
             }
         })
         .collect();
     collc_runtime::run(sched, &mut buffers, shape.count, shape.dtype, shape.op).expect("the reference runs");
-    (0..n_ranks)
-        .map(|rank| {
-            let r = &buffers[rank as usize];
-            match sched.placement {
-                Placement::OutOfPlace => r[1].clone(),
-                Placement::InPlace => {
-                    let (_, o) = shape.collective.in_place_offsets(rank, 1);
-                    let start = o as usize * block;
-                    r[sched.shared_buffer().0 as usize][start..start + out_blocks * block].to_vec()
-                }
-            }
-        })
-        .collect()
+    let output = if in_place { shared } else { 1 };
+    buffers.iter().zip(&windows).map(|(bufs, w)| bufs[output][w.output.clone()].to_vec()).collect()
 }
 
 /// Runs one call on every rank (one thread each) and returns each rank's output window and whether its guards held.
@@ -105,37 +89,27 @@ fn run_call(
     inputs: &[Vec<u8>],
 ) -> Vec<(Vec<u8>, bool)> {
     let n_ranks = comms.len() as u32;
-    let (in_blocks, out_blocks) = check::blocks(shape.collective, n_ranks);
-    let block = shape.count * shape.dtype.size_bytes();
+    let in_place = placement == Placement::InPlace;
     std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .iter_mut()
             .map(|comm| {
                 scope.spawn(move || {
-                    let rank = comm.rank();
-                    let input = &inputs[rank as usize];
-                    let (i, o) = shape.collective.in_place_offsets(rank, 1);
-                    let (i, o) = (i as usize * block, o as usize * block);
-                    match placement {
-                        Placement::OutOfPlace => {
-                            let send = Guarded::new(input);
-                            let mut recv = Guarded::new(&vec![0xEE; out_blocks * block]);
-                            let send_payload = &send.0[GUARD..GUARD + input.len()];
-                            comm.call(shape, Buffers::OutOfPlace { send: send_payload, recv: recv.payload() })
-                                .unwrap_or_else(|e| panic!("{shape:?} out of place: {e}"));
-                            let ok = send.guards_intact() && recv.guards_intact() && send_payload == input.as_slice();
-                            (recv.payload().to_vec(), ok)
-                        }
-                        Placement::InPlace => {
-                            let mut shared = vec![0xEE; in_blocks.max(out_blocks) * block];
-                            shared[i..i + input.len()].copy_from_slice(input);
-                            let mut buf = Guarded::new(&shared);
-                            comm.call(shape, Buffers::InPlace(buf.payload()))
-                                .unwrap_or_else(|e| panic!("{shape:?} in place: {e}"));
-                            let out = buf.payload()[o..o + out_blocks * block].to_vec();
-                            (out, buf.guards_intact())
-                        }
+                    let input = &inputs[comm.rank() as usize];
+                    let w = check::windows(&shape, n_ranks, comm.rank(), in_place);
+                    if in_place {
+                        let mut buf = Guarded::new(&w.in_place_buffer(input));
+                        comm.call(shape, Buffers::InPlace(buf.payload()))
+                            .unwrap_or_else(|e| panic!("{shape:?} in place: {e}"));
+                        return (buf.payload()[w.output].to_vec(), buf.guards_intact());
                     }
+                    let send = Guarded::new(input);
+                    let mut recv = Guarded::new(&vec![0xEE; w.recv]);
+                    let send_payload = &send.0[GUARD..GUARD + input.len()];
+                    comm.call(shape, Buffers::OutOfPlace { send: send_payload, recv: recv.payload() })
+                        .unwrap_or_else(|e| panic!("{shape:?} out of place: {e}"));
+                    let ok = send.guards_intact() && recv.guards_intact() && send_payload == input.as_slice();
+                    (recv.payload().to_vec(), ok)
                 })
             })
             .collect();

@@ -76,16 +76,12 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
 /// not pay for first touches of the buffers and the FIFOs, nor for the ranks settling on their cores.
 fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<(), RuntimeError> {
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
-    let (in_blocks, out_blocks) = check::blocks(job.collective, job.n_ranks);
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
         let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
         let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
-        let (send_len, recv_len) = (in_blocks * count * dtype.size_bytes(), out_blocks * count * dtype.size_bytes());
-        grow(&mut scratch.send, send_len);
-        grow(&mut scratch.recv, recv_len);
+        let windows = check::windows(&shape, job.n_ranks, comm.rank(), false);
         for _ in 0..job.warmup {
-            let buffers = Buffers::OutOfPlace { send: &scratch.send[..send_len], recv: &mut scratch.recv[..recv_len] };
-            comm.call(shape, buffers)?;
+            scratch.call(comm, &shape, &windows, false)?;
         }
     }
     Ok(())
@@ -96,6 +92,25 @@ fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<
 struct Scratch {
     send: Vec<u8>,
     recv: Vec<u8>,
+}
+
+impl Scratch {
+    /// One call on these buffers, laid out as `windows` says (in place: all in `send`).
+    fn call(
+        &mut self,
+        comm: &mut Communicator,
+        shape: &CallShape,
+        windows: &check::Windows,
+        in_place: bool,
+    ) -> Result<(), RuntimeError> {
+        grow(&mut self.send, windows.send);
+        grow(&mut self.recv, windows.recv);
+        let buffers = match in_place {
+            true => Buffers::InPlace(&mut self.send[..windows.send]),
+            false => Buffers::OutOfPlace { send: &self.send[..windows.send], recv: &mut self.recv[..windows.recv] },
+        };
+        comm.call(*shape, buffers)
+    }
 }
 
 fn grow(buf: &mut Vec<u8>, len: usize) {
@@ -111,30 +126,17 @@ fn measure(
     in_place: bool,
     scratch: &mut Scratch,
 ) -> Result<Option<Cell>, RuntimeError> {
-    let elem = shape.dtype.size_bytes();
-    let (in_blocks, out_blocks) = check::blocks(shape.collective, job.n_ranks);
-    let (send_len, recv_len) = (in_blocks * shape.count * elem, out_blocks * shape.count * elem);
-    let shared_len = send_len.max(recv_len);
-    grow(&mut scratch.send, send_len.max(shared_len));
-    grow(&mut scratch.recv, recv_len);
-    let mut call = |comm: &mut Communicator, scratch: &mut Scratch| {
-        let buffers = if in_place {
-            Buffers::InPlace(&mut scratch.send[..shared_len])
-        } else {
-            Buffers::OutOfPlace { send: &scratch.send[..send_len], recv: &mut scratch.recv[..recv_len] }
-        };
-        comm.call(*shape, buffers)
-    };
+    let windows = check::windows(shape, job.n_ranks, comm.rank(), in_place);
     for _ in 0..job.warmup {
-        call(comm, scratch)?;
+        scratch.call(comm, shape, &windows, in_place)?;
     }
     comm.barrier()?;
     let started = Instant::now();
     for _ in 0..job.iters {
-        call(comm, scratch)?;
+        scratch.call(comm, shape, &windows, in_place)?;
     }
     let seconds = started.elapsed().as_secs_f64() / job.iters as f64;
-    let wrong = if job.check { Some(check_one(comm, job, shape, in_place, scratch, &mut call)?) } else { None };
+    let wrong = if job.check { Some(check_one(comm, job, shape, &windows, in_place, scratch)?) } else { None };
     let all = comm.gather_report(seconds, wrong.unwrap_or(0))?;
     Ok(all.map(|all| Cell {
         seconds: all.iter().map(|r| r.0).fold(0.0, f64::max),
@@ -147,25 +149,16 @@ fn check_one(
     comm: &mut Communicator,
     job: &Job,
     shape: &CallShape,
+    windows: &check::Windows,
     in_place: bool,
     scratch: &mut Scratch,
-    call: &mut impl FnMut(&mut Communicator, &mut Scratch) -> Result<(), RuntimeError>,
 ) -> Result<u64, RuntimeError> {
-    let (rank, block) = (comm.rank(), shape.count * shape.dtype.size_bytes());
-    let input = check::input(shape, job.n_ranks, rank);
-    let (in_offset, out_offset) = if in_place {
-        let (i, o) = shape.collective.in_place_offsets(rank, 1);
-        (i as usize * block, o as usize * block)
-    } else {
-        (0, 0)
-    };
+    let rank = comm.rank();
+    scratch.send.fill(0xEE);
     scratch.recv.fill(0xEE);
-    if in_place {
-        scratch.send.fill(0xEE);
-    }
-    scratch.send[in_offset..in_offset + input.len()].copy_from_slice(&input);
-    call(comm, scratch)?;
+    scratch.send[windows.input.clone()].copy_from_slice(&check::input(shape, job.n_ranks, rank));
+    scratch.call(comm, shape, windows, in_place)?;
     let Some(want) = check::expected(shape, job.n_ranks, rank) else { return Ok(0) };
-    let got = if in_place { &scratch.send[out_offset..out_offset + want.len()] } else { &scratch.recv[..want.len()] };
+    let got = if in_place { &scratch.send[windows.output.clone()] } else { &scratch.recv[windows.output.clone()] };
     Ok(check::count_wrong(shape.dtype, &want, got) as u64)
 }

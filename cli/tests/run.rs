@@ -134,7 +134,7 @@ fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
     let mut sorted = ranks.clone();
     sorted.sort_unstable();
     // SAFETY: sending SIGKILL to a child process of the run we started.
-    unsafe { libc_kill(sorted[1] as i32, 9) };
+    unsafe { libc::kill(sorted[1] as i32, libc::SIGKILL) };
     let killed_at = Instant::now();
     let out = run.wait_with_output().expect("the run ends");
     let stderr = text(&out.stderr);
@@ -146,9 +146,4 @@ fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
     let others: Vec<&str> = stderr.lines().filter(|l| l.contains(&format!("rank {rank} "))).collect();
     assert!(others.len() >= 2, "the surviving ranks should name rank {rank}:\n{stderr}");
     assert!(stderr.contains("allreduce/ring line"), "{stderr}");
-}
-
-extern "C" {
-    #[link_name = "kill"]
-    fn libc_kill(pid: i32, signal: i32) -> i32;
 }

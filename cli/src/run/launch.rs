@@ -11,7 +11,7 @@ use std::process::{Child, Command};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-fn header(comm: &mut Communicator, job: &Job) -> Header {
+fn header(comm: &Communicator, job: &Job) -> Header {
     let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
     Header {
         algorithm: comm.algorithm(job.collective),
@@ -29,7 +29,7 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
     let rank = comm.rank();
     match outcome {
         Ok(Some(rows)) => {
-            let header = header(&mut comm, job);
+            let header = header(&comm, job);
             table::print(job, &header, &rows);
             exit_code(&rows)
         }
@@ -99,7 +99,8 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
 /// Spawns one process per rank (this executable, same arguments, `COLLC_RANK`/`COLLC_WORLD_SIZE`/`COLLC_JOB`
 /// set), watches them, and turns a rank that dies into an abort every other rank sees at once.
 pub fn spawn_ranks(job: &Job) -> u8 {
-    let id = format!("{}-{:x}", std::process::id(), Instant::now().elapsed().as_nanos() ^ nanos_now());
+    // Unique among the jobs on this host: this launcher's pid and the time it started.
+    let id = format!("{}-{:x}", std::process::id(), nanos_now());
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => return fail(&RuntimeError::Config(format!("cannot find the collc executable: {e}"))),

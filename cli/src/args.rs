@@ -1,7 +1,7 @@
 //! Arguments shared by subcommands: bindings (`--ranks`, `--root`, `--set`) and limits.
 
 use clap::Args;
-use collc_compiler::{Bindings, Limits};
+use collc_compiler::{Bindings, Limits, Options, Placement};
 
 #[derive(Args, Clone, Debug)]
 pub struct BindArgs {
@@ -14,9 +14,16 @@ pub struct BindArgs {
     /// Bind a `param` (or `nodes`/`local`) by name: `--set k=2`. Repeatable.
     #[arg(long = "set", value_name = "NAME=VALUE", value_parser = parse_set)]
     pub set: Vec<(String, i64)>,
+    /// Cut every chunk into K slices and pipeline them over steps (default: the algorithm's `pipeline`, else 1).
+    #[arg(long, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=collc_compiler::lower::MAX_SLICES as i64))]
+    pub pipeline: Option<u32>,
 }
 
 impl BindArgs {
+    pub fn options(&self, placement: Placement) -> Options {
+        Options { pipeline: self.pipeline, ..Options::placed(placement) }
+    }
+
     pub fn bindings(&self, n_ranks: u32) -> Bindings {
         Bindings { n_ranks, root: self.root, peer: self.peer, params: self.set.clone() }
     }

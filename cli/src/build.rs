@@ -5,7 +5,7 @@ use crate::library;
 use crate::report;
 use clap::{Args, ValueEnum};
 use collc_compiler::emit::{to_json, write_sched};
-use collc_compiler::{compile_program, lower, Error, Errors, Options, Placement};
+use collc_compiler::{compile_program, lower, pipelined, Error, Errors, Options, Placement};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum Emit {
@@ -76,11 +76,12 @@ fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
         return Ok(serde_json::to_string_pretty(&file).expect("the AST serialises") + "\n");
     }
     let program = lower(&file, &args.bind.bindings(args.ranks), &limits)?;
-    if let Emit::Ir = args.emit {
-        return Ok(program.to_string());
-    }
     let placement = if args.in_place { Placement::InPlace } else { Placement::OutOfPlace };
-    let verified = compile_program(&program, text, Options { placement, fuse: !args.no_fuse }, &limits)?;
+    let options = Options { fuse: !args.no_fuse, ..args.bind.options(placement) };
+    if let Emit::Ir = args.emit {
+        return Ok(pipelined(&program, options, &limits)?.to_string());
+    }
+    let verified = compile_program(&program, text, options, &limits)?;
     Ok(match args.emit {
         Emit::Json => serde_json::to_string_pretty(&to_json(&verified, text)).expect("JSON values serialise") + "\n",
         _ => write_sched(&verified, text),

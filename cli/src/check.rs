@@ -4,7 +4,7 @@ use crate::args::{parse_rank_list, BindArgs, LimitArgs};
 use crate::library;
 use crate::report;
 use clap::Args;
-use collc_compiler::{compile_program, lower, verify, Error, Errors, Options, Placement};
+use collc_compiler::{compile_program, lower, verify, Error, Errors, Placement};
 use collc_grammar::ast;
 
 #[derive(Args)]
@@ -41,7 +41,7 @@ fn check_rank_count(text: &str, file: &ast::File, args: &CheckArgs, n_ranks: u32
     };
     // The placements are independent: verify them on two threads (the compiler itself starts none).
     let verify_one = |placement: Placement| {
-        let outcome = match compile_program(&program, text, Options { placement, fuse: true }, &limits) {
+        let outcome = match compile_program(&program, text, args.bind.options(placement), &limits) {
             Ok(verified) => Outcome::Verified(verified.n_instrs()),
             Err(errors) => Outcome::Failed(errors),
         };

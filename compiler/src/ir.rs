@@ -58,6 +58,8 @@ pub struct Program {
     pub n_ranks: u32,
     /// C: chunks per rank block (the contract's unit).
     pub chunks: u32,
+    /// The algorithm's declared default for the pipelining pass (`pipeline K`; 1 when it declares none).
+    pub pipeline: u32,
     pub root: u32,
     pub peer: u32,
     /// Every parameter with the value it was bound to, in declaration order.

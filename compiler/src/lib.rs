@@ -5,6 +5,7 @@
 //! `VerifiedSchedule`, and emitters take nothing else.
 
 pub mod collective;
+pub mod cost;
 pub mod diag;
 pub mod emit;
 pub mod fxhash;
@@ -61,11 +62,19 @@ pub struct Options {
     pub placement: Placement,
     /// Fuse Recv+Reduce+Send chains into NCCL's fused instructions.
     pub fuse: bool,
+    /// Slices per chunk for the pipelining pass; `None` takes the algorithm's `pipeline` declaration (default 1).
+    pub pipeline: Option<u32>,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { placement: Placement::OutOfPlace, fuse: true }
+        Options { placement: Placement::OutOfPlace, fuse: true, pipeline: None }
+    }
+}
+
+impl Options {
+    pub fn placed(placement: Placement) -> Self {
+        Options { placement, ..Options::default() }
     }
 }
 
@@ -81,7 +90,19 @@ pub fn compile(
     compile_program(&program, source, options, limits)
 }
 
-/// Schedules, optimises and verifies one lowered program.
+/// `program` after the pipelining pass `options` ask for (or the algorithm declares).
+pub fn pipelined<'p>(
+    program: &'p ir::Program,
+    options: Options,
+    limits: &Limits,
+) -> Result<std::borrow::Cow<'p, ir::Program>, Errors> {
+    match options.pipeline.unwrap_or(program.pipeline) {
+        0 | 1 => Ok(std::borrow::Cow::Borrowed(program)),
+        slices => Ok(std::borrow::Cow::Owned(optimise::pipeline(program, slices, limits)?)),
+    }
+}
+
+/// Pipelines, schedules, optimises and verifies one lowered program.
 ///
 /// A fused instruction receives and forwards in one go, so it needs room on its outgoing connection before it may
 /// receive; that can deadlock a schedule whose unfused form cannot (many chunks in flight per connection). An
@@ -93,6 +114,7 @@ pub fn compile_program(
     options: Options,
     limits: &Limits,
 ) -> Result<VerifiedSchedule, Errors> {
+    let program = &*pipelined(program, options, limits)?;
     let mut sched = schedule(program, options.placement);
     if !options.fuse {
         return verify(sched, source, limits);

@@ -71,6 +71,8 @@ pub enum Item {
     Where { cond: Expr, span: Span },
     /// `chunks C`
     Chunks { count: Expr, span: Span },
+    /// `pipeline K`: the default slice count of the pipelining pass
+    Pipeline { slices: Expr, span: Span },
     /// `scratch name[size]`
     Scratch { name: Ident, size: Expr, span: Span },
     /// `fn name(params) = body`

@@ -108,6 +108,7 @@ fn is_keyword(rule: Rule) -> bool {
             | k_param
             | k_where
             | k_chunks
+            | k_pipeline
             | k_scratch
             | k_let
             | k_fn
@@ -202,6 +203,7 @@ fn build_item(pair: Pair<Rule>, doc: Vec<String>, limits: &Limits) -> Result<Ite
         }
         Rule::where_decl => Item::Where { cond: build_expr(next(), limits)?, span },
         Rule::chunks_decl => Item::Chunks { count: build_expr(next(), limits)?, span },
+        Rule::pipeline_decl => Item::Pipeline { slices: build_expr(next(), limits)?, span },
         Rule::scratch_decl => {
             let name = ident(next());
             Item::Scratch { name, size: build_expr(next(), limits)?, span }
@@ -469,7 +471,9 @@ fn rule_name(rule: &Rule) -> String {
         collective_name => "a collective name (allreduce, reducescatter, allgather, broadcast, reduce, gather, scatter, alltoall, sendrecv)",
         algorithm | k_algorithm => "`algorithm NAME for COLLECTIVE { ... }`",
         item | ranks_decl | nodes_decl | root_decl | peer_decl | param_decl | where_decl | chunks_decl
-        | scratch_decl | fn_def => "a declaration (ranks, root, param, where, chunks, scratch, fn) or a statement",
+        | pipeline_decl | scratch_decl | fn_def => {
+            "a declaration (ranks, root, param, where, chunks, pipeline, scratch, fn) or a statement"
+        }
         stmt | let_stmt | for_stmt | if_stmt | step_stmt | send_stmt | copy_stmt | reduce_stmt => {
             "a statement (let, for, if, step, send, copy, reduce)"
         }
@@ -489,6 +493,7 @@ fn rule_name(rule: &Rule) -> String {
         k_param => "`param`",
         k_where => "`where`",
         k_chunks => "`chunks`",
+        k_pipeline => "`pipeline`",
         k_scratch => "`scratch`",
         k_let => "`let`",
         k_fn => "`fn`",

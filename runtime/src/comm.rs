@@ -345,8 +345,8 @@ impl Communicator {
             peer: (collective == Collective::SendRecv).then_some(peer),
             params,
         };
-        let schedule = compile(&source, &bindings, CompileOptions { placement, fuse: true }, &Limits::default())
-            .map_err(|errors| {
+        let schedule =
+            compile(&source, &bindings, CompileOptions::placed(placement), &Limits::default()).map_err(|errors| {
                 let first = errors.0.first().map_or_else(String::new, |e| e.message.clone());
                 RuntimeError::Compile(format!(
                     "{name} for {} ranks ({placement}) does not compile: {first}",

@@ -7,8 +7,8 @@ use collc_runtime::reference::{run, RankBuffers};
 const RING: &str = include_str!("../../algorithms/allreduce/ring.coll");
 
 fn allreduce(p: u32, count: usize, placement: Placement, op: ReduceOp) -> Vec<Vec<i32>> {
-    let sched = compile(RING, &Bindings::ranks(p), Options { placement, fuse: true }, &Limits::default())
-        .expect("ring verifies");
+    let sched =
+        compile(RING, &Bindings::ranks(p), Options::placed(placement), &Limits::default()).expect("ring verifies");
     let input =
         |r: u32| -> Vec<u8> { (0..count).flat_map(|i| ((r as i32 + 1) * 1000 + i as i32).to_le_bytes()).collect() };
     let mut buffers: Vec<RankBuffers> = (0..p)

@@ -68,7 +68,7 @@ pub fn unverified(source: &str, bindings: &Bindings, placement: Placement) -> Re
     let file =
         collc_grammar::parse(source, &limits.syntax).map_err(|e| Errors::from(collc_compiler::Error::from(e)))?;
     let program = lower(&file, bindings, &limits)?;
-    if let Ok(verified) = compile_program(&program, source, Options { placement, fuse: true }, &limits) {
+    if let Ok(verified) = compile_program(&program, source, Options::placed(placement), &limits) {
         return Ok(verified.into_schedule());
     }
     let mut sched = schedule(&program, placement);

@@ -72,7 +72,7 @@ fn ok_fixtures_verify_in_both_placements() {
         assert_eq!(header.error, None, "{file_name}: an ok fixture must not expect an error");
         for &n_ranks in &header.ranks {
             for placement in Placement::BOTH {
-                let options = Options { placement, fuse: true };
+                let options = Options::placed(placement);
                 if let Err(errors) = compile(&fixture.text, &bindings(&header, n_ranks), options, &limits) {
                     let rendered = render_all(&errors, &file_name, &fixture.text);
                     failures.push(format!("{file_name} p={n_ranks} {placement}:\n{rendered}"));
@@ -93,7 +93,7 @@ fn failure_report(path: &Path) -> String {
     let mut report = String::new();
     for &n_ranks in &header.ranks {
         for placement in Placement::BOTH {
-            let options = Options { placement, fuse: true };
+            let options = Options::placed(placement);
             let Err(errors) = compile(&source, &bindings(&header, n_ranks), options, &Limits::default()) else {
                 panic!("{file_name} p={n_ranks} {placement} verified, but it must fail with {code}");
             };

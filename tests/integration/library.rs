@@ -36,7 +36,7 @@ fn every_algorithm_verifies_for_2_to_16_ranks_in_both_placements() {
             }
             for binding in &bindings {
                 for placement in Placement::BOTH {
-                    match compile(&algo.text, binding, Options { placement, fuse: true }, &limits) {
+                    match compile(&algo.text, binding, Options::placed(placement), &limits) {
                         Ok(_) => verified += 1,
                         Err(errors) => failures.push(format!(
                             "{} p={n_ranks} root={:?} {placement}:\n{}",

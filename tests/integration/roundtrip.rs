@@ -15,9 +15,8 @@ fn library_schedules_round_trip() {
         for n_ranks in [2, 5, 8] {
             for placement in Placement::BOTH {
                 let context = format!("{} p={n_ranks} {placement}", algo.name);
-                let verified =
-                    compile(&algo.text, &Bindings::ranks(n_ranks), Options { placement, fuse: true }, &limits)
-                        .unwrap_or_else(|e| panic!("{context}:\n{}", render_all(&e, &algo.name, &algo.text)));
+                let verified = compile(&algo.text, &Bindings::ranks(n_ranks), Options::placed(placement), &limits)
+                    .unwrap_or_else(|e| panic!("{context}:\n{}", render_all(&e, &algo.name, &algo.text)));
                 for source in [algo.text.as_str(), ""] {
                     let text = write_sched(&verified, source);
                     let parsed = parse_sched(&text).unwrap_or_else(|e| panic!("{context}: {e}\n{text}"));

@@ -136,8 +136,7 @@ fn matrix(transports: &[Transport]) {
                     peer: (collective == Collective::SendRecv).then_some(peer),
                     params: Vec::new(),
                 };
-                let build =
-                    |placement| compile(source, &bindings, Options { placement, fuse: true }, &Limits::default());
+                let build = |placement| compile(source, &bindings, Options::placed(placement), &Limits::default());
                 let (Ok(out_of_place), Ok(in_place)) = (build(Placement::OutOfPlace), build(Placement::InPlace)) else {
                     // Only a rank count the algorithm's `where` excludes may fail, e.g. a sendrecv on one rank.
                     assert!(n_ranks == 1, "{name} does not compile for {n_ranks} ranks");

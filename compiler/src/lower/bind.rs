@@ -30,12 +30,17 @@ pub(crate) struct Bound {
     pub fns: Vec<RFn>,
     pub fn_names: Vec<(String, usize)>,
     pub chunks: u32,
+    /// The declared default slice count of the pipelining pass (1 when not declared).
+    pub pipeline: u32,
     pub scratch: Vec<(String, u32)>,
     pub root: u32,
     pub peer: u32,
 }
 
 type Result<T> = std::result::Result<T, Errors>;
+
+/// The most slices the pipelining pass cuts a chunk into.
+pub const MAX_SLICES: u32 = 1024;
 
 fn declared(algo: &Algorithm) -> (Vec<(String, Span)>, Option<Span>, Option<Span>) {
     let mut names = Vec::new();
@@ -121,9 +126,20 @@ pub(crate) fn bind(algo: &Algorithm, collective: Collective, b: &Bindings, limit
         Machine { fns: &fns, globals: vec![0; globals.len()], fuel: limits.max_eval_steps, depth: 0, limits };
     let (root, peer) = bind_values(algo, b, &resolver, &mut machine, peer_span.is_some())?;
     check_constraints(algo, b, &resolver, &mut machine)?;
-    let chunks = eval_size(algo, &resolver, &mut machine, limits, p)?;
+    let sizes = eval_size(algo, &resolver, &mut machine, limits, p)?;
     let values = machine.globals;
-    Ok(Bound { n_ranks: p, globals, values, fns, fn_names, chunks: chunks.0, scratch: chunks.1, root, peer })
+    Ok(Bound {
+        n_ranks: p,
+        globals,
+        values,
+        fns,
+        fn_names,
+        chunks: sizes.chunks,
+        pipeline: sizes.pipeline,
+        scratch: sizes.scratch,
+        root,
+        peer,
+    })
 }
 
 fn check_declarations(
@@ -308,15 +324,17 @@ fn describe_binding(names: &[String], values: &[i64]) -> String {
     names.iter().zip(values).map(|(n, v)| format!("{n} = {v}")).collect::<Vec<_>>().join(", ")
 }
 
-/// Evaluates `chunks` and the scratch sizes, within the slot limit.
-fn eval_size(
-    algo: &Algorithm,
-    resolver: &Resolver,
-    machine: &mut Machine,
-    limits: &Limits,
-    p: u32,
-) -> Result<(u32, Vec<(String, u32)>)> {
+/// `chunks`, `pipeline` and the scratch sizes of one binding.
+struct Sizes {
+    chunks: u32,
+    pipeline: u32,
+    scratch: Vec<(String, u32)>,
+}
+
+/// Evaluates `chunks`, `pipeline` and the scratch sizes, within the slot limit.
+fn eval_size(algo: &Algorithm, resolver: &Resolver, machine: &mut Machine, limits: &Limits, p: u32) -> Result<Sizes> {
     let mut chunks = 1i64;
+    let mut pipeline = 1i64;
     let mut chunks_span = algo.name.span;
     let mut scratch = Vec::new();
     let mut total: i64 = 0;
@@ -330,6 +348,18 @@ fn eval_size(
                         "collc::lower::chunks",
                         format!("`chunks` is {chunks}; it must be at least 1"),
                         "cut each buffer into one or more chunks",
+                    )
+                    .at(*span, "here")
+                    .into());
+                }
+            }
+            Item::Pipeline { slices, span } => {
+                pipeline = eval_global(resolver, machine, slices)?;
+                if !(1..=MAX_SLICES as i64).contains(&pipeline) {
+                    return Err(Error::new(
+                        "collc::lower::pipeline",
+                        format!("`pipeline` is {pipeline}; it must be 1 to {MAX_SLICES}"),
+                        "give the number of slices each chunk is cut into (1 turns pipelining off)",
                     )
                     .at(*span, "here")
                     .into());
@@ -366,5 +396,5 @@ fn eval_size(
         .at(chunks_span, "chunks declared here")
         .into());
     }
-    Ok((chunks as u32, scratch))
+    Ok(Sizes { chunks: chunks as u32, pipeline: pipeline as u32, scratch })
 }

@@ -94,6 +94,7 @@ pub(crate) fn run(
         collective,
         n_ranks,
         chunks: bound.chunks,
+        pipeline: bound.pipeline,
         root: bound.root,
         peer: bound.peer,
         params,

@@ -1,5 +1,8 @@
-//! Optimisation passes over a `Schedule`. Each runs before verification, which checks the final result.
+//! Optimisation passes: `pipeline` over an `ir::Program`, `fuse` over a `Schedule`. Each runs before
+//! verification, which checks the final result.
 
 mod fuse;
+mod pipeline;
 
 pub use fuse::fuse;
+pub use pipeline::pipeline;

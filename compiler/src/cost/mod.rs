@@ -1,0 +1,31 @@
+//! The cost model (Hockney alpha-beta plus gamma for reductions, per link class) and algorithm selection.
+//! `topology` reads machine descriptions, `model` turns a verified program into a per-step profile that predicts
+//! the time of any message size, `select` picks the predicted-fastest algorithm as NCCL's tuner does.
+
+mod model;
+mod select;
+mod topology;
+
+pub use model::Profile;
+pub use select::{fastest, library_names, winning_ranges, AlgoFilter, Candidate};
+pub use topology::{defaults, Link, LinkClass, Links, Switch, Topology, TopologyError};
+
+use crate::diag::{Error, Errors};
+use crate::{compile_program, ir, pipelined, Limits, Options};
+
+/// The cost profile of `program` on `topo`, after the pipelining `options` ask for. Only a program whose schedule
+/// verifies is costed: the model describes what would run.
+pub fn analyse(
+    program: &ir::Program,
+    source: &str,
+    options: Options,
+    limits: &Limits,
+    topo: &Topology,
+) -> Result<Profile, Errors> {
+    topo.check_ranks(program.n_ranks).map_err(|e| {
+        Error::new("collc::cost::topology", e.to_string(), "describe as many ranks as --ranks in the topology file")
+    })?;
+    let program = pipelined(program, options, limits)?;
+    compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
+    Ok(model::profile(&program, topo))
+}

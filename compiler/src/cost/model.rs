@@ -1,0 +1,136 @@
+//! The alpha-beta-gamma cost of a lowered program, step by step: the step model of the textbook formulas
+//! (REFERENCE.md section 1). A step costs the busiest port's alpha + bytes x beta (each rank has one outgoing and
+//! one incoming port per link class; ports work in parallel) plus the most reduction (gamma) and local copying any
+//! one rank does in that step; steps add up. Transfers within a step are concurrent by the language's definition,
+//! which is what makes this the model the formulas assume.
+
+use super::topology::{LinkClass, Topology};
+use crate::ir::{Program, TransferKind};
+
+/// What a program's cost depends on, with the message size factored out: per step, the chunk count of the busiest
+/// port of each link class and the compute seconds per chunk byte of the busiest rank.
+#[derive(Clone, Debug)]
+pub struct Profile {
+    steps: Vec<StepLoad>,
+    /// The size S of nccl-tests' `size` column is this many chunks.
+    whole_chunks: u32,
+    alpha: [f64; 2],
+    beta: [f64; 2],
+    pub messages: u64,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct StepLoad {
+    /// Chunks through the busiest port, per link class (0 = no message of that class in the step).
+    port_chunks: [u32; 2],
+    /// Seconds per chunk byte the busiest rank computes (reductions and local copies).
+    compute: f64,
+}
+
+fn class_index(class: LinkClass) -> usize {
+    match class {
+        LinkClass::Intra => 0,
+        LinkClass::Inter => 1,
+    }
+}
+
+/// Per-rank tallies of one step, cleared in time proportional to what the step touched.
+struct Tally {
+    /// [class][out=0 / in=1][rank]
+    ports: [[Vec<u32>; 2]; 2],
+    reduced: Vec<u32>,
+    copied: Vec<u32>,
+    touched: Vec<u32>,
+}
+
+impl Tally {
+    fn new(n_ranks: usize) -> Self {
+        let zeros = || vec![0u32; n_ranks];
+        Tally {
+            ports: [[zeros(), zeros()], [zeros(), zeros()]],
+            reduced: zeros(),
+            copied: zeros(),
+            touched: Vec::new(),
+        }
+    }
+
+    fn clear(&mut self) {
+        for &r in &self.touched {
+            let r = r as usize;
+            for class in &mut self.ports {
+                class[0][r] = 0;
+                class[1][r] = 0;
+            }
+            self.reduced[r] = 0;
+            self.copied[r] = 0;
+        }
+        self.touched.clear();
+    }
+}
+
+/// The cost profile of `program` on `topo` (which must describe `program.n_ranks` ranks).
+pub fn profile(program: &Program, topo: &Topology) -> Profile {
+    let (in_chunks, out_chunks) = program.buffer_chunks();
+    let (gamma, copy_beta) = (topo.gamma(), topo.copy_beta());
+    let mut tally = Tally::new(program.n_ranks as usize);
+    let mut steps = Vec::with_capacity(program.n_steps as usize);
+    let mut messages = 0u64;
+    for step in program.transfers.chunk_by(|a, b| a.step == b.step) {
+        let mut load = StepLoad::default();
+        for t in step {
+            tally.touched.extend([t.from, t.to]);
+            match t.kind {
+                TransferKind::Send { reduce } => {
+                    messages += 1;
+                    let c = class_index(topo.class(t.from, t.to));
+                    let out = &mut tally.ports[c][0][t.from as usize];
+                    *out += t.count;
+                    load.port_chunks[c] = load.port_chunks[c].max(*out);
+                    let inc = &mut tally.ports[c][1][t.to as usize];
+                    *inc += t.count;
+                    load.port_chunks[c] = load.port_chunks[c].max(*inc);
+                    if reduce {
+                        tally.reduced[t.to as usize] += t.count;
+                    }
+                }
+                TransferKind::Copy => tally.copied[t.from as usize] += t.count,
+                TransferKind::Reduce => tally.reduced[t.from as usize] += t.count,
+            }
+        }
+        for &r in &tally.touched {
+            let r = r as usize;
+            load.compute = load.compute.max(tally.reduced[r] as f64 * gamma + tally.copied[r] as f64 * copy_beta);
+        }
+        tally.clear();
+        steps.push(load);
+    }
+    let links = [topo.link(LinkClass::Intra), topo.link(LinkClass::Inter)];
+    Profile {
+        steps,
+        whole_chunks: in_chunks.max(out_chunks),
+        alpha: [links[0].alpha(), links[1].alpha()],
+        beta: [links[0].beta(), links[1].beta()],
+        messages,
+    }
+}
+
+impl Profile {
+    /// Predicted seconds for a call of `bytes` (nccl-tests' `size`: the whole buffer for gathers and scatters).
+    pub fn seconds(&self, bytes: f64) -> f64 {
+        let chunk_bytes = bytes / self.whole_chunks as f64;
+        self.steps
+            .iter()
+            .map(|s| {
+                let comm = (0..2)
+                    .filter(|&c| s.port_chunks[c] > 0)
+                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * self.beta[c])
+                    .fold(0.0, f64::max);
+                comm + s.compute * chunk_bytes
+            })
+            .sum()
+    }
+
+    pub fn n_steps(&self) -> usize {
+        self.steps.len()
+    }
+}

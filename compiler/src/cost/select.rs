@@ -1,0 +1,132 @@
+//! Algorithm selection, as NCCL's tuner does it: the predicted-fastest candidate per call size. The candidates are
+//! the library's algorithms for the collective, narrowed by a filter in NCCL_ALGO's grammar (`COLLC_ALGO`,
+//! `--algo`): `ring,tree` keeps those, `^tree` drops those, `allreduce:tree,ring;broadcast:chain` sets them per
+//! collective. Names are case-insensitive; a name the library does not have is an error.
+
+use super::model::Profile;
+use crate::library::LIBRARY;
+use crate::Collective;
+
+/// Include or exclude a list of algorithm names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Rule {
+    exclude: bool,
+    names: Vec<String>,
+}
+
+/// A parsed `--algo` / `COLLC_ALGO` value.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AlgoFilter {
+    global: Option<Rule>,
+    per_collective: Vec<(Collective, Rule)>,
+}
+
+/// The library's algorithm names (`ring`, not `allreduce/ring`) for `collective`.
+pub fn library_names(collective: Collective) -> Vec<&'static str> {
+    let prefix = format!("{collective}/");
+    LIBRARY.iter().filter_map(|(name, _)| name.strip_prefix(prefix.as_str())).collect()
+}
+
+impl AlgoFilter {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let mut filter = AlgoFilter::default();
+        for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            let (collective, list) = match part.split_once(':') {
+                Some((c, list)) => {
+                    let collective: Collective = c.trim().parse().map_err(|_| {
+                        format!("`{}` is not a collective (allreduce, broadcast, ...) in `{part}`", c.trim())
+                    })?;
+                    (Some(collective), list)
+                }
+                None => (None, part),
+            };
+            let rule = parse_rule(list, collective)?;
+            match collective {
+                Some(c) if filter.per_collective.iter().any(|(d, _)| *d == c) => {
+                    return Err(format!("{c} is given twice"));
+                }
+                Some(c) => filter.per_collective.push((c, rule)),
+                None if filter.global.is_some() => return Err("two lists apply to every collective".into()),
+                None => filter.global = Some(rule),
+            }
+        }
+        Ok(filter)
+    }
+
+    fn rule(&self, collective: Collective) -> Option<&Rule> {
+        self.per_collective.iter().find(|(c, _)| *c == collective).map(|(_, r)| r).or(self.global.as_ref())
+    }
+
+    /// The algorithms of `collective` the filter leaves, or why there are none.
+    pub fn candidates(&self, collective: Collective) -> Result<Vec<&'static str>, String> {
+        let all = library_names(collective);
+        let kept: Vec<&'static str> = match self.rule(collective) {
+            None => all.clone(),
+            Some(rule) => all
+                .iter()
+                .copied()
+                .filter(|name| rule.names.iter().any(|n| n.eq_ignore_ascii_case(name)) != rule.exclude)
+                .collect(),
+        };
+        if kept.is_empty() {
+            return Err(format!("the algorithm filter leaves no {collective} algorithm (it has {})", all.join(", ")));
+        }
+        Ok(kept)
+    }
+}
+
+fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String> {
+    let list = list.trim();
+    let (exclude, list) = match list.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, list),
+    };
+    let names: Vec<String> = list.split(',').map(|n| n.trim().to_ascii_lowercase()).filter(|n| !n.is_empty()).collect();
+    if names.is_empty() {
+        return Err(format!("`{list}` names no algorithm"));
+    }
+    let known: Vec<&str> = match collective {
+        Some(c) => library_names(c),
+        None => LIBRARY.iter().filter_map(|(n, _)| n.split_once('/').map(|(_, a)| a)).collect(),
+    };
+    if let Some(unknown) = names.iter().find(|n| !known.iter().any(|k| k.eq_ignore_ascii_case(n))) {
+        let scope = collective.map_or("the library".to_string(), |c| c.to_string());
+        let mut known = known.clone();
+        known.sort_unstable();
+        known.dedup();
+        return Err(format!("`{unknown}` is not an algorithm of {scope} (known: {})", known.join(", ")));
+    }
+    Ok(Rule { exclude, names })
+}
+
+/// One algorithm's cost profile, ready to compare.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub name: String,
+    pub profile: Profile,
+}
+
+/// The index of the predicted-fastest candidate for a call of `bytes` (the first one on a tie).
+pub fn fastest(candidates: &[Candidate], bytes: f64) -> Option<usize> {
+    let mut best: Option<(usize, f64)> = None;
+    for (i, c) in candidates.iter().enumerate() {
+        let t = c.profile.seconds(bytes);
+        if best.is_none_or(|(_, b)| t < b) {
+            best = Some((i, t));
+        }
+    }
+    best.map(|(i, _)| i)
+}
+
+/// Consecutive sizes won by the same candidate: (first size, last size, candidate index).
+pub fn winning_ranges(candidates: &[Candidate], sizes: &[u64]) -> Vec<(u64, u64, usize)> {
+    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
+    for &size in sizes {
+        let Some(winner) = fastest(candidates, size as f64) else { continue };
+        match ranges.last_mut() {
+            Some(last) if last.2 == winner => last.1 = size,
+            _ => ranges.push((size, size, winner)),
+        }
+    }
+    ranges
+}

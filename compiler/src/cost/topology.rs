@@ -1,0 +1,323 @@
+//! Topology files: nodes x ranks per node, an alpha and a bandwidth per link class (inside a node, between nodes),
+//! the reduction throughput, and optionally an in-network reducing switch. Parsed from JSON with errors that name
+//! the field; ranks are numbered node-major (rank r is on node r / ranks_per_node), as torchrun and mpirun do.
+
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+/// Constants of the built-in uniform topology, used when no `--topo` is given. They describe one host of the
+/// kind collc is developed on (REFERENCE.md section 3): a shared-memory message costs well under a microsecond to
+/// start, and its bytes cross memory twice (into the FIFO and out), at about half the DRAM copy rate.
+pub mod defaults {
+    /// Shared-memory flag ping-pong is 0.04 us one way; a full message with its slot handshake about 0.5 us.
+    pub const ALPHA_US: f64 = 0.5;
+    /// DRAM copy runs at 33-41 GB/s and a message is copied twice on its way.
+    pub const BANDWIDTH_GBPS: f64 = 16.0;
+    /// A vectorised reduction reads two streams and writes one: about the copy rate.
+    pub const REDUCE_GBPS: f64 = 16.0;
+}
+
+/// One link class: the start-up time of a message and the bandwidth of one rank's port.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Link {
+    /// Microseconds from the start of a send to the first byte arriving (alpha).
+    pub alpha_us: f64,
+    /// GB/s (1e9 bytes per second) one rank's port sustains in each direction (1 / beta).
+    pub bandwidth_gbps: f64,
+}
+
+impl Link {
+    pub fn alpha(&self) -> f64 {
+        self.alpha_us * 1e-6
+    }
+
+    /// Seconds per byte.
+    pub fn beta(&self) -> f64 {
+        1e-9 / self.bandwidth_gbps
+    }
+}
+
+/// The link classes a message can take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkClass {
+    Intra,
+    Inter,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Links {
+    pub intra: Link,
+    /// Required when there is more than one node.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inter: Option<Link>,
+}
+
+/// A switch that reduces in the network (CollNet/SHARP between nodes, NVLS inside an NVSwitch node): each rank
+/// sends its data up once and receives the reduced result once.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Switch {
+    /// Which ranks it connects: `inter` (one port per node, CollNet) or `intra` (the ranks of a node, NVLS).
+    pub scope: LinkClass,
+    pub alpha_us: f64,
+    pub bandwidth_gbps: f64,
+}
+
+/// A machine as the cost model sees it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Topology {
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    pub nodes: u32,
+    pub ranks_per_node: u32,
+    pub links: Links,
+    /// GB/s at which one rank reduces (1 / gamma).
+    pub reduce_gbps: f64,
+    /// GB/s at which one rank copies locally; absent means local copies are free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub copy_gbps: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub switch: Option<Switch>,
+}
+
+/// A topology file that cannot be used, naming the field.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct TopologyError {
+    pub field: String,
+    pub message: String,
+}
+
+fn error(field: &str, message: impl Into<String>) -> TopologyError {
+    TopologyError { field: field.to_string(), message: message.into() }
+}
+
+impl Topology {
+    /// One node of `n_ranks` ranks with the built-in constants (see `defaults`).
+    pub fn uniform(n_ranks: u32) -> Self {
+        let link = Link { alpha_us: defaults::ALPHA_US, bandwidth_gbps: defaults::BANDWIDTH_GBPS };
+        Topology {
+            name: "uniform (built-in)".into(),
+            nodes: 1,
+            ranks_per_node: n_ranks,
+            links: Links { intra: link, inter: None },
+            reduce_gbps: defaults::REDUCE_GBPS,
+            copy_gbps: None,
+            switch: None,
+        }
+    }
+
+    /// Parses and checks a topology file's text.
+    pub fn from_json(text: &str) -> Result<Self, TopologyError> {
+        let value: Value = serde_json::from_str(text)
+            .map_err(|e| error(&format!("line {} column {}", e.line(), e.column()), format!("not JSON: {e}")))?;
+        let root = Fields::new(
+            "",
+            &value,
+            &["name", "nodes", "ranks_per_node", "links", "reduce_gbps", "copy_gbps", "switch"],
+        )?;
+        let links = root.object("links", &["intra", "inter"])?;
+        let topo = Topology {
+            name: root.optional("name", Value::as_str, "a string")?.unwrap_or_default().to_string(),
+            nodes: root.count("nodes")?,
+            ranks_per_node: root.count("ranks_per_node")?,
+            links: Links { intra: links.link("intra")?, inter: links.optional_link("inter")? },
+            reduce_gbps: root.number("reduce_gbps")?,
+            copy_gbps: root.optional("copy_gbps", Value::as_f64, "a number")?,
+            switch: match root.get("switch") {
+                None => None,
+                Some(_) => {
+                    let s = root.object("switch", &["scope", "alpha_us", "bandwidth_gbps"])?;
+                    let scope = match s.required("scope", Value::as_str, "\"intra\" or \"inter\"")? {
+                        "intra" => LinkClass::Intra,
+                        "inter" => LinkClass::Inter,
+                        other => {
+                            return Err(error(&s.path("scope"), format!("is `{other}`; use \"intra\" or \"inter\"")))
+                        }
+                    };
+                    Some(Switch { scope, alpha_us: s.number("alpha_us")?, bandwidth_gbps: s.number("bandwidth_gbps")? })
+                }
+            },
+        };
+        topo.validate()?;
+        Ok(topo)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a topology always serialises")
+    }
+
+    fn validate(&self) -> Result<(), TopologyError> {
+        if self.nodes == 0 {
+            return Err(error("nodes", "must be at least 1"));
+        }
+        if self.ranks_per_node == 0 {
+            return Err(error("ranks_per_node", "must be at least 1"));
+        }
+        if self.nodes.checked_mul(self.ranks_per_node).is_none() {
+            return Err(error("nodes", "nodes x ranks_per_node overflows"));
+        }
+        check_link("links.intra", &self.links.intra)?;
+        match (&self.links.inter, self.nodes) {
+            (Some(link), _) => check_link("links.inter", link)?,
+            (None, 1) => {}
+            (None, n) => return Err(error("links.inter", format!("is required with {n} nodes"))),
+        }
+        positive("reduce_gbps", self.reduce_gbps)?;
+        if let Some(copy) = self.copy_gbps {
+            positive("copy_gbps", copy)?;
+        }
+        if let Some(switch) = &self.switch {
+            non_negative("switch.alpha_us", switch.alpha_us)?;
+            positive("switch.bandwidth_gbps", switch.bandwidth_gbps)?;
+        }
+        Ok(())
+    }
+
+    /// Checks that the topology describes exactly `n_ranks` ranks.
+    pub fn check_ranks(&self, n_ranks: u32) -> Result<(), TopologyError> {
+        let total = self.nodes * self.ranks_per_node;
+        if total == n_ranks {
+            return Ok(());
+        }
+        Err(error(
+            "nodes",
+            format!(
+                "{} nodes x {} ranks_per_node = {total} ranks, but --ranks is {n_ranks}",
+                self.nodes, self.ranks_per_node
+            ),
+        ))
+    }
+
+    pub fn node_of(&self, rank: u32) -> u32 {
+        rank / self.ranks_per_node
+    }
+
+    pub fn class(&self, from: u32, to: u32) -> LinkClass {
+        if self.node_of(from) == self.node_of(to) {
+            LinkClass::Intra
+        } else {
+            LinkClass::Inter
+        }
+    }
+
+    pub fn link(&self, class: LinkClass) -> Link {
+        match class {
+            LinkClass::Intra => self.links.intra,
+            LinkClass::Inter => self.links.inter.unwrap_or(self.links.intra),
+        }
+    }
+
+    /// Seconds per byte reduced.
+    pub fn gamma(&self) -> f64 {
+        1e-9 / self.reduce_gbps
+    }
+
+    /// Seconds per byte copied locally.
+    pub fn copy_beta(&self) -> f64 {
+        self.copy_gbps.map_or(0.0, |gbps| 1e-9 / gbps)
+    }
+
+    /// One line for report headers.
+    pub fn describe(&self) -> String {
+        let link = |l: &Link| format!("alpha {} us, {} GB/s", l.alpha_us, l.bandwidth_gbps);
+        let mut text =
+            format!("{} node(s) x {} ranks; intra {}", self.nodes, self.ranks_per_node, link(&self.links.intra));
+        if let Some(inter) = &self.links.inter {
+            text += &format!("; inter {}", link(inter));
+        }
+        text += &format!("; reduce {} GB/s", self.reduce_gbps);
+        if let Some(copy) = self.copy_gbps {
+            text += &format!("; copy {copy} GB/s");
+        }
+        if let Some(s) = &self.switch {
+            text += &format!("; reducing switch ({:?}) alpha {} us, {} GB/s", s.scope, s.alpha_us, s.bandwidth_gbps);
+        }
+        text
+    }
+}
+
+fn positive(field: &str, value: f64) -> Result<(), TopologyError> {
+    if value.is_finite() && value > 0.0 {
+        Ok(())
+    } else {
+        Err(error(field, format!("must be a positive number of GB/s, not {value}")))
+    }
+}
+
+fn non_negative(field: &str, value: f64) -> Result<(), TopologyError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(())
+    } else {
+        Err(error(field, format!("must be zero or more microseconds, not {value}")))
+    }
+}
+
+fn check_link(field: &str, link: &Link) -> Result<(), TopologyError> {
+    non_negative(&format!("{field}.alpha_us"), link.alpha_us)?;
+    positive(&format!("{field}.bandwidth_gbps"), link.bandwidth_gbps)
+}
+
+/// One JSON object of the file and its path, for errors that name the field.
+struct Fields<'a> {
+    prefix: String,
+    map: &'a Map<String, Value>,
+}
+
+impl<'a> Fields<'a> {
+    fn new(prefix: &str, value: &'a Value, known: &[&str]) -> Result<Self, TopologyError> {
+        let what = if prefix.is_empty() { "the topology" } else { prefix };
+        let map = value.as_object().ok_or_else(|| error(what, "must be a JSON object"))?;
+        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
+            let field = if prefix.is_empty() { unknown.clone() } else { format!("{prefix}.{unknown}") };
+            return Err(error(&field, format!("is not a topology field; known here: {}", known.join(", "))));
+        }
+        Ok(Fields { prefix: prefix.to_string(), map })
+    }
+
+    fn path(&self, key: &str) -> String {
+        if self.prefix.is_empty() {
+            key.to_string()
+        } else {
+            format!("{}.{key}", self.prefix)
+        }
+    }
+
+    fn get(&self, key: &str) -> Option<&'a Value> {
+        self.map.get(key).filter(|v| !v.is_null())
+    }
+
+    fn optional<T>(&self, key: &str, read: fn(&'a Value) -> Option<T>, what: &str) -> Result<Option<T>, TopologyError> {
+        match self.get(key) {
+            None => Ok(None),
+            Some(v) => read(v).map(Some).ok_or_else(|| error(&self.path(key), format!("must be {what}, not {v}"))),
+        }
+    }
+
+    fn required<T>(&self, key: &str, read: fn(&'a Value) -> Option<T>, what: &str) -> Result<T, TopologyError> {
+        self.optional(key, read, what)?.ok_or_else(|| error(&self.path(key), format!("is missing ({what})")))
+    }
+
+    fn number(&self, key: &str) -> Result<f64, TopologyError> {
+        self.required(key, Value::as_f64, "a number")
+    }
+
+    fn count(&self, key: &str) -> Result<u32, TopologyError> {
+        let v = self.required(key, Value::as_i64, "a whole number")?;
+        u32::try_from(v).map_err(|_| error(&self.path(key), format!("must be a whole number from 1, not {v}")))
+    }
+
+    fn object(&self, key: &str, known: &[&str]) -> Result<Fields<'a>, TopologyError> {
+        let value = self.get(key).ok_or_else(|| error(&self.path(key), "is missing"))?;
+        Fields::new(&self.path(key), value, known)
+    }
+
+    fn optional_link(&self, key: &str) -> Result<Option<Link>, TopologyError> {
+        self.get(key).map(|_| self.link(key)).transpose()
+    }
+
+    fn link(&self, key: &str) -> Result<Link, TopologyError> {
+        let fields = self.object(key, &["alpha_us", "bandwidth_gbps"])?;
+        Ok(Link { alpha_us: fields.number("alpha_us")?, bandwidth_gbps: fields.number("bandwidth_gbps")? })
+    }
+}

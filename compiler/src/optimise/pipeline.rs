@@ -1,0 +1,105 @@
+//! Pipelining: cuts every chunk into k slices and moves slice j of step s to step s + j, so a chain or a tree
+//! forwards one slice while the next arrives (NCCL's pipelining of chunks through its steps). Reductions and copies
+//! are elementwise, so each slice computes what its chunk did, in the same order of steps; two transfers that now
+//! share a step touch different slices or came from one step. The result is verified like every pass's.
+
+use crate::diag::Error;
+use crate::ir::{Buf, Loc, Program, Transfer};
+use crate::Limits;
+
+/// `program` with every chunk cut into `slices` slices. Chunk c of a block of B chunks (a rank block of C chunks
+/// in `in` and `out`, a whole scratch buffer) becomes chunks `block*B*k + j*B + c` for j in 0..k, so a contiguous
+/// range within a block stays contiguous in each slice, and the contract's chunk numbering holds with C*k chunks.
+pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Program, Error> {
+    if slices <= 1 {
+        return Ok(program.clone());
+    }
+    let chunks = program.chunks.checked_mul(slices).filter(|&c| {
+        let (in_c, out_c) = program.collective.buffer_chunks(program.n_ranks, c);
+        let scratch: u64 = program.scratch.iter().map(|s| s.chunks as u64 * slices as u64).sum();
+        (in_c as u64 + out_c as u64 * 2 + scratch) * program.n_ranks as u64 <= limits.max_slots
+    });
+    let Some(chunks) = chunks else {
+        return Err(too_large(program, slices, format!("more than {} chunk slots", limits.max_slots)));
+    };
+    let blocks = Blocks { chunks: program.chunks, scratch: program.scratch.iter().map(|s| s.chunks).collect() };
+    let mut transfers = Vec::with_capacity(program.transfers.len() * slices as usize);
+    for j in 0..slices {
+        for t in &program.transfers {
+            for (offset, count) in blocks.pieces(t) {
+                let at = |loc: Loc| Loc { buf: loc.buf, index: blocks.sliced(loc.buf, loc.index + offset, j, slices) };
+                transfers.push(Transfer { src: at(t.src), dst: at(t.dst), count, step: t.step + j, ..*t });
+            }
+            if transfers.len() > limits.max_transfers {
+                return Err(too_large(program, slices, format!("more than {} transfers", limits.max_transfers)));
+            }
+        }
+    }
+    // Stable: within a step, earlier slices first, then program order.
+    transfers.sort_by_key(|t| t.step);
+    let mut scratch = program.scratch.clone();
+    for s in &mut scratch {
+        s.chunks *= slices;
+    }
+    let n_steps = if program.transfers.is_empty() { 0 } else { program.n_steps + slices - 1 };
+    Ok(Program {
+        name: program.name.clone(),
+        collective: program.collective,
+        n_ranks: program.n_ranks,
+        chunks,
+        pipeline: 1,
+        root: program.root,
+        peer: program.peer,
+        params: program.params.clone(),
+        scratch,
+        transfers,
+        n_steps,
+        spans: program.spans.clone(),
+    })
+}
+
+fn too_large(program: &Program, slices: u32, what: String) -> Error {
+    Error::new(
+        "collc::optimise::pipeline",
+        format!("pipelining {} into {slices} slices per chunk needs {what}", program.name),
+        "use fewer slices (--pipeline), or raise --max-slots / --max-transfers",
+    )
+}
+
+/// Block sizes of the buffers: the unit a slice index is laid out in.
+struct Blocks {
+    chunks: u32,
+    scratch: Vec<u32>,
+}
+
+impl Blocks {
+    fn block(&self, buf: Buf) -> u32 {
+        match buf {
+            Buf::In | Buf::Out => self.chunks,
+            Buf::Scratch(s) => self.scratch[s as usize].max(1),
+        }
+    }
+
+    fn sliced(&self, buf: Buf, index: u32, j: u32, slices: u32) -> u32 {
+        let b = self.block(buf);
+        (index / b) * b * slices + j * b + index % b
+    }
+
+    /// The transfer's chunk range cut where the source's or the destination's block ends: (offset, count) pieces.
+    fn pieces(&self, t: &Transfer) -> impl Iterator<Item = (u32, u32)> + '_ {
+        let (src_block, dst_block) = (self.block(t.src.buf), self.block(t.dst.buf));
+        let (src, dst, count) = (t.src.index, t.dst.index, t.count);
+        let mut offset = 0;
+        std::iter::from_fn(move || {
+            if offset >= count {
+                return None;
+            }
+            let src_left = src_block - (src + offset) % src_block;
+            let dst_left = dst_block - (dst + offset) % dst_block;
+            let n = src_left.min(dst_left).min(count - offset);
+            let piece = (offset, n);
+            offset += n;
+            Some(piece)
+        })
+    }
+}

@@ -97,3 +97,16 @@ pub fn parse_rank_list(text: &str) -> Result<Vec<u32>, String> {
     }
     Ok(out)
 }
+
+/// `8`, `1K`, `32M`, `1G`: bytes, with nccl-tests' binary suffixes.
+pub fn parse_size(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let (digits, shift) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&text[..text.len() - 1], 10),
+        Some('M') => (&text[..text.len() - 1], 20),
+        Some('G') => (&text[..text.len() - 1], 30),
+        _ => (text, 0),
+    };
+    let value: usize = digits.parse().map_err(|_| format!("`{text}` is not a size such as 8, 64K, 32M or 1G"))?;
+    value.checked_mul(1usize << shift).ok_or_else(|| format!("`{text}` overflows"))
+}

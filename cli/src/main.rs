@@ -3,11 +3,14 @@
 
 mod args;
 mod build;
+mod calibrate;
 mod check;
+mod cost;
 mod library;
 mod list;
 mod report;
 mod run;
+mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -30,6 +33,10 @@ enum Command {
     Check(check::CheckArgs),
     /// Run an algorithm on real data and print nccl-tests' table (threads or shared-memory processes).
     Run(run::RunArgs),
+    /// Predict an algorithm's time, algbw and busbw per message size (alpha-beta-gamma model, topology file).
+    Cost(cost::CostArgs),
+    /// Pick the predicted-fastest algorithm per message size, per collective, on a topology.
+    Tune(tune::TuneArgs),
 }
 
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
@@ -61,6 +68,8 @@ fn main() -> ExitCode {
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
         Command::Run(a) => run::run(a),
+        Command::Cost(a) => cost::run(a),
+        Command::Tune(a) => tune::run(a),
     });
     match worker.map(|handle| handle.join()) {
         Ok(Ok(code)) => ExitCode::from(code),

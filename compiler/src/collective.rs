@@ -98,6 +98,20 @@ impl Collective {
     }
 
     /// Whether the collective reduces (so `reduce` transfers make sense and sums are expected).
+    /// nccl-tests' bus bandwidth factor: what makes busbw comparable to a link's bandwidth whatever the algorithm.
+    pub fn bus_factor(self, n_ranks: u32) -> f64 {
+        let n = n_ranks as f64;
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::ReduceScatter
+            | Collective::AllGather
+            | Collective::AllToAll
+            | Collective::Gather
+            | Collective::Scatter => (n - 1.0) / n,
+            Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
+        }
+    }
+
     pub fn reduces(self) -> bool {
         matches!(self, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce)
     }

@@ -129,7 +129,8 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let program = &sched.ranks[rank as usize];
     let layout = ChunkLayout::new(count, sched.chunks);
-    let max_n = program.instrs.iter().map(|i| i.count as usize).max().unwrap_or(1).max(1);
+    // Every rank must cut a call into the same tiles, so the widest message of any rank sets the tile size.
+    let max_n = sched.ranks.iter().flat_map(|p| &p.instrs).map(|i| i.count as usize).max().unwrap_or(1).max(1);
     if slot_bytes < max_n * elem {
         return Err(RuntimeError::Config(format!(
             "FIFO slots of {slot_bytes} bytes cannot hold one element of each of the {max_n} chunks one message \

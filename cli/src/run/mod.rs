@@ -6,6 +6,7 @@ mod launch;
 mod sweep;
 mod table;
 
+use crate::args::parse_size;
 use crate::library;
 use clap::{Args, ValueEnum};
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
@@ -211,19 +212,6 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
         transport,
         options,
     })
-}
-
-/// `8`, `1K`, `32M`, `1G`: bytes, with nccl-tests' binary suffixes.
-pub fn parse_size(text: &str) -> Result<usize, String> {
-    let text = text.trim();
-    let (digits, shift) = match text.chars().last().map(|c| c.to_ascii_uppercase()) {
-        Some('K') => (&text[..text.len() - 1], 10),
-        Some('M') => (&text[..text.len() - 1], 20),
-        Some('G') => (&text[..text.len() - 1], 30),
-        _ => (text, 0),
-    };
-    let value: usize = digits.parse().map_err(|_| format!("`{text}` is not a size such as 8, 64K, 32M or 1G"))?;
-    value.checked_mul(1usize << shift).ok_or_else(|| format!("`{text}` overflows"))
 }
 
 fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {

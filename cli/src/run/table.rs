@@ -2,29 +2,14 @@
 
 use super::sweep::{Cell, Row};
 use super::{Format, Job};
-use collc_compiler::Collective;
 use serde_json::json;
-
-/// nccl-tests' bus bandwidth factor: what makes busbw comparable to a link's bandwidth whatever the algorithm.
-pub fn bus_factor(collective: Collective, n_ranks: u32) -> f64 {
-    let n = n_ranks as f64;
-    match collective {
-        Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::ReduceScatter
-        | Collective::AllGather
-        | Collective::AllToAll
-        | Collective::Gather
-        | Collective::Scatter => (n - 1.0) / n,
-        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
-    }
-}
 
 fn bandwidths(job: &Job, bytes: usize, cell: &Cell) -> (f64, f64) {
     if cell.seconds <= 0.0 {
         return (0.0, 0.0);
     }
     let algbw = bytes as f64 / cell.seconds / 1e9;
-    (algbw, algbw * bus_factor(job.collective, job.n_ranks))
+    (algbw, algbw * job.collective.bus_factor(job.n_ranks))
 }
 
 /// What ran, for the header: algorithm, transport, executor.

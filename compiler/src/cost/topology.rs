@@ -69,7 +69,9 @@ pub struct Topology {
     #[serde(skip_serializing_if = "String::is_empty")]
     pub name: String,
     pub nodes: u32,
-    pub ranks_per_node: u32,
+    /// Absent on a one-node topology that fits any rank count.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks_per_node: Option<u32>,
     pub links: Links,
     /// GB/s at which one rank reduces (1 / gamma).
     pub reduce_gbps: f64,
@@ -99,7 +101,7 @@ impl Topology {
         Topology {
             name: "uniform (built-in)".into(),
             nodes: 1,
-            ranks_per_node: n_ranks,
+            ranks_per_node: Some(n_ranks),
             links: Links { intra: link, inter: None },
             reduce_gbps: defaults::REDUCE_GBPS,
             copy_gbps: None,
@@ -120,7 +122,10 @@ impl Topology {
         let topo = Topology {
             name: root.optional("name", Value::as_str, "a string")?.unwrap_or_default().to_string(),
             nodes: root.count("nodes")?,
-            ranks_per_node: root.count("ranks_per_node")?,
+            ranks_per_node: match root.get("ranks_per_node") {
+                None => None,
+                Some(_) => Some(root.count("ranks_per_node")?),
+            },
             links: Links { intra: links.link("intra")?, inter: links.optional_link("inter")? },
             reduce_gbps: root.number("reduce_gbps")?,
             copy_gbps: root.optional("copy_gbps", Value::as_f64, "a number")?,
@@ -151,11 +156,15 @@ impl Topology {
         if self.nodes == 0 {
             return Err(error("nodes", "must be at least 1"));
         }
-        if self.ranks_per_node == 0 {
-            return Err(error("ranks_per_node", "must be at least 1"));
-        }
-        if self.nodes.checked_mul(self.ranks_per_node).is_none() {
-            return Err(error("nodes", "nodes x ranks_per_node overflows"));
+        match self.ranks_per_node {
+            Some(0) => return Err(error("ranks_per_node", "must be at least 1")),
+            Some(g) if self.nodes.checked_mul(g).is_none() => {
+                return Err(error("nodes", "nodes x ranks_per_node overflows"))
+            }
+            None if self.nodes > 1 => {
+                return Err(error("ranks_per_node", format!("is required with {} nodes", self.nodes)))
+            }
+            _ => {}
         }
         check_link("links.intra", &self.links.intra)?;
         match (&self.links.inter, self.nodes) {
@@ -176,21 +185,24 @@ impl Topology {
 
     /// Checks that the topology describes exactly `n_ranks` ranks.
     pub fn check_ranks(&self, n_ranks: u32) -> Result<(), TopologyError> {
-        let total = self.nodes * self.ranks_per_node;
+        let Some(per_node) = self.ranks_per_node else { return Ok(()) };
+        let total = self.nodes * per_node;
         if total == n_ranks {
             return Ok(());
         }
         Err(error(
             "nodes",
-            format!(
-                "{} nodes x {} ranks_per_node = {total} ranks, but --ranks is {n_ranks}",
-                self.nodes, self.ranks_per_node
-            ),
+            format!("{} nodes x {per_node} ranks_per_node = {total} ranks, but --ranks is {n_ranks}", self.nodes),
         ))
     }
 
+    /// Ranks per node for `n_ranks` ranks in all.
+    pub fn per_node(&self, n_ranks: u32) -> u32 {
+        self.ranks_per_node.unwrap_or(n_ranks).max(1)
+    }
+
     pub fn node_of(&self, rank: u32) -> u32 {
-        rank / self.ranks_per_node
+        self.ranks_per_node.map_or(0, |g| rank / g)
     }
 
     pub fn class(&self, from: u32, to: u32) -> LinkClass {
@@ -221,8 +233,8 @@ impl Topology {
     /// One line for report headers.
     pub fn describe(&self) -> String {
         let link = |l: &Link| format!("alpha {} us, {} GB/s", l.alpha_us, l.bandwidth_gbps);
-        let mut text =
-            format!("{} node(s) x {} ranks; intra {}", self.nodes, self.ranks_per_node, link(&self.links.intra));
+        let per_node = self.ranks_per_node.map_or("any number of".to_string(), |g| g.to_string());
+        let mut text = format!("{} node(s) x {per_node} ranks; intra {}", self.nodes, link(&self.links.intra));
         if let Some(inter) = &self.links.inter {
             text += &format!("; inter {}", link(inter));
         }

@@ -1,0 +1,156 @@
+//! `collc cost --calibrate`: measures this host and writes a one-node topology file. alpha and beta come from a
+//! ping-pong of `sendrecv` between two ranks of the threads transport (half a round trip per message; alpha is the
+//! median small-message time, beta the least-squares slope over large messages); gamma and the copy rate from the
+//! host kernels on buffers larger than the caches. Each figure is the median of several runs.
+
+use clap::Args;
+use collc_compiler::cost::{Link, Links, Topology};
+use collc_compiler::Collective;
+use collc_kernels::{host, DataType, ReduceOp};
+use collc_runtime::{Buffers, CallShape, Communicator, Options};
+use std::time::Instant;
+
+#[derive(Args, Clone, Debug)]
+pub struct CalibrateArgs {
+    /// Where --calibrate writes the topology file (default: standard output).
+    #[arg(short = 'o', long = "output")]
+    pub output: Option<String>,
+    /// Runs per measurement; the median is kept.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub runs: u32,
+}
+
+/// Message sizes of the ping-pong: up to 512 B for alpha, from 256 KiB for beta.
+const SMALL: [usize; 4] = [8, 64, 256, 512];
+const LARGE: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
+/// Buffers of the kernel measurements: well past the last-level cache.
+const KERNEL_BYTES: usize = 64 << 20;
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// Seconds per one-way message of `bytes` between two ranks: the median of `runs` timed ping-pongs.
+fn one_way_seconds(bytes: usize, runs: u32) -> Result<f64, String> {
+    let comms = Communicator::threads(2, Options::default()).map_err(|e| e.to_string())?;
+    let iters = (64 << 20) / bytes.max(1);
+    let iters = iters.clamp(20, 2000);
+    let samples = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                scope.spawn(move || -> Result<Vec<f64>, String> {
+                    let send = vec![1u8; bytes];
+                    let mut recv = vec![0u8; bytes];
+                    let shape = |root: u32| CallShape {
+                        collective: Collective::SendRecv,
+                        count: bytes,
+                        dtype: DataType::U8,
+                        op: ReduceOp::Sum,
+                        root,
+                        peer: 1 - root,
+                    };
+                    let pingpong = |comm: &mut Communicator, recv: &mut [u8], n: usize| -> Result<(), String> {
+                        for _ in 0..n {
+                            for root in [0, 1] {
+                                let buffers = Buffers::OutOfPlace { send: &send, recv: &mut *recv };
+                                comm.call(shape(root), buffers).map_err(|e| e.to_string())?;
+                            }
+                        }
+                        Ok(())
+                    };
+                    pingpong(&mut comm, &mut recv, 5)?;
+                    let mut samples = Vec::new();
+                    for _ in 0..runs {
+                        comm.barrier().map_err(|e| e.to_string())?;
+                        let started = Instant::now();
+                        pingpong(&mut comm, &mut recv, iters)?;
+                        samples.push(started.elapsed().as_secs_f64() / (2 * iters) as f64);
+                    }
+                    Ok(samples)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a calibration rank")).collect::<Vec<_>>()
+    });
+    let rank0 = samples.into_iter().next().expect("two ranks")?;
+    Ok(median(rank0))
+}
+
+/// Seconds per byte of `kernel` over `KERNEL_BYTES`-byte buffers.
+fn kernel_seconds_per_byte(runs: u32, kernel: impl Fn(&mut [u8], &[u8])) -> f64 {
+    let src = vec![1u8; KERNEL_BYTES];
+    let mut dst = vec![2u8; KERNEL_BYTES];
+    kernel(&mut dst, &src);
+    median(
+        (0..runs)
+            .map(|_| {
+                let started = Instant::now();
+                kernel(&mut dst, &src);
+                started.elapsed().as_secs_f64() / KERNEL_BYTES as f64
+            })
+            .collect(),
+    )
+}
+
+/// Least-squares slope of y over x.
+fn slope(points: &[(f64, f64)]) -> f64 {
+    let n = points.len() as f64;
+    let (mx, my) = (points.iter().map(|p| p.0).sum::<f64>() / n, points.iter().map(|p| p.1).sum::<f64>() / n);
+    let num: f64 = points.iter().map(|(x, y)| (x - mx) * (y - my)).sum();
+    let den: f64 = points.iter().map(|(x, _)| (x - mx) * (x - mx)).sum();
+    num / den
+}
+
+fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
+    let runs = args.runs;
+    let small: Vec<f64> = SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()?;
+    let large: Vec<(f64, f64)> =
+        LARGE.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
+    let alpha = median(small);
+    let beta = slope(&large).max(1e-13);
+    let gamma = kernel_seconds_per_byte(runs, |dst, src| {
+        host::reduce_slices(DataType::F32, ReduceOp::Sum, dst, src).expect("equal lengths of whole f32s")
+    });
+    let copy = kernel_seconds_per_byte(runs, |dst, src| dst.copy_from_slice(src));
+    eprintln!(
+        "# calibrated: alpha {:.3} us, beta {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s",
+        alpha * 1e6,
+        1e-9 / beta,
+        1e-9 / gamma,
+        1e-9 / copy
+    );
+    let round = |v: f64| (v * 1000.0).round() / 1000.0;
+    Ok(Topology {
+        name: "calibrated: this host, threads transport".into(),
+        nodes: 1,
+        ranks_per_node: None,
+        links: Links { intra: Link { alpha_us: round(alpha * 1e6), bandwidth_gbps: round(1e-9 / beta) }, inter: None },
+        reduce_gbps: round(1e-9 / gamma),
+        copy_gbps: Some(round(1e-9 / copy)),
+        switch: None,
+    })
+}
+
+pub fn run(args: &CalibrateArgs) -> u8 {
+    let topo = match measure(args) {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("error: calibration failed: {e}");
+            return 1;
+        }
+    };
+    let text = topo.to_json() + "\n";
+    match &args.output {
+        None => print!("{text}"),
+        Some(path) => {
+            if let Err(e) = std::fs::write(path, text) {
+                eprintln!("error: -o {path}: {e}");
+                return 2;
+            }
+            eprintln!("# wrote {path}");
+        }
+    }
+    0
+}

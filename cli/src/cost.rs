@@ -1,0 +1,178 @@
+//! `collc cost`: the predicted time, algbw and busbw of one algorithm per message size, on a topology file or the
+//! built-in uniform one; `--calibrate` measures this host instead and writes a topology file (`calibrate.rs`).
+
+use crate::args::{parse_size, BindArgs, LimitArgs};
+use crate::{calibrate, library, report};
+use clap::{Args, ValueEnum};
+use collc_compiler::cost::{analyse, Profile, Topology};
+use collc_compiler::{lower, Bindings, Collective, Error, Errors, Placement};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
+
+#[derive(Args)]
+pub struct CostArgs {
+    /// A library name such as `allreduce/ring`, or a path to a `.coll` file (not needed with --calibrate).
+    #[arg(required_unless_present = "calibrate")]
+    pub algorithm: Option<String>,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 8)]
+    pub ranks: u32,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+    /// Topology file (JSON); without it, one node with the built-in constants.
+    #[arg(long)]
+    pub topo: Option<String>,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    /// Measure alpha, beta and gamma of this host's transports and write a topology file (see -o).
+    #[arg(long)]
+    pub calibrate: bool,
+    #[command(flatten)]
+    pub calibration: calibrate::CalibrateArgs,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct SizeArgs {
+    /// Message sizes `MIN..MAX` in bytes (K, M, G are powers of 1024), as nccl-tests' -b and -e.
+    #[arg(long, default_value = "8..1G")]
+    pub sizes: String,
+    /// Multiply the size by this factor between rows, as nccl-tests' -f.
+    #[arg(short = 'f', long = "stepfactor", default_value_t = 2, value_parser = clap::value_parser!(u64).range(2..))]
+    pub factor: u64,
+}
+
+impl SizeArgs {
+    /// The sizes of the sweep, or why the range is unusable.
+    pub fn list(&self) -> Result<Vec<u64>, String> {
+        let (min, max) = self
+            .sizes
+            .split_once("..")
+            .ok_or_else(|| format!("--sizes `{}` is not a range such as 8..1G", self.sizes))?;
+        let (min, max) = (parse_size(min)? as u64, parse_size(max.trim_start_matches('='))? as u64);
+        if min == 0 {
+            return Err(format!("--sizes `{}` starts at 0 bytes; start at 1 or more", self.sizes));
+        }
+        if min > max {
+            return Err(format!("--sizes `{}` is empty: {min} bytes is more than {max}", self.sizes));
+        }
+        let mut sizes = vec![min];
+        while let Some(next) = sizes.last().and_then(|s| s.checked_mul(self.factor)).filter(|&n| n <= max) {
+            sizes.push(next);
+        }
+        Ok(sizes)
+    }
+}
+
+/// The topology of `--topo`, or the uniform one, checked against the rank count.
+pub fn topology(path: Option<&str>, n_ranks: u32) -> Result<Topology, String> {
+    let Some(path) = path else { return Ok(Topology::uniform(n_ranks)) };
+    let text = std::fs::read_to_string(path).map_err(|e| format!("--topo {path}: cannot read it: {e}"))?;
+    let topo = Topology::from_json(&text).map_err(|e| format!("--topo {path}: {e}"))?;
+    topo.check_ranks(n_ranks).map_err(|e| format!("--topo {path}: {e}"))?;
+    Ok(topo)
+}
+
+/// The bindings for costing `source` on `topo`: a hierarchical algorithm's ranks per node come from the topology
+/// unless `--set` gives them.
+pub fn bindings_for(source: &collc_grammar::ast::File, bind: &BindArgs, n_ranks: u32, topo: &Topology) -> Bindings {
+    let mut bindings = bind.bindings(n_ranks);
+    for item in &source.algorithm.items {
+        if let collc_grammar::ast::Item::Nodes { nodes, local, .. } = item {
+            let given = |name: &str| bindings.params.iter().any(|(n, _)| n == name);
+            if !given(&nodes.name) && !given(&local.name) {
+                bindings.params.push((local.name.clone(), topo.per_node(n_ranks) as i64));
+            }
+        }
+    }
+    bindings
+}
+
+/// Lowers, verifies and profiles `source` for `n_ranks` on `topo`.
+pub fn profile(
+    text: &str,
+    bind: &BindArgs,
+    limits: &collc_compiler::Limits,
+    n_ranks: u32,
+    topo: &Topology,
+) -> Result<(Collective, Profile), Errors> {
+    let file = collc_grammar::parse(text, &limits.syntax).map_err(Error::from)?;
+    let program = lower(&file, &bindings_for(&file, bind, n_ranks, topo), limits)?;
+    let profile = analyse(&program, text, bind.options(Placement::OutOfPlace), limits, topo)?;
+    Ok((program.collective, profile))
+}
+
+/// Algorithm bandwidth and nccl-tests' bus bandwidth, GB/s.
+pub fn bandwidths(collective: Collective, n_ranks: u32, bytes: u64, seconds: f64) -> (f64, f64) {
+    let algbw = bytes as f64 / seconds.max(1e-15) / 1e9;
+    (algbw, algbw * collective.bus_factor(n_ranks))
+}
+
+pub fn run(args: CostArgs) -> u8 {
+    if args.calibrate {
+        return calibrate::run(&args.calibration);
+    }
+    let name = args.algorithm.as_deref().expect("clap requires it without --calibrate");
+    let (sizes, topo, source) =
+        match (args.sizes.list(), topology(args.topo.as_deref(), args.ranks), library::resolve(name)) {
+            (Ok(s), Ok(t), Ok(src)) => (s, t, src),
+            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
+                eprintln!("error: {e}");
+                return 2;
+            }
+        };
+    let limits = args.limits.limits();
+    let (collective, profile) = match profile(&source.text, &args.bind, &limits, args.ranks, &topo) {
+        Ok(found) => found,
+        Err(errors) => {
+            report::print_all(&errors, &source.name, &source.text);
+            return 1;
+        }
+    };
+    let rows: Vec<(u64, f64, f64, f64)> = sizes
+        .iter()
+        .map(|&bytes| {
+            let seconds = profile.seconds(bytes as f64);
+            let (algbw, busbw) = bandwidths(collective, args.ranks, bytes, seconds);
+            (bytes, seconds, algbw, busbw)
+        })
+        .collect();
+    match args.format {
+        Format::Json => {
+            let doc = serde_json::json!({
+                "algorithm": name,
+                "collective": collective.name(),
+                "ranks": args.ranks,
+                "steps": profile.n_steps(),
+                "messages": profile.messages,
+                "topology": topo,
+                "rows": rows.iter().map(|(size, s, a, b)| serde_json::json!({
+                    "size": size, "time_us": s * 1e6, "algbw": a, "busbw": b,
+                })).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&doc).expect("JSON values serialise"));
+        }
+        Format::Table => {
+            println!(
+                "# collc cost {name}: {} ranks, {} steps, {} messages",
+                args.ranks,
+                profile.n_steps(),
+                profile.messages
+            );
+            println!("# topology: {}: {}", if topo.name.is_empty() { "file" } else { &topo.name }, topo.describe());
+            println!("#");
+            println!("# {:>12} {:>14} {:>12} {:>12}", "size", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
+            for (size, seconds, algbw, busbw) in rows {
+                println!("  {size:>12} {:>14.2} {algbw:>12.2} {busbw:>12.2}", seconds * 1e6);
+            }
+        }
+    }
+    0
+}

@@ -1,0 +1,174 @@
+//! `collc tune`: which algorithm the cost model picks for each message size, per collective, on a topology (the
+//! size ranges where each algorithm wins), as NCCL's tuner would. `collc run COLLECTIVE` uses the same choice.
+
+use crate::args::{BindArgs, LimitArgs};
+use crate::cost::{self, Format, SizeArgs};
+use crate::report;
+use clap::Args;
+use collc_compiler::cost::{fastest, winning_ranges, AlgoFilter, Candidate, Topology};
+use collc_compiler::{Collective, Limits};
+
+#[derive(Args)]
+pub struct TuneArgs {
+    /// One collective (allreduce, broadcast, ...); all of them when absent.
+    pub collective: Option<String>,
+    /// Number of ranks.
+    #[arg(long, default_value_t = 8)]
+    pub ranks: u32,
+    /// Topology file (JSON); without it, one node with the built-in constants.
+    #[arg(long)]
+    pub topo: Option<String>,
+    #[command(flatten)]
+    pub sizes: SizeArgs,
+    /// Candidates, in NCCL_ALGO's grammar: `ring,tree`, `^naive`, `allreduce:ring,tree;broadcast:chain`
+    /// (default: $COLLC_ALGO, else every library algorithm).
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// Also print every candidate's predicted time at every size.
+    #[arg(long)]
+    pub all: bool,
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+/// The algorithm filter of `--algo`, else of `COLLC_ALGO`, else none.
+pub fn algo_filter(arg: Option<&str>) -> Result<AlgoFilter, String> {
+    match arg {
+        Some(text) => AlgoFilter::parse(text).map_err(|e| format!("--algo `{text}`: {e}")),
+        None => match std::env::var("COLLC_ALGO") {
+            Ok(text) if !text.trim().is_empty() => {
+                AlgoFilter::parse(&text).map_err(|e| format!("COLLC_ALGO=`{text}`: {e}"))
+            }
+            _ => Ok(AlgoFilter::default()),
+        },
+    }
+}
+
+/// The costed candidates of one collective, and the ones its `where` or node split does not admit (with why).
+pub struct Field {
+    pub candidates: Vec<Candidate>,
+    pub not_admitted: Vec<(String, String)>,
+}
+
+/// Profiles every candidate `filter` leaves for `collective`; an algorithm that fails to verify is an error.
+pub fn field(
+    collective: Collective,
+    filter: &AlgoFilter,
+    n_ranks: u32,
+    topo: &Topology,
+    bind: &BindArgs,
+    limits: &Limits,
+) -> Result<Field, String> {
+    let mut field = Field { candidates: Vec::new(), not_admitted: Vec::new() };
+    for name in filter.candidates(collective)? {
+        let full = format!("{collective}/{name}");
+        let text = collc_compiler::library::get(&full).expect("candidates come from the library");
+        match cost::profile(text, bind, limits, n_ranks, topo) {
+            Ok((_, profile)) => field.candidates.push(Candidate { name: name.to_string(), profile }),
+            Err(errors) if errors.0.iter().all(|e| e.code.starts_with("collc::lower::")) && errors.0.len() == 1 => {
+                field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
+            }
+            Err(errors) => {
+                report::print_all(&errors, &format!("{full}.coll"), text);
+                return Err(format!("{full} does not verify for {n_ranks} ranks"));
+            }
+        }
+    }
+    if field.candidates.is_empty() {
+        return Err(format!("no {collective} algorithm admits {n_ranks} ranks on this topology"));
+    }
+    Ok(field)
+}
+
+fn collectives(arg: Option<&str>) -> Result<Vec<Collective>, String> {
+    match arg {
+        Some(name) => Ok(vec![name.parse().map_err(|e: String| format!("{name}: {e}"))?]),
+        None => Ok(Collective::ALL.iter().copied().filter(|&c| c != Collective::SendRecv).collect()),
+    }
+}
+
+pub fn run(args: TuneArgs) -> u8 {
+    let setup = (|| {
+        let sizes = args.sizes.list()?;
+        let topo = cost::topology(args.topo.as_deref(), args.ranks)?;
+        Ok::<_, String>((sizes, topo, algo_filter(args.algo.as_deref())?, collectives(args.collective.as_deref())?))
+    })();
+    let (sizes, topo, filter, collectives) = match setup {
+        Ok(found) => found,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let limits = args.limits.limits();
+    let mut report_json = Vec::new();
+    if args.format == Format::Table {
+        println!("# collc tune: {} ranks; topology: {}", args.ranks, topo.describe());
+    }
+    for collective in collectives {
+        let field = match field(collective, &filter, args.ranks, &topo, &args.bind, &limits) {
+            Ok(f) => f,
+            Err(e) => {
+                eprintln!("error: {e}");
+                return 1;
+            }
+        };
+        let ranges = winning_ranges(&field.candidates, &sizes);
+        match args.format {
+            Format::Table => print_table(collective, &field, &ranges, &sizes, args.all),
+            Format::Json => report_json.push(serde_json::json!({
+                "collective": collective.name(),
+                "candidates": field.candidates.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+                "not_admitted": field.not_admitted.iter().map(|(n, why)| serde_json::json!({"algorithm": n, "why": why})).collect::<Vec<_>>(),
+                "ranges": ranges.iter().map(|&(from, to, i)| serde_json::json!({
+                    "from": from, "to": to, "algorithm": field.candidates[i].name,
+                    "time_us_from": field.candidates[i].profile.seconds(from as f64) * 1e6,
+                    "time_us_to": field.candidates[i].profile.seconds(to as f64) * 1e6,
+                })).collect::<Vec<_>>(),
+            })),
+        }
+    }
+    if args.format == Format::Json {
+        let doc = serde_json::json!({ "ranks": args.ranks, "topology": topo, "collectives": report_json });
+        println!("{}", serde_json::to_string_pretty(&doc).expect("JSON values serialise"));
+    }
+    0
+}
+
+fn print_table(collective: Collective, field: &Field, ranges: &[(u64, u64, usize)], sizes: &[u64], all: bool) {
+    let names: Vec<&str> = field.candidates.iter().map(|c| c.name.as_str()).collect();
+    println!("#\n# {collective}: candidates {}", names.join(", "));
+    for (name, why) in &field.not_admitted {
+        println!("#   not admitted: {name} ({why})");
+    }
+    println!("# {:>12} {:>12}   {:<22} {:>12} {:>12}", "from", "to", "algorithm", "time(us)", "to(us)");
+    for &(from, to, i) in ranges {
+        let c = &field.candidates[i];
+        println!(
+            "  {from:>12} {to:>12}   {:<22} {:>12.2} {:>12.2}",
+            c.name,
+            c.profile.seconds(from as f64) * 1e6,
+            c.profile.seconds(to as f64) * 1e6
+        );
+    }
+    if all {
+        print!("# {:>12}", "size");
+        for name in &names {
+            print!(" {name:>14.14}");
+        }
+        println!();
+        for &size in sizes {
+            let best = fastest(&field.candidates, size as f64);
+            print!("  {size:>12}");
+            for (i, c) in field.candidates.iter().enumerate() {
+                let mark = if Some(i) == best { "*" } else { " " };
+                print!(" {:>13.2}{mark}", c.profile.seconds(size as f64) * 1e6);
+            }
+            println!();
+        }
+    }
+}

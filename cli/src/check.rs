@@ -4,7 +4,8 @@ use crate::args::{parse_rank_list, BindArgs, LimitArgs};
 use crate::library;
 use crate::report;
 use clap::Args;
-use collc_compiler::{compile_program, lower, verify, Error, Errors, Placement};
+use collc_compiler::lower::node_split;
+use collc_compiler::{compile_program, lower, verify, Bindings, Error, Errors, Placement};
 use collc_grammar::ast;
 
 #[derive(Args)]
@@ -29,10 +30,22 @@ enum Outcome {
     Failed(Errors),
 }
 
-/// Lowers once for `n_ranks`, then schedules, fuses and verifies each placement.
-fn check_rank_count(text: &str, file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<(Placement, Outcome)> {
+/// The bindings to check at `n_ranks`: an algorithm with a node split that `--set` leaves open is checked for
+/// every ranks-per-node count that divides `n_ranks`.
+fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<Bindings> {
+    let given = args.bind.bindings(n_ranks);
+    let open = node_split(&file.algorithm)
+        .is_some_and(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
+    if !open {
+        return vec![given];
+    }
+    (1..=n_ranks).filter(|g| n_ranks % g == 0).map(|g| given.clone().with_default_split(&file.algorithm, g)).collect()
+}
+
+/// Lowers once for one binding, then schedules, fuses and verifies each placement.
+fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bindings) -> Vec<(Placement, Outcome)> {
     let limits = args.limits.limits();
-    let program = match lower(file, &args.bind.bindings(n_ranks), &limits) {
+    let program = match lower(file, bindings, &limits) {
         Ok(program) => program,
         Err(errors) if is_not_admitted(&errors) => {
             return vec![(Placement::OutOfPlace, Outcome::NotAdmitted(errors.0[0].message.clone()))]
@@ -113,7 +126,12 @@ pub fn run(args: CheckArgs) -> u8 {
     let started = std::time::Instant::now();
     for &p in &ranks {
         let mut line = Vec::new();
-        let outcomes = check_rank_count(&source.text, &file, &args, p);
+        let splits = bindings(&file, &args, p);
+        if splits.len() > 1 {
+            line.push(format!("{} node splits", splits.len()));
+        }
+        let outcomes: Vec<(Placement, Outcome)> =
+            splits.iter().flat_map(|b| check_binding(&source.text, &file, &args, b)).collect();
         for (placement, outcome) in &outcomes {
             match outcome {
                 Outcome::Verified(n) => line.push(format!("{placement} {n} instructions")),

@@ -83,16 +83,7 @@ pub fn topology(path: Option<&str>, n_ranks: u32) -> Result<Topology, String> {
 /// The bindings for costing `source` on `topo`: a hierarchical algorithm's ranks per node come from the topology
 /// unless `--set` gives them.
 pub fn bindings_for(source: &collc_grammar::ast::File, bind: &BindArgs, n_ranks: u32, topo: &Topology) -> Bindings {
-    let mut bindings = bind.bindings(n_ranks);
-    for item in &source.algorithm.items {
-        if let collc_grammar::ast::Item::Nodes { nodes, local, .. } = item {
-            let given = |name: &str| bindings.params.iter().any(|(n, _)| n == name);
-            if !given(&nodes.name) && !given(&local.name) {
-                bindings.params.push((local.name.clone(), topo.per_node(n_ranks) as i64));
-            }
-        }
-    }
-    bindings
+    bind.bindings(n_ranks).with_default_split(&source.algorithm, topo.per_node(n_ranks))
 }
 
 /// Lowers, verifies and profiles `source` for `n_ranks` on `topo`.

@@ -30,7 +30,15 @@ fn every_algorithm_verifies_for_2_to_16_ranks_in_both_placements() {
     for algo in corpus::library() {
         let rooted = has_root(&algo.text);
         for n_ranks in RANKS {
-            let mut bindings = vec![Bindings::ranks(n_ranks)];
+            let file = collc_grammar::parse(&algo.text, &Default::default()).expect("the library parses");
+            // Every node split of n_ranks, for an algorithm that declares one.
+            let mut bindings: Vec<Bindings> = match collc_compiler::lower::node_split(&file.algorithm) {
+                Some(_) => (1..=n_ranks)
+                    .filter(|g| n_ranks % g == 0)
+                    .map(|g| Bindings::ranks(n_ranks).with_default_split(&file.algorithm, g))
+                    .collect(),
+                None => vec![Bindings::ranks(n_ranks)],
+            };
             if rooted {
                 bindings.push(Bindings { root: Some(n_ranks - 1), ..Bindings::ranks(n_ranks) });
             }
@@ -56,7 +64,7 @@ fn every_algorithm_verifies_for_2_to_16_ranks_in_both_placements() {
 #[test]
 fn every_algorithm_is_named_after_its_file() {
     for algo in corpus::library() {
-        let sched = compile(&algo.text, &Bindings::ranks(4), Options::default(), &Limits::default())
+        let sched = compile(&algo.text, &corpus::bindings(&algo.text, 4), Options::default(), &Limits::default())
             .unwrap_or_else(|e| panic!("{}:\n{}", algo.name, render_all(&e, &algo.name, &algo.text)));
         let expected = format!("{}/{}", sched.collective, sched.algorithm);
         assert_eq!(
@@ -79,7 +87,7 @@ fn every_algorithm_has_a_doc_comment() {
 fn schedules_text(source: &str, name: &str) -> String {
     let mut text = String::new();
     for n_ranks in [2, 3, 4] {
-        let sched = compile(source, &Bindings::ranks(n_ranks), Options::default(), &Limits::default())
+        let sched = compile(source, &corpus::bindings(source, n_ranks), Options::default(), &Limits::default())
             .unwrap_or_else(|e| panic!("{name} at {n_ranks} ranks:\n{}", render_all(&e, name, source)));
         text.push_str(&format!("## ranks {n_ranks}\n{}", write_sched(&sched, source)));
     }

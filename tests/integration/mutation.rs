@@ -242,7 +242,7 @@ fn subjects() -> Vec<(String, String, Bindings)> {
     let mut out = Vec::new();
     for algo in corpus::library() {
         for n_ranks in [2, 3, 4, 5, 8] {
-            out.push((algo.name.clone(), algo.text.clone(), Bindings::ranks(n_ranks)));
+            out.push((algo.name.clone(), algo.text.clone(), corpus::bindings(&algo.text, n_ranks)));
         }
     }
     for fixture in corpus::coll_files(&corpus::fixtures_dir("ok")) {

@@ -4,7 +4,7 @@
 
 use crate::corpus::{self, render_all};
 use collc_compiler::emit::{parse_sched, write_sched};
-use collc_compiler::{compile, diag, verify, Bindings, Limits, Options, Placement};
+use collc_compiler::{compile, diag, verify, Limits, Options, Placement};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 #[test]
@@ -15,8 +15,9 @@ fn library_schedules_round_trip() {
         for n_ranks in [2, 5, 8] {
             for placement in Placement::BOTH {
                 let context = format!("{} p={n_ranks} {placement}", algo.name);
-                let verified = compile(&algo.text, &Bindings::ranks(n_ranks), Options::placed(placement), &limits)
-                    .unwrap_or_else(|e| panic!("{context}:\n{}", render_all(&e, &algo.name, &algo.text)));
+                let verified =
+                    compile(&algo.text, &corpus::bindings(&algo.text, n_ranks), Options::placed(placement), &limits)
+                        .unwrap_or_else(|e| panic!("{context}:\n{}", render_all(&e, &algo.name, &algo.text)));
                 for source in [algo.text.as_str(), ""] {
                     let text = write_sched(&verified, source);
                     let parsed = parse_sched(&text).unwrap_or_else(|e| panic!("{context}: {e}\n{text}"));
@@ -36,7 +37,8 @@ fn library_schedules_round_trip() {
 /// A library algorithm at 3 ranks, out of place, as the base text malformed cases edit.
 fn base_text(name: &str) -> String {
     let algo = corpus::library().into_iter().find(|a| a.name == name).unwrap_or_else(|| panic!("no {name}"));
-    let sched = compile(&algo.text, &Bindings::ranks(3), Options::default(), &Limits::default()).expect("verifies");
+    let sched = compile(&algo.text, &corpus::bindings(&algo.text, 3), Options::default(), &Limits::default())
+        .expect("verifies");
     write_sched(&sched, "")
 }
 

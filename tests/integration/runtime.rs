@@ -3,6 +3,7 @@
 //! rank's result must equal the reference interpreter's on the same inputs and the collective's definition
 //! (`check::expected`), and the guard bytes around every buffer must stay untouched.
 
+use crate::corpus;
 use collc_compiler::library::LIBRARY;
 use collc_compiler::{compile, Bindings, Collective, Limits, Options, Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
@@ -134,7 +135,7 @@ fn matrix(transports: &[Transport]) {
                     n_ranks,
                     root: collective.rooted().then_some(root),
                     peer: (collective == Collective::SendRecv).then_some(peer),
-                    params: Vec::new(),
+                    params: corpus::bindings(source, n_ranks).params,
                 };
                 let build = |placement| compile(source, &bindings, Options::placed(placement), &Limits::default());
                 let (Ok(out_of_place), Ok(in_place)) = (build(Placement::OutOfPlace), build(Placement::InPlace)) else {
@@ -147,7 +148,7 @@ fn matrix(transports: &[Transport]) {
                     transports.iter().map(|&t| (t, communicators(t, n_ranks, &job))).collect();
                 for (_, comms) in &mut groups {
                     for comm in comms {
-                        comm.set_algorithm(collective, name, source, Vec::new());
+                        comm.set_algorithm(collective, name, source, bindings.params.clone());
                     }
                 }
                 let ops: &[ReduceOp] = if collective.reduces() { ReduceOp::ALL } else { &[ReduceOp::Sum] };

@@ -20,6 +20,25 @@ impl Bindings {
     pub fn ranks(n_ranks: u32) -> Self {
         Bindings { n_ranks, ..Default::default() }
     }
+
+    /// Binds the ranks per node of an algorithm's `nodes n local g` to `per_node` when neither name is bound yet
+    /// (a single host is one node of p ranks; a topology file or a launcher may say otherwise).
+    pub fn with_default_split(mut self, algo: &Algorithm, per_node: u32) -> Self {
+        if let Some((nodes, local)) = node_split(algo) {
+            if !self.params.iter().any(|(name, _)| name == nodes || name == local) {
+                self.params.push((local.to_string(), per_node as i64));
+            }
+        }
+        self
+    }
+}
+
+/// The names of an algorithm's `nodes n local g` declaration, if it has one.
+pub fn node_split(algo: &Algorithm) -> Option<(&str, &str)> {
+    algo.items.iter().find_map(|item| match item {
+        Item::Nodes { nodes, local, .. } => Some((nodes.name.as_str(), local.name.as_str())),
+        _ => None,
+    })
 }
 
 /// Everything `bind` produces: global names and values, functions, chunks, scratch sizes.

@@ -78,6 +78,23 @@ pub struct RunArgs {
     /// Seconds any wait may last before the run fails (COLLC_TIMEOUT).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// With a collective instead of an algorithm: the candidates, in NCCL_ALGO's grammar (`ring,tree`, `^naive`,
+    /// `allreduce:ring,tree;broadcast:chain`; default $COLLC_ALGO, else the whole library).
+    #[arg(long)]
+    pub algo: Option<String>,
+    /// With a collective instead of an algorithm: the topology the cost model selects on (default $COLLC_TOPO,
+    /// else one node with the built-in constants; `collc cost --calibrate` writes one for this host).
+    #[arg(long)]
+    pub topo: Option<String>,
+}
+
+/// The algorithm the cost model picked for the sizes up to `max_bytes` (after the previous choice's).
+#[derive(Clone, Debug)]
+pub struct Choice {
+    pub max_bytes: usize,
+    pub name: String,
+    pub source: String,
+    pub params: Vec<(String, i64)>,
 }
 
 /// Everything a rank needs to run the sweep, resolved once.
@@ -99,6 +116,18 @@ pub struct Job {
     pub format: Format,
     pub transport: Transport,
     pub options: Options,
+    /// Set when the command named a collective: the selected algorithm per size range, in size order.
+    pub selection: Vec<Choice>,
+}
+
+impl Job {
+    /// The algorithm (name, source, params) that runs calls of `bytes`.
+    pub fn algorithm_for(&self, bytes: usize) -> (&str, &str, &[(String, i64)]) {
+        match self.selection.iter().find(|c| bytes <= c.max_bytes).or(self.selection.last()) {
+            Some(c) => (&c.name, &c.source, &c.params),
+            None => (&self.name, &self.source, &self.params),
+        }
+    }
 }
 
 pub fn run(args: RunArgs) -> u8 {
@@ -135,7 +164,14 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
     if n_ranks > 1024 {
         return Err(usage(format!("--ranks {n_ranks}: at most 1024 ranks run on one host")));
     }
-    let source = library::resolve(&args.algorithm).map_err(usage)?;
+    let selecting = library::resolve(&args.algorithm).is_err() && args.algorithm.parse::<Collective>().is_ok();
+    if !selecting && args.algo.is_some() {
+        return Err(usage(format!("--algo selects among algorithms; `{}` already names one", args.algorithm)));
+    }
+    let source = match selecting {
+        true => library::Source { name: args.algorithm.clone(), text: String::new() },
+        false => library::resolve(&args.algorithm).map_err(usage)?,
+    };
     let min = parse_size(&args.min_bytes).map_err(|e| usage(format!("-b: {e}")))?;
     let max = parse_size(&args.max_bytes).map_err(|e| usage(format!("-e: {e}")))?;
     if min > max {
@@ -172,6 +208,30 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
+    let sizes = sizes(min, max, args.factor, step);
+    if selecting {
+        let selection = select(args, n_ranks, peer, &sizes)?;
+        let first = selection[0].clone();
+        return Ok(Job {
+            name: first.name,
+            source: first.source,
+            collective: args.algorithm.parse().expect("checked above"),
+            n_ranks,
+            sizes,
+            dtypes,
+            ops,
+            root: args.root,
+            peer,
+            params: first.params,
+            iters: args.iters,
+            warmup: args.warmup,
+            check: args.check != 0,
+            format: args.format,
+            transport: if launched { Transport::Shm } else { args.transport },
+            options,
+            selection,
+        });
+    }
     // Compile once here so a broken algorithm is reported once, with its diagnostics, before any rank starts.
     let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
         .map_err(|e| Errors(vec![Error::from(e)]))
@@ -192,7 +252,6 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
             return Err((1, format!("{} does not compile for {n_ranks} ranks", source.name)));
         }
     };
-    let sizes = sizes(min, max, args.factor, step);
     let transport = if launched { Transport::Shm } else { args.transport };
     Ok(Job {
         name: source.name.trim_end_matches(".coll").to_string(),
@@ -211,7 +270,39 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
         format: args.format,
         transport,
         options,
+        selection: Vec::new(),
     })
+}
+
+/// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
+fn select(args: &RunArgs, n_ranks: u32, peer: u32, sizes: &[usize]) -> Result<Vec<Choice>, (u8, String)> {
+    let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
+    let topo_path = args.topo.clone().or_else(|| std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty()));
+    let topo = crate::cost::topology(topo_path.as_deref(), n_ranks).map_err(|e| (2, e))?;
+    let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
+    let bind = crate::args::BindArgs {
+        root: collective.rooted().then_some(args.root),
+        peer: (collective == Collective::SendRecv).then_some(peer),
+        set: args.set.clone(),
+        pipeline: None,
+    };
+    let field =
+        crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default()).map_err(|e| (1, e))?;
+    let mut selection: Vec<Choice> = Vec::new();
+    for &bytes in sizes {
+        let best = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
+        let name = format!("{collective}/{}", field.candidates[best].name);
+        match selection.last_mut() {
+            Some(last) if last.name == name => last.max_bytes = bytes,
+            _ => {
+                let source = collc_compiler::library::get(&name).expect("candidates come from the library");
+                let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
+                let params = bind.bindings(n_ranks).with_default_split(&file.algorithm, topo.per_node(n_ranks)).params;
+                selection.push(Choice { max_bytes: bytes, name, source: source.to_string(), params });
+            }
+        }
+    }
+    Ok(selection)
 }
 
 fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {

@@ -34,6 +34,14 @@ pub fn size_factor(collective: Collective, n_ranks: u32) -> usize {
     }
 }
 
+/// Switches to the algorithm the job's selection picked for calls of `bytes` (a no-op for a fixed algorithm).
+fn use_algorithm_for(comm: &mut Communicator, job: &Job, bytes: usize) {
+    let (name, source, params) = job.algorithm_for(bytes);
+    if !job.selection.is_empty() && comm.algorithm(job.collective) != name {
+        comm.set_algorithm(job.collective, name, source, params.to_vec());
+    }
+}
+
 /// Runs the whole sweep on this rank; rank 0 gets the rows.
 pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, RuntimeError> {
     let ops: Vec<Option<ReduceOp>> =
@@ -44,6 +52,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     for &dtype in &job.dtypes {
         for &op in &ops {
             for &bytes in &job.sizes {
+                use_algorithm_for(comm, job, bytes);
                 let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
                 let shape = CallShape {
                     collective: job.collective,
@@ -77,6 +86,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
 fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<(), RuntimeError> {
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
+        use_algorithm_for(comm, job, bytes);
         let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
         let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
         let windows = check::windows(&shape, job.n_ranks, comm.rank(), false);

@@ -27,10 +27,16 @@ pub fn print(job: &Job, header: &Header, rows: &[Row]) {
 }
 
 fn print_table(job: &Job, header: &Header, rows: &[Row]) {
+    let algorithm = if job.selection.is_empty() { header.algorithm.as_str() } else { "selected per size" };
     println!(
-        "# collc run: algorithm {} ({}), {} ranks, transport {}, executor {}",
-        header.algorithm, job.collective, job.n_ranks, header.transport, header.executor
+        "# collc run: algorithm {algorithm} ({}), {} ranks, transport {}, executor {}",
+        job.collective, job.n_ranks, header.transport, header.executor
     );
+    let mut from = job.sizes.first().copied().unwrap_or(0);
+    for choice in &job.selection {
+        println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
+        from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
+    }
     let sizes = (job.sizes.first().copied().unwrap_or(0), job.sizes.last().copied().unwrap_or(0));
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
@@ -98,13 +104,14 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         .map(|r| {
             json!({
                 "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
-                "redop": r.op.map(|o| o.to_string()), "root": r.root,
+                "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": job.algorithm_for(r.bytes).0,
                 "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
             })
         })
         .collect();
     let document = json!({
-        "algorithm": header.algorithm, "collective": job.collective.name(), "ranks": job.n_ranks,
+        "algorithm": if job.selection.is_empty() { header.algorithm.as_str() } else { "selected per size" },
+        "collective": job.collective.name(), "ranks": job.n_ranks,
         "transport": header.transport, "executor": header.executor,
         "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,
     });

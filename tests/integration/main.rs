@@ -8,10 +8,12 @@
 //! - `property`: random bytes, token soups and `random_program`s never panic and finish quickly.
 //! - `runtime`: every library algorithm runs on both transports for gloo's matrix of ranks, counts, dtypes and
 //!   ops, matching the reference interpreter and the collective's definition, guard bytes intact.
+//! - `cost`: the cost model against the closed forms, topology and `--algo` errors, selection.
 //! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
 
 mod contract;
 mod corpus;
+mod cost;
 mod fixtures;
 mod library;
 mod mutation;

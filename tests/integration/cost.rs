@@ -1,0 +1,205 @@
+//! The cost model against the closed forms of REFERENCE.md section 1 on a uniform topology, at several rank
+//! counts and sizes; topology files and `--algo` filters that are wrong; selection on a two-level machine.
+
+use collc_compiler::cost::{analyse, fastest, AlgoFilter, Candidate, Link, Links, Topology};
+use collc_compiler::{library, lower, Bindings, Collective, Limits, Options};
+
+const A: f64 = 2e-6; // alpha: 2 us
+const B: f64 = 1e-10; // beta: 10 GB/s
+const G: f64 = 2e-10; // gamma: 5 GB/s
+
+fn uniform() -> Topology {
+    Topology {
+        name: String::new(),
+        nodes: 1,
+        ranks_per_node: None,
+        links: Links { intra: Link { alpha_us: A * 1e6, bandwidth_gbps: 1e-9 / B }, inter: None },
+        reduce_gbps: 1e-9 / G,
+        copy_gbps: None,
+        switch: None,
+    }
+}
+
+/// Predicted seconds of library algorithm `name` for `n_ranks` and `bytes`, with `slices` pipelining.
+fn predict(name: &str, n_ranks: u32, bytes: f64, slices: Option<u32>, topo: &Topology) -> f64 {
+    let source = library::get(name).unwrap_or_else(|| panic!("{name} is in the library"));
+    let file = collc_grammar::parse(source, &Default::default()).expect("parses");
+    let per_node = topo.per_node(n_ranks);
+    let bindings = Bindings::ranks(n_ranks).with_default_split(&file.algorithm, per_node);
+    let program = lower(&file, &bindings, &Limits::default()).expect("lowers");
+    let options = Options { pipeline: slices, ..Options::default() };
+    analyse(&program, source, options, &Limits::default(), topo).expect("verifies").seconds(bytes)
+}
+
+fn assert_close(what: &str, got: f64, want: f64) {
+    assert!((got - want).abs() <= 1e-9 * want.abs().max(1e-12), "{what}: model {got:e} s, formula {want:e} s");
+}
+
+const SIZES: [f64; 4] = [8.0, 4096.0, 1048576.0, 1e9];
+
+#[test]
+fn uniform_predictions_equal_the_closed_forms() {
+    let topo = uniform();
+    for p in [2u32, 4, 8, 16, 32] {
+        let (pf, lg) = (p as f64, (p as f64).log2());
+        for n in SIZES {
+            let case = |name: &str| format!("{name} p={p} n={n}");
+            let ring = 2.0 * (pf - 1.0) * A + 2.0 * (pf - 1.0) / pf * n * B + (pf - 1.0) / pf * n * G;
+            assert_close(&case("allreduce/ring"), predict("allreduce/ring", p, n, None, &topo), ring);
+            // REFERENCE's naive formula leaves out the root's p-1 reductions; the program does them.
+            let naive = 2.0 * A + 2.0 * (pf - 1.0) * n * B + (pf - 1.0) * n * G;
+            assert_close(&case("allreduce/naive"), predict("allreduce/naive", p, n, None, &topo), naive);
+            let rd = lg * A + lg * n * B + lg * n * G;
+            let got = predict("allreduce/recursive_doubling", p, n, None, &topo);
+            assert_close(&case("allreduce/recursive_doubling"), got, rd);
+            let raben = 2.0 * lg * A + 2.0 * (pf - 1.0) / pf * n * B + (pf - 1.0) / pf * n * G;
+            assert_close(&case("allreduce/rabenseifner"), predict("allreduce/rabenseifner", p, n, None, &topo), raben);
+            let gather_like = (pf - 1.0) * A + (pf - 1.0) / pf * n * B;
+            assert_close(&case("allgather/ring"), predict("allgather/ring", p, n, None, &topo), gather_like);
+            assert_close(&case("alltoall/pairwise"), predict("alltoall/pairwise", p, n, None, &topo), gather_like);
+            let binomial = lg.ceil() * (A + n * B);
+            assert_close(&case("broadcast/binomial"), predict("broadcast/binomial", p, n, None, &topo), binomial);
+        }
+    }
+}
+
+#[test]
+fn bruck_and_chain_match_for_any_rank_count() {
+    let topo = uniform();
+    for p in [3u32, 5, 6, 7, 12, 33] {
+        let pf = p as f64;
+        for n in SIZES {
+            let bruck = pf.log2().ceil() * A + (pf - 1.0) / pf * n * B;
+            let got = predict("allgather/bruck", p, n, None, &topo);
+            assert_close(&format!("allgather/bruck p={p} n={n}"), got, bruck);
+            for k in [1u32, 4, 16] {
+                let chain = (pf - 1.0 + k as f64 - 1.0) * (A + n / k as f64 * B);
+                let got = predict("broadcast/chain", p, n, Some(k), &topo);
+                assert_close(&format!("broadcast/chain p={p} k={k} n={n}"), got, chain);
+            }
+        }
+    }
+}
+
+/// NCCL's double binary tree: the latency term grows with log p and, pipelined, the bandwidth term stays about
+/// 2 n b whatever p (REFERENCE.md: "about 2 log2(p) a + 2 n b").
+#[test]
+fn the_pipelined_tree_has_a_log_latency_and_a_constant_bandwidth_term() {
+    let topo = uniform();
+    for p in [4u32, 8, 16, 32, 64] {
+        let lg = (p as f64).log2();
+        let tiny = predict("allreduce/tree", p, 1.0, Some(1), &topo);
+        assert!((tiny - 2.0 * lg * A).abs() < 0.01 * tiny, "tree p={p}: latency {tiny:e} is not 2 log2(p) a");
+        let (n1, n2) = (1e9, 2e9);
+        let slope = (predict("allreduce/tree", p, n2, Some(64), &topo)
+            - predict("allreduce/tree", p, n1, Some(64), &topo))
+            / (n2 - n1);
+        // Per byte: moving it (b) and reducing it (g), each about twice, plus the pipeline's fill of 2 log2 p slices.
+        let bound = (2.0 * B + G) * (1.0 + 2.0 * lg / 64.0) * 1.5;
+        assert!(slope > B && slope < bound, "tree p={p}: {slope:e} s per byte, not about 2 b");
+        let unpipelined = (predict("allreduce/tree", p, n2, Some(1), &topo)
+            - predict("allreduce/tree", p, n1, Some(1), &topo))
+            / (n2 - n1);
+        // Unpipelined, every level moves the whole half buffer: the bandwidth term grows with log p.
+        assert!(unpipelined > lg / 1.5 * slope, "pipelining must pay: {unpipelined:e} vs {slope:e}");
+    }
+}
+
+const TWO_LEVEL: &str = r#"{
+    "name": "2 nodes x 4",
+    "nodes": 2, "ranks_per_node": 4,
+    "links": { "intra": { "alpha_us": 1, "bandwidth_gbps": 100 }, "inter": { "alpha_us": 5, "bandwidth_gbps": 10 } },
+    "reduce_gbps": 50
+}"#;
+
+fn candidates(collective: Collective, topo: &Topology, n_ranks: u32) -> Vec<Candidate> {
+    let names = AlgoFilter::default().candidates(collective).expect("the library has some");
+    names
+        .into_iter()
+        .map(|name| {
+            let full = format!("{collective}/{name}");
+            let source = library::get(&full).expect("listed");
+            let file = collc_grammar::parse(source, &Default::default()).expect("parses");
+            let bindings = Bindings::ranks(n_ranks).with_default_split(&file.algorithm, topo.per_node(n_ranks));
+            let program = lower(&file, &bindings, &Limits::default()).expect("lowers");
+            let profile = analyse(&program, source, Options::default(), &Limits::default(), topo).expect("verifies");
+            Candidate { name: name.to_string(), profile }
+        })
+        .collect()
+}
+
+#[test]
+fn selection_prefers_few_steps_for_small_messages_and_the_hierarchy_for_large_ones() {
+    let topo = Topology::from_json(TWO_LEVEL).expect("valid");
+    let field = candidates(Collective::AllReduce, &topo, 8);
+    let pick = |bytes: f64| field[fastest(&field, bytes).expect("candidates")].name.clone();
+    assert_eq!(pick(8.0), "one_shot");
+    assert_eq!(pick(256e6), "hierarchical");
+    // On one uniform node, the hierarchy is just a ring: it cannot beat the direct two-shot.
+    let flat = candidates(Collective::AllReduce, &uniform(), 8);
+    assert_ne!(flat[fastest(&flat, 256e6).expect("candidates")].name, "hierarchical");
+}
+
+#[test]
+fn topology_errors_name_the_field() {
+    let cases = [
+        ("{", "line 1"),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 0}}, "reduce_gbps": 1}"#,
+            "links.intra.bandwidth_gbps",
+        ),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": -3}}, "reduce_gbps": 1}"#,
+            "links.intra.bandwidth_gbps",
+        ),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": -1, "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#,
+            "links.intra.alpha_us",
+        ),
+        (
+            r#"{"nodes": 2, "ranks_per_node": 2, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#,
+            "links.inter",
+        ),
+        (
+            r#"{"nodes": 2, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#,
+            "ranks_per_node",
+        ),
+        (r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}}"#, "reduce_gbps"),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1, "colour": 1}"#,
+            "colour",
+        ),
+        (r#"{"nodes": -1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#, "nodes"),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": "fast", "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#,
+            "links.intra.alpha_us",
+        ),
+    ];
+    for (text, field) in cases {
+        let error = Topology::from_json(text).expect_err(text);
+        assert!(error.field.starts_with(field), "{text}: error names `{}` ({}), not `{field}`", error.field, error);
+    }
+    let topo = Topology::from_json(TWO_LEVEL).expect("valid");
+    let error = topo.check_ranks(6).expect_err("8 ranks described, 6 asked");
+    assert!(error.to_string().contains("--ranks is 6"), "{error}");
+}
+
+#[test]
+fn algo_filters_follow_nccl_algo() {
+    let all = AlgoFilter::default().candidates(Collective::AllReduce).expect("some");
+    assert!(all.len() >= 8, "{all:?}");
+    let only = AlgoFilter::parse("Ring,tree").expect("valid");
+    assert_eq!(only.candidates(Collective::AllReduce).expect("two"), vec!["ring", "tree"]);
+    let without = AlgoFilter::parse("^ring").expect("valid");
+    let left = without.candidates(Collective::AllReduce).expect("the rest");
+    assert_eq!(left.len(), all.len() - 1);
+    assert!(!left.contains(&"ring"));
+    let per = AlgoFilter::parse("allreduce:tree,ring;broadcast:chain").expect("valid");
+    assert_eq!(per.candidates(Collective::Broadcast).expect("chain"), vec!["chain"]);
+    assert_eq!(per.candidates(Collective::Gather).expect("unrestricted").len(), 2);
+    for bad in ["rign", "allreduce:chain", "allreduce:ring;allreduce:tree", "bogus:ring", "^"] {
+        assert!(AlgoFilter::parse(bad).is_err(), "`{bad}` must be rejected");
+    }
+    let error = AlgoFilter::parse("ring").expect("valid").candidates(Collective::Broadcast).expect_err("no ring");
+    assert!(error.contains("broadcast"), "{error}");
+}

@@ -1,0 +1,111 @@
+//! `collc cost`, `collc tune` and `collc run COLLECTIVE` as a user runs them: tables, JSON, the selection, and
+//! clear errors for bad topology files, unknown algorithm names and empty size ranges.
+
+use std::process::{Command, Output};
+
+fn collc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).output().expect("collc runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+fn write_topology(name: &str, body: &str) -> String {
+    let path = std::env::temp_dir().join(format!("collc-test-{}-{name}.json", std::process::id()));
+    std::fs::write(&path, body).expect("temp dir is writable");
+    path.to_string_lossy().into_owned()
+}
+
+const TWO_LEVEL: &str = r#"{"nodes": 2, "ranks_per_node": 4,
+  "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 100}, "inter": {"alpha_us": 5, "bandwidth_gbps": 10}},
+  "reduce_gbps": 50}"#;
+
+#[test]
+fn cost_prints_time_and_bandwidths_per_size_and_json() {
+    let out = collc(&["cost", "allreduce/ring", "--ranks", "4", "--sizes", "1K..1M", "-f", "32"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let rows: Vec<&str> = stdout.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    assert!(stdout.contains("6 steps"), "{stdout}");
+    let out = collc(&["cost", "allreduce/ring", "--ranks", "4", "--sizes", "8..8", "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let row = &doc["rows"][0];
+    // 6 steps of alpha 0.5 us (the built-in constants) dominate 8 bytes.
+    let time = row["time_us"].as_f64().expect("time");
+    assert!((3.0..3.1).contains(&time), "{doc}");
+}
+
+#[test]
+fn tune_on_a_two_level_topology_picks_the_hierarchy_for_large_messages() {
+    let topo = write_topology("two-level", TWO_LEVEL);
+    let out = collc(&["tune", "allreduce", "--ranks", "8", "--topo", &topo, "--format", "json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let ranges = doc["collectives"][0]["ranges"].as_array().expect("ranges");
+    assert_eq!(ranges.first().expect("one")["algorithm"], "one_shot", "{doc}");
+    assert_eq!(ranges.last().expect("one")["algorithm"], "hierarchical", "{doc}");
+    let out = collc(&["tune", "--ranks", "8", "--topo", &topo]);
+    let stdout = text(&out.stdout);
+    for collective in
+        ["allreduce", "allgather", "reducescatter", "broadcast", "reduce", "gather", "scatter", "alltoall"]
+    {
+        assert!(stdout.contains(&format!("# {collective}: candidates")), "{stdout}");
+    }
+}
+
+#[test]
+fn run_with_a_collective_says_what_it_selected_and_checks_it() {
+    let out = collc(&["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "1M", "-f", "64", "-n", "2", "-w", "1"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("selected per size") && stdout.contains("(predicted fastest)"), "{stdout}");
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    let out = collc(&["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "64", "--algo", "ring", "-n", "2"]);
+    assert!(text(&out.stdout).contains("sizes 8..=64: allreduce/ring"), "{}", text(&out.stdout));
+    let env = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "broadcast", "--ranks", "3", "-b", "8", "-e", "64", "-n", "2"])
+        .env("COLLC_ALGO", "allreduce:ring;broadcast:chain")
+        .output()
+        .expect("collc runs");
+    assert!(text(&env.stdout).contains("broadcast/chain"), "{}", text(&env.stdout));
+}
+
+#[test]
+fn bad_input_is_a_usage_error_naming_what_is_wrong() {
+    let zero = write_topology(
+        "zero",
+        r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 0}}, "reduce_gbps": 1}"#,
+    );
+    let two_level = write_topology("mismatch", TWO_LEVEL);
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["cost", "allreduce/ring", "--topo", &zero], "links.intra.bandwidth_gbps"),
+        (vec!["cost", "allreduce/ring", "--ranks", "6", "--topo", &two_level], "--ranks is 6"),
+        (vec!["cost", "allreduce/ring", "--sizes", "1M..8"], "empty"),
+        (vec!["cost", "allreduce/nope"], "neither a library algorithm nor a file"),
+        (vec!["tune", "allreduce", "--algo", "rign"], "`rign` is not an algorithm"),
+        (vec!["run", "allreduce", "--algo", "tree,nope"], "`nope` is not an algorithm"),
+        (vec!["run", "allreduce/ring", "--algo", "tree"], "already names one"),
+    ];
+    for (args, needle) in cases {
+        let out = collc(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: `{needle}` not in {stderr}");
+    }
+}
+
+#[test]
+fn calibrate_writes_a_topology_that_cost_accepts() {
+    let path = std::env::temp_dir().join(format!("collc-test-{}-calibrated.json", std::process::id()));
+    let path = path.to_string_lossy().into_owned();
+    let out = collc(&["cost", "--calibrate", "--runs", "1", "-o", &path]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = collc(&["cost", "allreduce/ring", "--ranks", "5", "--topo", &path, "--sizes", "8..1K"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
+    for field in ["alpha_us", "bandwidth_gbps"] {
+        assert!(doc["links"]["intra"][field].as_f64().is_some_and(|v| v > 0.0), "{doc}");
+    }
+}

@@ -136,7 +136,9 @@ pub fn run(args: RunArgs) -> u8 {
         Err(message) => return usage(&message),
     };
     let n_ranks = launched.as_ref().map_or(args.ranks, |l| l.world_size);
-    let job = match resolve(&args, n_ranks, launched.is_some()) {
+    // A launcher says how many ranks share a node; ranks spawned here are all on this one.
+    let per_node = launched.as_ref().and_then(|l| l.local_world_size).unwrap_or(n_ranks);
+    let job = match resolve(&args, n_ranks, per_node, launched.is_some()) {
         Ok(job) => job,
         Err((code, message)) => {
             eprintln!("error: {message}");
@@ -156,7 +158,7 @@ fn usage(message: &str) -> u8 {
 }
 
 /// Checks every argument before any rank starts; usage errors exit 2, an algorithm that does not compile 1.
-fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, String)> {
+fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Result<Job, (u8, String)> {
     let usage = |message: String| (2u8, message);
     if n_ranks == 0 {
         return Err(usage("--ranks 0: a run needs at least one rank".into()));
@@ -242,11 +244,13 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
                 root: collective.rooted().then_some(args.root),
                 peer: (collective == Collective::SendRecv).then_some(peer),
                 params: args.set.clone(),
-            };
-            compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())
+            }
+            .with_default_split(&file.algorithm, per_node);
+            let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
+            Ok((schedule.collective, bindings.params))
         });
-    let collective = match compiled {
-        Ok(schedule) => schedule.collective,
+    let (collective, params) = match compiled {
+        Ok(found) => found,
         Err(errors) => {
             crate::report::print_all(&errors, &source.name, &source.text);
             return Err((1, format!("{} does not compile for {n_ranks} ranks", source.name)));
@@ -263,7 +267,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, launched: bool) -> Result<Job, (u8, Str
         ops,
         root: args.root,
         peer,
-        params: args.set.clone(),
+        params,
         iters: args.iters,
         warmup: args.warmup,
         check: args.check != 0,

@@ -308,6 +308,24 @@ impl Exec<'_> {
             );
             return Ok(None);
         }
+        if src.index % self.chunks != dst.index % self.chunks {
+            let (a, b) = (src.index % self.chunks, dst.index % self.chunks);
+            self.report(
+                "position",
+                Error::new(
+                    "collc::lower::position",
+                    format!("moves chunk position {a} of a block into position {b} ({} chunks per block)", self.chunks),
+                    format!(
+                        "a chunk keeps its position in its block everywhere it goes, since chunk sizes differ by one \
+                         element when the count does not divide evenly; index scratch so that chunk c lands at a \
+                         multiple of {} plus c",
+                        self.chunks
+                    ),
+                )
+                .at(t.span, "this transfer"),
+            );
+            return Ok(None);
+        }
         if is_send && from == to {
             self.report(
                 "self",

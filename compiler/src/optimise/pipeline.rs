@@ -4,30 +4,31 @@
 //! share a step touch different slices or came from one step. The result is verified like every pass's.
 
 use crate::diag::Error;
-use crate::ir::{Buf, Loc, Program, Transfer};
+use crate::ir::{Loc, Program, Transfer};
 use crate::Limits;
 
-/// `program` with every chunk cut into `slices` slices. Chunk c of a block of B chunks (a rank block of C chunks
-/// in `in` and `out`, a whole scratch buffer) becomes chunks `block*B*k + j*B + c` for j in 0..k, so a contiguous
-/// range within a block stays contiguous in each slice, and the contract's chunk numbering holds with C*k chunks.
+/// `program` with every chunk cut into `slices` slices. Every buffer is cut into blocks of C chunks (a scratch
+/// buffer's last block may be short); chunk c of a block becomes chunk `block*C*k + j*C + c` for j in 0..k. So a
+/// range within a block stays contiguous in each slice, the contract's chunk numbering holds with C*k chunks, and
+/// every chunk keeps its position in its block (what lowering requires, as chunk sizes depend on it).
 pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Program, Error> {
     if slices <= 1 {
         return Ok(program.clone());
     }
     let chunks = program.chunks.checked_mul(slices).filter(|&c| {
         let (in_c, out_c) = program.collective.buffer_chunks(program.n_ranks, c);
-        let scratch: u64 = program.scratch.iter().map(|s| s.chunks as u64 * slices as u64).sum();
+        let scratch: u64 = program.scratch.iter().map(|s| s.chunks.div_ceil(program.chunks) as u64 * c as u64).sum();
         (in_c as u64 + out_c as u64 * 2 + scratch) * program.n_ranks as u64 <= limits.max_slots
     });
     let Some(chunks) = chunks else {
         return Err(too_large(program, slices, format!("more than {} chunk slots", limits.max_slots)));
     };
-    let blocks = Blocks { chunks: program.chunks, scratch: program.scratch.iter().map(|s| s.chunks).collect() };
+    let blocks = Blocks { chunks: program.chunks };
     let mut transfers = Vec::with_capacity(program.transfers.len() * slices as usize);
     for j in 0..slices {
         for t in &program.transfers {
             for (offset, count) in blocks.pieces(t) {
-                let at = |loc: Loc| Loc { buf: loc.buf, index: blocks.sliced(loc.buf, loc.index + offset, j, slices) };
+                let at = |loc: Loc| Loc { buf: loc.buf, index: blocks.sliced(loc.index + offset, j, slices) };
                 transfers.push(Transfer { src: at(t.src), dst: at(t.dst), count, step: t.step + j, ..*t });
             }
             if transfers.len() > limits.max_transfers {
@@ -39,7 +40,7 @@ pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Progr
     transfers.sort_by_key(|t| t.step);
     let mut scratch = program.scratch.clone();
     for s in &mut scratch {
-        s.chunks *= slices;
+        s.chunks = s.chunks.div_ceil(program.chunks) * program.chunks * slices;
     }
     let n_steps = if program.transfers.is_empty() { 0 } else { program.n_steps + slices - 1 };
     Ok(Program {
@@ -66,28 +67,20 @@ fn too_large(program: &Program, slices: u32, what: String) -> Error {
     )
 }
 
-/// Block sizes of the buffers: the unit a slice index is laid out in.
+/// The unit a slice index is laid out in: blocks of C chunks, in every buffer.
 struct Blocks {
     chunks: u32,
-    scratch: Vec<u32>,
 }
 
 impl Blocks {
-    fn block(&self, buf: Buf) -> u32 {
-        match buf {
-            Buf::In | Buf::Out => self.chunks,
-            Buf::Scratch(s) => self.scratch[s as usize].max(1),
-        }
-    }
-
-    fn sliced(&self, buf: Buf, index: u32, j: u32, slices: u32) -> u32 {
-        let b = self.block(buf);
+    fn sliced(&self, index: u32, j: u32, slices: u32) -> u32 {
+        let b = self.chunks;
         (index / b) * b * slices + j * b + index % b
     }
 
     /// The transfer's chunk range cut where the source's or the destination's block ends: (offset, count) pieces.
     fn pieces(&self, t: &Transfer) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let (src_block, dst_block) = (self.block(t.src.buf), self.block(t.dst.buf));
+        let (src_block, dst_block) = (self.chunks, self.chunks);
         let (src, dst, count) = (t.src.index, t.dst.index, t.count);
         let mut offset = 0;
         std::iter::from_fn(move || {

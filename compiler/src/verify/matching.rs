@@ -66,7 +66,31 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                 (Some(&s), Some(&r)) => {
                     let (si, ri) =
                         (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
+                    let chunks = ctx.sched.chunks.max(1);
+                    let position =
+                        |i: &crate::sched::Instr| i.reads().chain(i.dst.get()).next().map(|o| o.index % chunks);
+                    let (sent_at, received_at) = (position(si), position(ri));
+                    if si.count == ri.count && sent_at == received_at {
+                        continue;
+                    }
                     if si.count == ri.count {
+                        let message = format!(
+                            "{} sends chunk position {} of a block into position {} on {}",
+                            ctx.describe(c.from, s as usize),
+                            sent_at.unwrap_or(0),
+                            received_at.unwrap_or(0),
+                            ctx.describe(c.to, r as usize),
+                        );
+                        errors.push(
+                            ctx.error(
+                                "collc::verify::matching",
+                                message,
+                                "a chunk keeps its position in its block (index modulo chunks) everywhere it goes",
+                                si,
+                                "this send",
+                            )
+                            .at(ctx.span(ri), "this receive"),
+                        );
                         continue;
                     }
                     let message = format!(

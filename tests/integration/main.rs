@@ -9,6 +9,7 @@
 //! - `runtime`: every library algorithm runs on both transports for gloo's matrix of ranks, counts, dtypes and
 //!   ops, matching the reference interpreter and the collective's definition, guard bytes intact.
 //! - `cost`: the cost model against the closed forms, topology and `--algo` errors, selection.
+//! - `passes`: pipelining staggers slices over steps; receive-reduce fusion, and when it must not fuse.
 //! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
 
 mod contract;
@@ -18,6 +19,7 @@ mod fixtures;
 mod library;
 mod mutation;
 mod oracle;
+mod passes;
 mod property;
 mod random_program;
 mod roundtrip;

@@ -6,8 +6,9 @@ use crate::fxhash::FxBuildHasher;
 use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
-/// Fuses recv-then-forward chains on every rank.
+/// Fuses receive-then-reduce pairs (`receive_reduce`), then recv-then-forward chains, on every rank.
 pub fn fuse(sched: &mut Schedule) {
+    super::receive_reduce::receive_reduce(sched);
     let scratch_from = 2u16;
     for rank in &mut sched.ranks {
         fuse_rank(rank, scratch_from);
@@ -111,18 +112,18 @@ fn fused(recv: Instr, send: Instr) -> Instr {
 }
 
 /// For each instruction, the instructions that list it as a dependency (compressed rows: `start[i]..start[i+1]`).
-struct Dependents {
+pub(super) struct Dependents {
     start: Vec<u32>,
     list: Vec<u32>,
 }
 
 impl Dependents {
-    fn of(&self, i: usize) -> &[u32] {
+    pub(super) fn of(&self, i: usize) -> &[u32] {
         &self.list[self.start[i] as usize..self.start[i + 1] as usize]
     }
 }
 
-fn dependents(rank: &RankProgram) -> Dependents {
+pub(super) fn dependents(rank: &RankProgram) -> Dependents {
     let mut start = vec![0u32; rank.len() + 1];
     for &d in &rank.deps {
         start[d as usize + 1] += 1;

@@ -3,6 +3,7 @@
 
 mod fuse;
 mod pipeline;
+mod receive_reduce;
 
 pub use fuse::fuse;
 pub use pipeline::pipeline;

@@ -7,8 +7,8 @@
 #
 # Usage: bench/model_vs_measured.sh
 # Env knobs (defaults in brackets):
-#   RANKS ["2 4"]  SIZES_B [8]  SIZES_E [64M]  FACTOR [4]  ITERS [20]  WARMUP [5]
-#   RUNS [3]       measured runs per algorithm and rank count, alternating algorithms; medians over them
+#   RANKS ["2 4"]  SIZES_B [8]  SIZES_E [64M]  FACTOR [4]  ITERS [50]  WARMUP [5]
+#   RUNS [5]       measured runs per algorithm and rank count, alternating algorithms; medians over them
 #   TOPO []        a topology file to predict with instead of calibrating (`collc cost --calibrate` writes one)
 #   ALGOS []       allreduce algorithms to compare (default: every allreduce/* of `collc list`)
 #   KEEP [0]       1 keeps the work directory (raw JSON of every run) and prints its path
@@ -19,9 +19,9 @@ ranks_list=${RANKS:-2 4}
 sizes_b=${SIZES_B:-8}
 sizes_e=${SIZES_E:-64M}
 factor=${FACTOR:-4}
-iters=${ITERS:-20}
+iters=${ITERS:-50}
 warmup=${WARMUP:-5}
-runs=${RUNS:-3}
+runs=${RUNS:-5}
 
 cargo build --release -p collc >/dev/null 2>&1
 bin=target/release/collc

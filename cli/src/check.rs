@@ -89,7 +89,7 @@ fn check_schedule(args: &CheckArgs, source: &library::Source) -> u8 {
 }
 
 /// A rank count the algorithm's `where`, node split or root does not admit is skipped in a sweep, not a failure.
-fn is_not_admitted(errors: &Errors) -> bool {
+pub fn is_not_admitted(errors: &Errors) -> bool {
     matches!(
         errors.0.as_slice(),
         [Error { code: "collc::lower::where" | "collc::lower::nodes" | "collc::lower::root", .. }]

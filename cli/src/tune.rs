@@ -54,7 +54,8 @@ pub struct Field {
     pub not_admitted: Vec<(String, String)>,
 }
 
-/// Profiles every candidate `filter` leaves for `collective`; an algorithm that fails to verify is an error.
+/// Profiles every candidate `filter` leaves for `collective`. Errors carry an exit code: 2 when the filter leaves
+/// no candidate (a usage error), 1 when a candidate fails to verify or none admits the rank count.
 pub fn field(
     collective: Collective,
     filter: &AlgoFilter,
@@ -62,24 +63,24 @@ pub fn field(
     topo: &Topology,
     bind: &BindArgs,
     limits: &Limits,
-) -> Result<Field, String> {
+) -> Result<Field, (u8, String)> {
     let mut field = Field { candidates: Vec::new(), not_admitted: Vec::new() };
-    for name in filter.candidates(collective)? {
+    for name in filter.candidates(collective).map_err(|e| (2, e))? {
         let full = format!("{collective}/{name}");
         let text = collc_compiler::library::get(&full).expect("candidates come from the library");
         match cost::profile(text, bind, limits, n_ranks, topo) {
             Ok((_, profile)) => field.candidates.push(Candidate { name: name.to_string(), profile }),
-            Err(errors) if errors.0.iter().all(|e| e.code.starts_with("collc::lower::")) && errors.0.len() == 1 => {
+            Err(errors) if crate::check::is_not_admitted(&errors) => {
                 field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
             }
             Err(errors) => {
                 report::print_all(&errors, &format!("{full}.coll"), text);
-                return Err(format!("{full} does not verify for {n_ranks} ranks"));
+                return Err((1, format!("{full} does not verify for {n_ranks} ranks")));
             }
         }
     }
     if field.candidates.is_empty() {
-        return Err(format!("no {collective} algorithm admits {n_ranks} ranks on this topology"));
+        return Err((1, format!("no {collective} algorithm admits {n_ranks} ranks on this topology")));
     }
     Ok(field)
 }
@@ -109,12 +110,20 @@ pub fn run(args: TuneArgs) -> u8 {
     if args.format == Format::Table {
         println!("# collc tune: {} ranks; topology: {}", args.ranks, topo.describe());
     }
+    let every_collective = collectives.len() > 1;
     for collective in collectives {
         let field = match field(collective, &filter, args.ranks, &topo, &args.bind, &limits) {
             Ok(f) => f,
-            Err(e) => {
+            // A filter meant for other collectives leaves this one out of a tune of them all.
+            Err((2, e)) if every_collective => {
+                if args.format == Format::Table {
+                    println!("#\n# {collective}: skipped: {e}");
+                }
+                continue;
+            }
+            Err((code, e)) => {
                 eprintln!("error: {e}");
-                return 1;
+                return code;
             }
         };
         let ranges = winning_ranges(&field.candidates, &sizes);

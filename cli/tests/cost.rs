@@ -46,6 +46,10 @@ fn tune_on_a_two_level_topology_picks_the_hierarchy_for_large_messages() {
     let ranges = doc["collectives"][0]["ranges"].as_array().expect("ranges");
     assert_eq!(ranges.first().expect("one")["algorithm"], "one_shot", "{doc}");
     assert_eq!(ranges.last().expect("one")["algorithm"], "hierarchical", "{doc}");
+    // A filter for some collectives leaves the others out of a tune of them all, saying so.
+    let out = collc(&["tune", "--ranks", "8", "--topo", &topo, "--algo", "ring,binomial"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("# alltoall: skipped"), "{}", text(&out.stdout));
     let out = collc(&["tune", "--ranks", "8", "--topo", &topo]);
     let stdout = text(&out.stdout);
     for collective in
@@ -87,6 +91,8 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
         (vec!["tune", "allreduce", "--algo", "rign"], "`rign` is not an algorithm"),
         (vec!["run", "allreduce", "--algo", "tree,nope"], "`nope` is not an algorithm"),
         (vec!["run", "allreduce/ring", "--algo", "tree"], "already names one"),
+        (vec!["run", "broadcast", "--algo", "ring"], "leaves no broadcast algorithm"),
+        (vec!["tune", "broadcast", "--algo", "ring"], "leaves no broadcast algorithm"),
     ];
     for (args, needle) in cases {
         let out = collc(&args);

@@ -3,7 +3,9 @@
 //! received value is read again.
 
 use collc_compiler::sched::Op;
-use collc_compiler::{compile, library, lower, pipelined, Bindings, Limits, Options};
+use collc_compiler::{
+    compile, library, lower, optimise, pipelined, schedule, verify, Bindings, Limits, Options, Placement,
+};
 
 fn ops(source: &str, n_ranks: u32) -> Vec<Vec<Op>> {
     let sched = compile(source, &Bindings::ranks(n_ranks), Options::default(), &Limits::default()).expect("verifies");
@@ -49,5 +51,60 @@ fn a_received_chunk_read_again_stays_in_scratch() {
     }";
     let ops = ops(source, 2);
     assert_eq!(ops[0][0], Op::Recv, "{ops:?}");
+    assert!(ops[0].contains(&Op::Reduce), "{ops:?}");
+}
+
+/// `compile_program` falls back to the unfused schedule when the fused one fails to verify; that must stay a
+/// fallback for deadlocks, never a cover for a fusion bug. So fusion itself must verify for the library (where no
+/// schedule deadlocks at the default 8 slots) and for programs that once tripped it.
+fn fused_verifies(source: &str, n_ranks: u32) -> Result<(), String> {
+    let limits = Limits::default();
+    let file = collc_grammar::parse(source, &limits.syntax).map_err(|e| e.to_string())?;
+    let bindings = crate::corpus::bindings(source, n_ranks);
+    let program = lower(&file, &bindings, &limits).map_err(|e| crate::corpus::render_all(&e, "x", source))?;
+    let program = pipelined(&program, Options::default(), &limits).map_err(|e| format!("{e:?}"))?;
+    for placement in Placement::BOTH {
+        let mut sched = schedule(&program, placement);
+        optimise::fuse(&mut sched);
+        verify(sched, source, &limits)
+            .map_err(|e| format!("{placement}: {}", crate::corpus::render_all(&e, "x", source)))?;
+    }
+    Ok(())
+}
+
+#[test]
+fn fusion_verifies_without_the_fallback() {
+    for (name, source) in library::LIBRARY {
+        for p in 1..=9 {
+            fused_verifies(source, p).unwrap_or_else(|e| panic!("{name} p={p}: {e}"));
+        }
+    }
+    // A scratch chunk reused before and after a receive-reduce pair: its earlier reader must still precede the
+    // later writer once the receive is gone.
+    let reused = "algorithm staged for allreduce {
+        ranks p where p == 2
+        scratch t[1]
+        copy in[0] to t[0] on 0
+        step { send t[0] from 0 to 1 as t[0] }
+        step { send in[0] from 1 to 0 as t[0] }
+        reduce t[0] into in[0] on 0
+        reduce t[0] into in[0] on 1
+        copy in[0] to t[0] on 0
+    }";
+    fused_verifies(reused, 2).expect("scratch reused around a fused pair");
+    // Part of the received chunk is overwritten before the reduction reads it: not a pair to fuse.
+    let overwritten = "algorithm overwritten for allreduce {
+        ranks p where p == 2
+        chunks 2
+        scratch t[2]
+        scratch s[2]
+        copy in[0] to s[0] on 1
+        step { send in[0] from 0 to 1 reduce }
+        step { send in[0..2] from 1 to 0 as t[0..2] }
+        step { send s[0] from 1 to 0 as t[0] channel 1 }
+        reduce t[0..2] into in[0..2] on 0
+        step { send in[1] from 0 to 1 }
+    }";
+    let ops = ops(overwritten, 2);
     assert!(ops[0].contains(&Op::Reduce), "{ops:?}");
 }

@@ -9,6 +9,7 @@ mod table;
 use crate::args::parse_size;
 use crate::library;
 use clap::{Args, ValueEnum};
+use collc_compiler::cost::Topology;
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
 use collc_kernels::{DataType, ReduceOp};
 use collc_runtime::{Communicator, Options};
@@ -118,6 +119,8 @@ pub struct Job {
     pub options: Options,
     /// Set when the command named a collective: the selected algorithm per size range, in size order.
     pub selection: Vec<Choice>,
+    /// Candidates of the selection that the rank count or node split does not admit, with why.
+    pub not_admitted: Vec<(String, String)>,
 }
 
 impl Job {
@@ -212,7 +215,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     }
     let sizes = sizes(min, max, args.factor, step);
     if selecting {
-        let selection = select(args, n_ranks, peer, &sizes)?;
+        let Selection { choices: selection, not_admitted } = select(args, n_ranks, per_node, peer, &sizes)?;
         let first = selection[0].clone();
         return Ok(Job {
             name: first.name,
@@ -232,6 +235,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
             transport: if launched { Transport::Shm } else { args.transport },
             options,
             selection,
+            not_admitted,
         });
     }
     // Compile once here so a broken algorithm is reported once, with its diagnostics, before any rank starts.
@@ -275,14 +279,19 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         transport,
         options,
         selection: Vec::new(),
+        not_admitted: Vec::new(),
     })
 }
 
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
-fn select(args: &RunArgs, n_ranks: u32, peer: u32, sizes: &[usize]) -> Result<Vec<Choice>, (u8, String)> {
+fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize]) -> Result<Selection, (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let topo_path = args.topo.clone().or_else(|| std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty()));
-    let topo = crate::cost::topology(topo_path.as_deref(), n_ranks).map_err(|e| (2, e))?;
+    // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
+    let topo = match topo_path {
+        Some(path) => crate::cost::topology(Some(&path), n_ranks).map_err(|e| (2, e))?,
+        None => Topology::uniform_nodes(n_ranks, per_node),
+    };
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
     let bind = crate::args::BindArgs {
         root: collective.rooted().then_some(args.root),
@@ -290,8 +299,7 @@ fn select(args: &RunArgs, n_ranks: u32, peer: u32, sizes: &[usize]) -> Result<Ve
         set: args.set.clone(),
         pipeline: None,
     };
-    let field =
-        crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default()).map_err(|e| (1, e))?;
+    let field = crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default())?;
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {
         let best = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
@@ -306,7 +314,13 @@ fn select(args: &RunArgs, n_ranks: u32, peer: u32, sizes: &[usize]) -> Result<Ve
             }
         }
     }
-    Ok(selection)
+    Ok(Selection { choices: selection, not_admitted: field.not_admitted })
+}
+
+/// What `select` decided: the algorithm per size range, and the candidates the rank count does not admit.
+struct Selection {
+    choices: Vec<Choice>,
+    not_admitted: Vec<(String, String)>,
 }
 
 fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {

@@ -23,6 +23,8 @@ pub struct Row {
     pub root: Option<u32>,
     pub out_of_place: Cell,
     pub in_place: Cell,
+    /// The algorithm that ran this row (the job's, or the one selected for its size).
+    pub algorithm: String,
 }
 
 /// Elements of one call's `count` per byte of the size column: nccl-tests' S is count*size for allreduce,
@@ -73,6 +75,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
                         root: job.collective.rooted().then_some(job.root),
                         out_of_place: oop,
                         in_place: ip,
+                        algorithm: job.algorithm_for(bytes).0.to_string(),
                     });
                 }
             }

@@ -37,6 +37,9 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
         println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
         from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
     }
+    for (name, why) in &job.not_admitted {
+        println!("#   not a candidate: {}/{name} ({why})", job.collective);
+    }
     let sizes = (job.sizes.first().copied().unwrap_or(0), job.sizes.last().copied().unwrap_or(0));
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
@@ -104,7 +107,7 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         .map(|r| {
             json!({
                 "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
-                "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": job.algorithm_for(r.bytes).0,
+                "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": r.algorithm,
                 "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
             })
         })

@@ -109,6 +109,18 @@ impl Topology {
         }
     }
 
+    /// `n_ranks` ranks in nodes of `per_node` (one node when it does not divide them), every link with the built-in
+    /// constants: what a launcher's node split says without a topology file.
+    pub fn uniform_nodes(n_ranks: u32, per_node: u32) -> Self {
+        let mut topo = Topology::uniform(n_ranks);
+        if per_node > 0 && per_node < n_ranks && n_ranks % per_node == 0 {
+            topo.nodes = n_ranks / per_node;
+            topo.ranks_per_node = Some(per_node);
+            topo.links.inter = Some(topo.links.intra);
+        }
+        topo
+    }
+
     /// Parses and checks a topology file's text.
     pub fn from_json(text: &str) -> Result<Self, TopologyError> {
         let value: Value = serde_json::from_str(text)

@@ -15,10 +15,14 @@ pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Progr
     if slices <= 1 {
         return Ok(program.clone());
     }
+    // Slots of every buffer of every rank after the pass, as verification counts them: in, out, scratch (rounded up
+    // to whole blocks) and the out-of-place work buffer the size of the larger of in and out.
     let chunks = program.chunks.checked_mul(slices).filter(|&c| {
-        let (in_c, out_c) = program.collective.buffer_chunks(program.n_ranks, c);
+        let (in_blocks, out_blocks) = program.collective.buffer_chunks(program.n_ranks, 1);
+        let (in_c, out_c) = (in_blocks as u64 * c as u64, out_blocks as u64 * c as u64);
         let scratch: u64 = program.scratch.iter().map(|s| s.chunks.div_ceil(program.chunks) as u64 * c as u64).sum();
-        (in_c as u64 + out_c as u64 * 2 + scratch) * program.n_ranks as u64 <= limits.max_slots
+        let per_rank = in_c + out_c + in_c.max(out_c) + scratch;
+        in_c <= u32::MAX as u64 && per_rank.saturating_mul(program.n_ranks as u64) <= limits.max_slots
     });
     let Some(chunks) = chunks else {
         return Err(too_large(program, slices, format!("more than {} chunk slots", limits.max_slots)));

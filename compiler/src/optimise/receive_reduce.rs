@@ -4,20 +4,25 @@
 //! send that forwards it.
 
 use super::fuse::{dependents, Dependents};
+use crate::sched::build::with_dependencies;
 use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 
-/// Fuses receive-then-reduce pairs on every rank.
+/// Fuses receive-then-reduce pairs on every rank. The joined receive moves to its reduction's place, so each
+/// changed rank's dependencies are derived again from the hazards of its new instruction list, as scheduling
+/// derives them: patching them by hand would lose the orderings the dropped receive stood between.
 pub fn receive_reduce(sched: &mut Schedule) {
-    for rank in &mut sched.ranks {
-        let pairs = pairs(rank);
-        if pairs.iter().any(|&p| p != NO_RANK) {
-            rebuild(rank, &pairs);
+    for r in 0..sched.ranks.len() {
+        let into = pairs(&sched.ranks[r]);
+        if into.iter().any(|&b| b != NO_RANK) {
+            let instrs = joined(&sched.ranks[r], &into);
+            sched.ranks[r] = with_dependencies(instrs, &sched.buffers);
         }
     }
 }
 
 /// `into[a] = b` when receive `a` joins reduction `b`: `b` reduces exactly what `a` received into scratch, nothing
-/// else reads it, and no other receive on `a`'s connection comes between them (so receives keep their order).
+/// else reads it or writes over it in between, and no other receive on `a`'s connection comes between them (so
+/// receives keep their order on the connection).
 fn pairs(rank: &RankProgram) -> Vec<u32> {
     let n = rank.len();
     let mut into = vec![NO_RANK; n];
@@ -31,7 +36,7 @@ fn pairs(rank: &RankProgram) -> Vec<u32> {
             continue;
         };
         let a = a as usize;
-        if into[a] == NO_RANK && only_reader(rank, &dependents, a, b) && connection_free(rank, a, b) {
+        if into[a] == NO_RANK && only_reader(rank, &dependents, a, b) && untouched_between(rank, a, b) {
             into[a] = b as u32;
         }
     }
@@ -51,64 +56,47 @@ fn only_reader(rank: &RankProgram, dependents: &Dependents, a: usize, b: usize) 
     })
 }
 
-/// Whether no other receive on `a`'s connection lies between `a` and `b`.
-fn connection_free(rank: &RankProgram, a: usize, b: usize) -> bool {
+/// Whether nothing between `a` and `b` writes over what `a` received or receives on `a`'s connection.
+fn untouched_between(rank: &RankProgram, a: usize, b: usize) -> bool {
     let recv = rank.instrs[a];
-    rank.instrs[a + 1..b]
-        .iter()
-        .all(|i| !(i.op.receives() && i.recv_peer == recv.recv_peer && i.channel == recv.channel))
+    rank.instrs[a + 1..b].iter().all(|i| {
+        let same_connection = i.op.receives() && i.recv_peer == recv.recv_peer && i.channel == recv.channel;
+        let overwrites = i.dst.get().is_some_and(|d| overlaps(d, i.count, recv.dst, recv.count));
+        !same_connection && !overwrites
+    })
 }
 
 fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
     a.buf == b.buf && a.index < b.index + b_count && b.index < a.index + a_count
 }
 
-/// Drops each joined receive and turns its reduction into a RecvReduceCopy. A dependency on a dropped receive
-/// moves to its reduction, which comes later than the receive but before anything else that depended on it (only
-/// later writers of the scratch chunk did, and they also wait for its reader).
-fn rebuild(rank: &mut RankProgram, into: &[u32]) {
-    let n = rank.len();
-    let mut new_index = vec![0u32; n];
-    let mut next = 0u32;
-    for i in 0..n {
-        if into[i] == NO_RANK {
-            new_index[i] = next;
-            next += 1;
-        }
-    }
-    for i in 0..n {
-        if into[i] != NO_RANK {
-            new_index[i] = new_index[into[i] as usize];
-        }
-    }
-    let mut joined_from = vec![NO_RANK; n];
+/// The rank's instructions with each joined receive dropped and its reduction turned into a RecvReduceCopy (same
+/// accumulator and destination, same operand order, so results are bit-identical).
+fn joined(rank: &RankProgram, into: &[u32]) -> Vec<Instr> {
+    let mut joined_from = vec![NO_RANK; rank.len()];
     for (a, &b) in into.iter().enumerate() {
         if b != NO_RANK {
             joined_from[b as usize] = a as u32;
         }
     }
-    let old = std::mem::take(rank);
-    for i in 0..n {
+    let mut instrs = Vec::with_capacity(rank.len());
+    for (i, &instr) in rank.instrs.iter().enumerate() {
         if into[i] != NO_RANK {
             continue;
         }
-        let mut instr = old.instrs[i];
-        let mut deps: Vec<u32> = old.deps_of(i).iter().map(|&d| new_index[d as usize]).collect();
-        if joined_from[i] != NO_RANK {
-            let recv = old.instrs[joined_from[i] as usize];
-            instr = Instr {
-                op: Op::RecvReduceCopy,
-                src: Operand::NONE,
-                recv_peer: recv.recv_peer,
-                channel: recv.channel,
-                ..instr
-            };
-            deps.extend(old.deps_of(joined_from[i] as usize).iter().map(|&d| new_index[d as usize]));
-        }
-        let me = new_index[i];
-        deps.retain(|&d| d != me);
-        deps.sort_unstable();
-        deps.dedup();
-        rank.push(instr, &deps);
+        instrs.push(match joined_from[i] {
+            NO_RANK => instr,
+            a => {
+                let recv = rank.instrs[a as usize];
+                Instr {
+                    op: Op::RecvReduceCopy,
+                    src: Operand::NONE,
+                    recv_peer: recv.recv_peer,
+                    channel: recv.channel,
+                    ..instr
+                }
+            }
+        });
     }
+    instrs
 }

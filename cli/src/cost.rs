@@ -73,6 +73,9 @@ impl SizeArgs {
 
 /// The topology of `--topo`, or the uniform one, checked against the rank count.
 pub fn topology(path: Option<&str>, n_ranks: u32) -> Result<Topology, String> {
+    if n_ranks == 0 {
+        return Err("--ranks 0: the model needs at least one rank".into());
+    }
     let Some(path) = path else { return Ok(Topology::uniform(n_ranks)) };
     let text = std::fs::read_to_string(path).map_err(|e| format!("--topo {path}: cannot read it: {e}"))?;
     let topo = Topology::from_json(&text).map_err(|e| format!("--topo {path}: {e}"))?;

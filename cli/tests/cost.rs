@@ -87,6 +87,8 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
         (vec!["cost", "allreduce/ring", "--topo", &zero], "links.intra.bandwidth_gbps"),
         (vec!["cost", "allreduce/ring", "--ranks", "6", "--topo", &two_level], "--ranks is 6"),
         (vec!["cost", "allreduce/ring", "--sizes", "1M..8"], "empty"),
+        (vec!["cost", "allreduce/ring", "--sizes", "abc"], "not a range"),
+        (vec!["tune", "--ranks", "0"], "at least one rank"),
         (vec!["cost", "allreduce/nope"], "neither a library algorithm nor a file"),
         (vec!["tune", "allreduce", "--algo", "rign"], "`rign` is not an algorithm"),
         (vec!["run", "allreduce", "--algo", "tree,nope"], "`nope` is not an algorithm"),

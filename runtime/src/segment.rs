@@ -128,6 +128,30 @@ impl Shm {
         self.dir.join(format!("collc-{}-{name}", self.job))
     }
 
+    /// Removes the files of earlier `collc run` jobs whose launcher is gone and that have not been touched for a
+    /// minute: a launcher killed with SIGKILL cannot clean up, and its files would stay until the host reboots.
+    /// Only names a launcher gives (`collc-<pid>-<hex start time>-...`) are considered; jobs that torchrun or
+    /// mpirun started are named by them and left alone. Returns how many files were removed.
+    pub fn remove_stale_jobs() -> usize {
+        let Ok(entries) = std::fs::read_dir("/dev/shm") else { return 0 };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let Some(pid) = launcher_pid(&name) else { continue };
+            // SAFETY: kill with signal 0 only checks whether the process exists.
+            let gone = unsafe { libc::kill(pid, 0) } == -1
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            let idle = entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().is_ok_and(|age| age > std::time::Duration::from_secs(60)));
+            if gone && idle && std::fs::remove_file(entry.path()).is_ok() {
+                removed += 1;
+            }
+        }
+        removed
+    }
+
     /// Every `/dev/shm` file of job `job`: for a launcher cleaning up after its ranks.
     pub fn remove_job(job: &str) {
         let prefix = format!("collc-{job}-");
@@ -139,6 +163,15 @@ impl Shm {
             }
         }
     }
+}
+
+/// The launcher pid in a `collc-<pid>-<hex>-<segment>` name, if the name has that form.
+fn launcher_pid(name: &str) -> Option<i32> {
+    let mut parts = name.strip_prefix("collc-")?.splitn(3, '-');
+    let pid = parts.next()?.parse::<i32>().ok().filter(|&p| p > 0)?;
+    let started = parts.next()?;
+    let is_hex = !started.is_empty() && started.bytes().all(|b| b.is_ascii_hexdigit());
+    (is_hex && parts.next().is_some_and(|rest| !rest.is_empty())).then_some(pid)
 }
 
 impl Segments for Shm {

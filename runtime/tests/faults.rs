@@ -101,3 +101,40 @@ fn a_count_that_overflows_is_an_error_not_a_crash() {
     let error = comms[0].call(shape, Buffers::InPlace(&mut [0u8; 64])).unwrap_err();
     assert!(matches!(error, RuntimeError::CountOverflow { .. }), "{error}");
 }
+
+/// A launcher killed with SIGKILL leaves its job's /dev/shm files; the next `collc run` removes them once the
+/// launcher is gone and the files have been idle for a minute, and leaves every other file alone.
+#[test]
+fn stale_shm_files_of_dead_launchers_are_removed() {
+    let dead = {
+        let mut child = std::process::Command::new("true").spawn().expect("`true` runs");
+        child.wait().expect("it exits");
+        child.id()
+    };
+    let live = std::process::id();
+    let minutes_ago = std::time::SystemTime::now() - Duration::from_secs(120);
+    let file = |name: String, old: bool| {
+        let path = std::path::Path::new("/dev/shm").join(name);
+        let f = std::fs::File::create(&path).expect("/dev/shm is writable");
+        if old {
+            f.set_modified(minutes_ago).expect("set mtime");
+        }
+        path
+    };
+    let stale =
+        [file(format!("collc-{dead}-5eed-control"), true), file(format!("collc-{dead}-5eed-fifo-0-1-0-8"), true)];
+    let kept = [
+        file(format!("collc-{live}-5eed-control"), true), // its launcher is alive
+        file(format!("collc-{dead}-f00d-control"), false), // touched just now
+        file(format!("collc-torchrun-{dead}-control"), true), // not a name a launcher gives
+    ];
+    let removed = collc_runtime::Shm::remove_stale_jobs();
+    assert!(removed >= stale.len(), "removed {removed}");
+    for path in &stale {
+        assert!(!path.exists(), "{} should be gone", path.display());
+    }
+    for path in &kept {
+        assert!(path.exists(), "{} should stay", path.display());
+        std::fs::remove_file(path).expect("clean up");
+    }
+}

@@ -108,3 +108,26 @@ fn fusion_verifies_without_the_fallback() {
     let ops = ops(overwritten, 2);
     assert!(ops[0].contains(&Op::Reduce), "{ops:?}");
 }
+
+/// Every library algorithm still verifies when pipelined, whatever the shapes of its scratch buffers (rounded up
+/// to whole blocks of C chunks by the pass).
+#[test]
+fn every_algorithm_verifies_pipelined() {
+    for (name, source) in library::LIBRARY {
+        for p in 1..=8 {
+            let options = Options { pipeline: Some(3), ..Options::default() };
+            compile(source, &crate::corpus::bindings(source, p), options, &Limits::default()).unwrap_or_else(|e| {
+                panic!("{name} p={p} pipelined 3:\n{}", crate::corpus::render_all(&e, name, source))
+            });
+        }
+    }
+}
+
+#[test]
+fn pipelining_past_the_slot_limit_is_an_error_not_a_wrong_schedule() {
+    let source = library::get("reducescatter/ring").expect("in the library");
+    let limits = Limits { max_slots: 4096, ..Limits::default() };
+    let options = Options { pipeline: Some(64), ..Options::default() };
+    let errors = compile(source, &Bindings::ranks(8), options, &limits).expect_err("8 x 64 x 8 chunks per rank");
+    assert_eq!(errors.0[0].code, "collc::optimise::pipeline", "{errors:?}");
+}

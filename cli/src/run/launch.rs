@@ -99,6 +99,10 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
 /// Spawns one process per rank (this executable, same arguments, `COLLC_RANK`/`COLLC_WORLD_SIZE`/`COLLC_JOB`
 /// set), watches them, and turns a rank that dies into an abort every other rank sees at once.
 pub fn spawn_ranks(job: &Job) -> u8 {
+    let stale = Shm::remove_stale_jobs();
+    if stale > 0 {
+        eprintln!("# removed {stale} /dev/shm files of earlier collc jobs whose launcher is gone");
+    }
     // Unique among the jobs on this host: this launcher's pid and the time it started.
     let id = format!("{}-{:x}", std::process::id(), nanos_now());
     let exe = match std::env::current_exe() {

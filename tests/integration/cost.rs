@@ -203,3 +203,30 @@ fn algo_filters_follow_nccl_algo() {
     let error = AlgoFilter::parse("ring").expect("valid").candidates(Collective::Broadcast).expect_err("no ring");
     assert!(error.contains("broadcast"), "{error}");
 }
+
+/// The `## Cost:` lines of the rest of the library hold exactly at powers of two (unpipelined where they say so).
+#[test]
+fn library_cost_lines_hold() {
+    let topo = uniform();
+    for p in [8u32, 16] {
+        let (pf, lg) = (p as f64, (p as f64).log2());
+        let share = (pf - 1.0) / pf;
+        for n in [4096.0, 1e8] {
+            let cases: [(&str, Option<u32>, f64); 10] = [
+                ("allreduce/one_shot", None, A + (pf - 1.0) * n * (B + G)),
+                ("allreduce/two_shot", None, 2.0 * A + 2.0 * share * n * B + share * n * G),
+                ("allreduce/tree", Some(1), 2.0 * lg * A + (2.0 * lg - 1.0) * n * B + (lg - 0.5) * n * G),
+                ("allgather/direct", None, A + share * n * B),
+                ("allgather/recursive_doubling", None, lg * A + share * n * B),
+                ("reducescatter/recursive_halving", None, lg * A + share * n * (B + G)),
+                ("broadcast/scatter_allgather", None, (lg + pf - 1.0) * A + 2.0 * share * n * B),
+                ("gather/binomial", None, lg * A + share * n * B),
+                ("alltoall/bruck", None, lg * A + n / 2.0 * lg * B),
+                ("reduce/ring", Some(1), (pf - 1.0) * (A + n * B + n * G)),
+            ];
+            for (name, slices, want) in cases {
+                assert_close(&format!("{name} p={p} n={n}"), predict(name, p, n, slices, &topo), want);
+            }
+        }
+    }
+}

@@ -169,14 +169,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     if n_ranks > 1024 {
         return Err(usage(format!("--ranks {n_ranks}: at most 1024 ranks run on one host")));
     }
-    let selecting = library::resolve(&args.algorithm).is_err() && args.algorithm.parse::<Collective>().is_ok();
+    let fixed = library::resolve(&args.algorithm);
+    let selecting = fixed.is_err() && args.algorithm.parse::<Collective>().is_ok();
     if !selecting && args.algo.is_some() {
         return Err(usage(format!("--algo selects among algorithms; `{}` already names one", args.algorithm)));
     }
-    let source = match selecting {
-        true => library::Source { name: args.algorithm.clone(), text: String::new() },
-        false => library::resolve(&args.algorithm).map_err(usage)?,
-    };
+    let fixed = if selecting { None } else { Some(fixed.map_err(usage)?) };
     let min = parse_size(&args.min_bytes).map_err(|e| usage(format!("-b: {e}")))?;
     let max = parse_size(&args.max_bytes).map_err(|e| usage(format!("-e: {e}")))?;
     if min > max {
@@ -214,31 +212,52 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
     let sizes = sizes(min, max, args.factor, step);
-    if selecting {
-        let Selection { choices: selection, not_admitted } = select(args, n_ranks, per_node, peer, &sizes)?;
-        let first = selection[0].clone();
-        return Ok(Job {
-            name: first.name,
-            source: first.source,
-            collective: args.algorithm.parse().expect("checked above"),
-            n_ranks,
-            sizes,
-            dtypes,
-            ops,
-            root: args.root,
-            peer,
-            params: first.params,
-            iters: args.iters,
-            warmup: args.warmup,
-            check: args.check != 0,
-            format: args.format,
-            transport: if launched { Transport::Shm } else { args.transport },
-            options,
-            selection,
-            not_admitted,
-        });
-    }
-    // Compile once here so a broken algorithm is reported once, with its diagnostics, before any rank starts.
+    let algorithm = match fixed {
+        None => select(args, n_ranks, per_node, peer, &sizes)?,
+        Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
+    };
+    let first = algorithm.choices[0].clone();
+    Ok(Job {
+        name: first.name,
+        source: first.source,
+        collective: algorithm.collective,
+        n_ranks,
+        sizes,
+        dtypes,
+        ops,
+        root: args.root,
+        peer,
+        params: first.params,
+        iters: args.iters,
+        warmup: args.warmup,
+        check: args.check != 0,
+        format: args.format,
+        transport: if launched { Transport::Shm } else { args.transport },
+        options,
+        selection: if algorithm.selected { algorithm.choices } else { Vec::new() },
+        not_admitted: algorithm.not_admitted,
+    })
+}
+
+/// What runs: one algorithm for every size, or the ones the cost model selected per size range.
+struct Algorithms {
+    collective: Collective,
+    /// In size order; a single entry (covering every size) for a named algorithm.
+    choices: Vec<Choice>,
+    selected: bool,
+    /// Candidates of a selection that the rank count or node split does not admit, with why.
+    not_admitted: Vec<(String, String)>,
+}
+
+/// Compiles a named algorithm once here, so a broken one is reported once, with its diagnostics, before any rank
+/// starts.
+fn compile_fixed(
+    args: &RunArgs,
+    source: library::Source,
+    n_ranks: u32,
+    per_node: u32,
+    peer: u32,
+) -> Result<Algorithms, (u8, String)> {
     let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
         .map_err(|e| Errors(vec![Error::from(e)]))
         .and_then(|file| {
@@ -253,38 +272,17 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
             let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
             Ok((schedule.collective, bindings.params))
         });
-    let (collective, params) = match compiled {
-        Ok(found) => found,
-        Err(errors) => {
-            crate::report::print_all(&errors, &source.name, &source.text);
-            return Err((1, format!("{} does not compile for {n_ranks} ranks", source.name)));
-        }
-    };
-    let transport = if launched { Transport::Shm } else { args.transport };
-    Ok(Job {
-        name: source.name.trim_end_matches(".coll").to_string(),
-        source: source.text,
-        collective,
-        n_ranks,
-        sizes,
-        dtypes,
-        ops,
-        root: args.root,
-        peer,
-        params,
-        iters: args.iters,
-        warmup: args.warmup,
-        check: args.check != 0,
-        format: args.format,
-        transport,
-        options,
-        selection: Vec::new(),
-        not_admitted: Vec::new(),
-    })
+    let (collective, params) = compiled.map_err(|errors| {
+        crate::report::print_all(&errors, &source.name, &source.text);
+        (1, format!("{} does not compile for {n_ranks} ranks", source.name))
+    })?;
+    let name = source.name.trim_end_matches(".coll").to_string();
+    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params };
+    Ok(Algorithms { collective, choices: vec![choice], selected: false, not_admitted: Vec::new() })
 }
 
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
-fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize]) -> Result<Selection, (u8, String)> {
+fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize]) -> Result<Algorithms, (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let topo_path = args.topo.clone().or_else(|| std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty()));
     // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
@@ -309,18 +307,12 @@ fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize
             _ => {
                 let source = collc_compiler::library::get(&name).expect("candidates come from the library");
                 let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-                let params = bind.bindings(n_ranks).with_default_split(&file.algorithm, topo.per_node(n_ranks)).params;
+                let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
                 selection.push(Choice { max_bytes: bytes, name, source: source.to_string(), params });
             }
         }
     }
-    Ok(Selection { choices: selection, not_admitted: field.not_admitted })
-}
-
-/// What `select` decided: the algorithm per size range, and the candidates the rank count does not admit.
-struct Selection {
-    choices: Vec<Choice>,
-    not_admitted: Vec<(String, String)>,
+    Ok(Algorithms { collective, choices: selection, selected: true, not_admitted: field.not_admitted })
 }
 
 fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {

@@ -110,3 +110,21 @@ pub fn parse_size(text: &str) -> Result<usize, String> {
     let value: usize = digits.parse().map_err(|_| format!("`{text}` is not a size such as 8, 64K, 32M or 1G"))?;
     value.checked_mul(1usize << shift).ok_or_else(|| format!("`{text}` overflows"))
 }
+
+/// The sizes of a sweep from `min` to `max`: times `factor` each row, or plus `step` (nccl-tests' -f and -i).
+pub fn size_sweep(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {
+    let mut sizes = Vec::new();
+    let mut size = min;
+    while size <= max {
+        sizes.push(size);
+        let next = match step {
+            Some(step) => size.checked_add(step),
+            None => size.checked_mul(factor as usize).filter(|&n| n > size),
+        };
+        match next {
+            Some(n) => size = n,
+            None => break,
+        }
+    }
+    sizes
+}

@@ -1,7 +1,7 @@
 //! `collc cost`: the predicted time, algbw and busbw of one algorithm per message size, on a topology file or the
 //! built-in uniform one; `--calibrate` measures this host instead and writes a topology file (`calibrate.rs`).
 
-use crate::args::{parse_size, BindArgs, LimitArgs};
+use crate::args::{parse_size, size_sweep, BindArgs, LimitArgs};
 use crate::{calibrate, library, report};
 use clap::{Args, ValueEnum};
 use collc_compiler::cost::{analyse, Profile, Topology};
@@ -56,18 +56,14 @@ impl SizeArgs {
             .sizes
             .split_once("..")
             .ok_or_else(|| format!("--sizes `{}` is not a range such as 8..1G", self.sizes))?;
-        let (min, max) = (parse_size(min)? as u64, parse_size(max.trim_start_matches('='))? as u64);
+        let (min, max) = (parse_size(min)?, parse_size(max.trim_start_matches('='))?);
         if min == 0 {
             return Err(format!("--sizes `{}` starts at 0 bytes; start at 1 or more", self.sizes));
         }
         if min > max {
             return Err(format!("--sizes `{}` is empty: {min} bytes is more than {max}", self.sizes));
         }
-        let mut sizes = vec![min];
-        while let Some(next) = sizes.last().and_then(|s| s.checked_mul(self.factor)).filter(|&n| n <= max) {
-            sizes.push(next);
-        }
-        Ok(sizes)
+        Ok(size_sweep(min, max, self.factor, None).into_iter().map(|s| s as u64).collect())
     }
 }
 

@@ -6,7 +6,7 @@ mod launch;
 mod sweep;
 mod table;
 
-use crate::args::parse_size;
+use crate::args::{parse_size, size_sweep};
 use crate::library;
 use clap::{Args, ValueEnum};
 use collc_compiler::cost::Topology;
@@ -211,7 +211,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
-    let sizes = sizes(min, max, args.factor, step);
+    let sizes = size_sweep(min, max, args.factor, step);
     let algorithm = match fixed {
         None => select(args, n_ranks, per_node, peer, &sizes)?,
         Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
@@ -313,23 +313,6 @@ fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize
         }
     }
     Ok(Algorithms { collective, choices: selection, selected: true, not_admitted: field.not_admitted })
-}
-
-fn sizes(min: usize, max: usize, factor: u64, step: Option<usize>) -> Vec<usize> {
-    let mut sizes = Vec::new();
-    let mut size = min;
-    while size <= max {
-        sizes.push(size);
-        let next = match step {
-            Some(step) => size.checked_add(step),
-            None => size.checked_mul(factor as usize).filter(|&n| n > size),
-        };
-        match next {
-            Some(n) => size = n,
-            None => break,
-        }
-    }
-    sizes
 }
 
 /// A communicator set up with the job's algorithm.

@@ -343,6 +343,11 @@ fn describe_binding(names: &[String], values: &[i64]) -> String {
     names.iter().zip(values).map(|(n, v)| format!("{n} = {v}")).collect::<Vec<_>>().join(", ")
 }
 
+/// A declared size out of its range, pointing at the declaration.
+fn declaration_error(code: &'static str, what: String, help: &str, span: Span) -> Errors {
+    Error::new(code, what, help).at(span, "here").into()
+}
+
 /// `chunks`, `pipeline` and the scratch sizes of one binding.
 struct Sizes {
     chunks: u32,
@@ -363,37 +368,33 @@ fn eval_size(algo: &Algorithm, resolver: &Resolver, machine: &mut Machine, limit
                 chunks = eval_global(resolver, machine, count)?;
                 chunks_span = *span;
                 if chunks < 1 {
-                    return Err(Error::new(
+                    let what = format!("`chunks` is {chunks}; it must be at least 1");
+                    return Err(declaration_error(
                         "collc::lower::chunks",
-                        format!("`chunks` is {chunks}; it must be at least 1"),
+                        what,
                         "cut each buffer into one or more chunks",
-                    )
-                    .at(*span, "here")
-                    .into());
+                        *span,
+                    ));
                 }
             }
             Item::Pipeline { slices, span } => {
                 pipeline = eval_global(resolver, machine, slices)?;
                 if !(1..=MAX_SLICES as i64).contains(&pipeline) {
-                    return Err(Error::new(
-                        "collc::lower::pipeline",
-                        format!("`pipeline` is {pipeline}; it must be 1 to {MAX_SLICES}"),
-                        "give the number of slices each chunk is cut into (1 turns pipelining off)",
-                    )
-                    .at(*span, "here")
-                    .into());
+                    let what = format!("`pipeline` is {pipeline}; it must be 1 to {MAX_SLICES}");
+                    let help = "give the number of slices each chunk is cut into (1 turns pipelining off)";
+                    return Err(declaration_error("collc::lower::pipeline", what, help, *span));
                 }
             }
             Item::Scratch { name, size, span } => {
                 let n = eval_global(resolver, machine, size)?;
                 if n < 0 || n > u32::MAX as i64 {
-                    return Err(Error::new(
+                    let what = format!("scratch `{}` has size {n}", name.name);
+                    return Err(declaration_error(
                         "collc::lower::scratch",
-                        format!("scratch `{}` has size {n}", name.name),
+                        what,
                         "sizes are chunk counts from 0 to 2^32-1",
-                    )
-                    .at(*span, "here")
-                    .into());
+                        *span,
+                    ));
                 }
                 scratch.push((name.name.clone(), n as u32));
                 total = total.saturating_add(n);

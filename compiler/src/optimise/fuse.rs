@@ -142,7 +142,7 @@ pub(super) fn dependents(rank: &RankProgram) -> Dependents {
     Dependents { start, list }
 }
 
-fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
+pub(super) fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
     a.buf == b.buf && a.index < b.index + b_count && b.index < a.index + a_count
 }
 

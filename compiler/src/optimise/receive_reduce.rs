@@ -3,7 +3,7 @@
 //! message never takes a round trip through memory. Runs before `fuse`, which may then chain the result with the
 //! send that forwards it.
 
-use super::fuse::{dependents, Dependents};
+use super::fuse::{dependents, overlaps, Dependents};
 use crate::sched::build::with_dependencies;
 use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 
@@ -64,10 +64,6 @@ fn untouched_between(rank: &RankProgram, a: usize, b: usize) -> bool {
         let overwrites = i.dst.get().is_some_and(|d| overlaps(d, i.count, recv.dst, recv.count));
         !same_connection && !overwrites
     })
-}
-
-fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {
-    a.buf == b.buf && a.index < b.index + b_count && b.index < a.index + a_count
 }
 
 /// The rank's instructions with each joined receive dropped and its reduction turned into a RecvReduceCopy (same

@@ -150,6 +150,13 @@ impl Instr {
         [self.src.get(), self.acc.get()].into_iter().flatten()
     }
 
+    /// The position in its block (index modulo `chunks`) of each chunk range the instruction reads or writes.
+    /// A chunk keeps its position wherever it goes, as chunk sizes depend on it (verified per instruction and
+    /// per message).
+    pub fn positions(&self, chunks: u32) -> impl Iterator<Item = u32> + '_ {
+        self.reads().chain(self.dst.get()).map(move |o| o.index % chunks.max(1))
+    }
+
     pub fn send_peer(&self) -> Option<u32> {
         (self.send_peer != NO_RANK).then_some(self.send_peer)
     }

@@ -148,8 +148,10 @@ fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
     if instr.channel as u32 >= ctx.limits.max_channels {
         return Some(format!("channel {} is outside 0..{}", instr.channel, ctx.limits.max_channels));
     }
-    let positions: Vec<u32> = instr.reads().chain(instr.dst.get()).map(|o| o.index % ctx.sched.chunks.max(1)).collect();
-    if positions.windows(2).any(|w| w[0] != w[1]) {
+    let mut positions = instr.positions(ctx.sched.chunks);
+    let first = positions.next();
+    if positions.any(|p| Some(p) != first) {
+        let positions: Vec<u32> = instr.positions(ctx.sched.chunks).collect();
         return Some(format!(
             "its operands sit at different chunk positions of a block ({positions:?} modulo {} chunks), whose sizes \
              differ when the count does not divide evenly",

@@ -66,10 +66,8 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                 (Some(&s), Some(&r)) => {
                     let (si, ri) =
                         (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
-                    let chunks = ctx.sched.chunks.max(1);
-                    let position =
-                        |i: &crate::sched::Instr| i.reads().chain(i.dst.get()).next().map(|o| o.index % chunks);
-                    let (sent_at, received_at) = (position(si), position(ri));
+                    let chunks = ctx.sched.chunks;
+                    let (sent_at, received_at) = (si.positions(chunks).next(), ri.positions(chunks).next());
                     if si.count == ri.count && sent_at == received_at {
                         continue;
                     }

@@ -89,7 +89,7 @@ pub struct RunArgs {
     pub topo: Option<String>,
 }
 
-/// The algorithm the cost model picked for the sizes up to `max_bytes` (after the previous choice's).
+/// One algorithm and the sizes it runs (up to `max_bytes`, after the previous choice's), with its bindings.
 #[derive(Clone, Debug)]
 pub struct Choice {
     pub max_bytes: usize,
@@ -101,8 +101,6 @@ pub struct Choice {
 /// Everything a rank needs to run the sweep, resolved once.
 #[derive(Clone, Debug)]
 pub struct Job {
-    pub name: String,
-    pub source: String,
     pub collective: Collective,
     pub n_ranks: u32,
     pub sizes: Vec<usize>,
@@ -110,26 +108,21 @@ pub struct Job {
     pub ops: Vec<ReduceOp>,
     pub root: u32,
     pub peer: u32,
-    pub params: Vec<(String, i64)>,
     pub iters: u32,
     pub warmup: u32,
     pub check: bool,
     pub format: Format,
     pub transport: Transport,
     pub options: Options,
-    /// Set when the command named a collective: the selected algorithm per size range, in size order.
-    pub selection: Vec<Choice>,
-    /// Candidates of the selection that the rank count or node split does not admit, with why.
-    pub not_admitted: Vec<(String, String)>,
+    /// What runs: the named algorithm, or the cost model's choice per size range, in size order.
+    pub algorithms: Algorithms,
 }
 
 impl Job {
-    /// The algorithm (name, source, params) that runs calls of `bytes`.
-    pub fn algorithm_for(&self, bytes: usize) -> (&str, &str, &[(String, i64)]) {
-        match self.selection.iter().find(|c| bytes <= c.max_bytes).or(self.selection.last()) {
-            Some(c) => (&c.name, &c.source, &c.params),
-            None => (&self.name, &self.source, &self.params),
-        }
+    /// The algorithm that runs calls of `bytes`.
+    pub fn algorithm_for(&self, bytes: usize) -> &Choice {
+        let choices = &self.algorithms.choices;
+        choices.iter().find(|c| bytes <= c.max_bytes).unwrap_or(&choices[choices.len() - 1])
     }
 }
 
@@ -216,10 +209,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         None => select(args, n_ranks, per_node, peer, &sizes)?,
         Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
     };
-    let first = algorithm.choices[0].clone();
     Ok(Job {
-        name: first.name,
-        source: first.source,
         collective: algorithm.collective,
         n_ranks,
         sizes,
@@ -227,26 +217,26 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         ops,
         root: args.root,
         peer,
-        params: first.params,
         iters: args.iters,
         warmup: args.warmup,
         check: args.check != 0,
         format: args.format,
         transport: if launched { Transport::Shm } else { args.transport },
         options,
-        selection: if algorithm.selected { algorithm.choices } else { Vec::new() },
-        not_admitted: algorithm.not_admitted,
+        algorithms: algorithm,
     })
 }
 
 /// What runs: one algorithm for every size, or the ones the cost model selected per size range.
-struct Algorithms {
-    collective: Collective,
-    /// In size order; a single entry (covering every size) for a named algorithm.
-    choices: Vec<Choice>,
-    selected: bool,
+#[derive(Clone, Debug)]
+pub struct Algorithms {
+    pub collective: Collective,
+    /// In size order, never empty; a single entry (covering every size) for a named algorithm.
+    pub choices: Vec<Choice>,
+    /// Whether the cost model chose them (the command named a collective).
+    pub selected: bool,
     /// Candidates of a selection that the rank count or node split does not admit, with why.
-    not_admitted: Vec<(String, String)>,
+    pub not_admitted: Vec<(String, String)>,
 }
 
 /// Compiles a named algorithm once here, so a broken one is reported once, with its diagnostics, before any rank
@@ -317,6 +307,7 @@ fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize
 
 /// A communicator set up with the job's algorithm.
 pub fn configure(mut comm: Communicator, job: &Job) -> Communicator {
-    comm.set_algorithm(job.collective, &job.name, &job.source, job.params.clone());
+    let first = &job.algorithms.choices[0];
+    comm.set_algorithm(job.collective, &first.name, &first.source, first.params.clone());
     comm
 }

@@ -38,9 +38,9 @@ pub fn size_factor(collective: Collective, n_ranks: u32) -> usize {
 
 /// Switches to the algorithm the job's selection picked for calls of `bytes` (a no-op for a fixed algorithm).
 fn use_algorithm_for(comm: &mut Communicator, job: &Job, bytes: usize) {
-    let (name, source, params) = job.algorithm_for(bytes);
-    if !job.selection.is_empty() && comm.algorithm(job.collective) != name {
-        comm.set_algorithm(job.collective, name, source, params.to_vec());
+    let choice = job.algorithm_for(bytes);
+    if job.algorithms.selected && comm.algorithm(job.collective) != choice.name {
+        comm.set_algorithm(job.collective, &choice.name, &choice.source, choice.params.clone());
     }
 }
 
@@ -75,7 +75,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
                         root: job.collective.rooted().then_some(job.root),
                         out_of_place: oop,
                         in_place: ip,
-                        algorithm: job.algorithm_for(bytes).0.to_string(),
+                        algorithm: job.algorithm_for(bytes).name.clone(),
                     });
                 }
             }

@@ -27,17 +27,17 @@ pub fn print(job: &Job, header: &Header, rows: &[Row]) {
 }
 
 fn print_table(job: &Job, header: &Header, rows: &[Row]) {
-    let algorithm = if job.selection.is_empty() { header.algorithm.as_str() } else { "selected per size" };
+    let algorithm = if job.algorithms.selected { "selected per size" } else { header.algorithm.as_str() };
     println!(
         "# collc run: algorithm {algorithm} ({}), {} ranks, transport {}, executor {}",
         job.collective, job.n_ranks, header.transport, header.executor
     );
     let mut from = job.sizes.first().copied().unwrap_or(0);
-    for choice in &job.selection {
+    for choice in job.algorithms.choices.iter().filter(|_| job.algorithms.selected) {
         println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
         from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
     }
-    for (name, why) in &job.not_admitted {
+    for (name, why) in &job.algorithms.not_admitted {
         println!("#   not a candidate: {}/{name} ({why})", job.collective);
     }
     let sizes = (job.sizes.first().copied().unwrap_or(0), job.sizes.last().copied().unwrap_or(0));
@@ -113,7 +113,7 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         })
         .collect();
     let document = json!({
-        "algorithm": if job.selection.is_empty() { header.algorithm.as_str() } else { "selected per size" },
+        "algorithm": if job.algorithms.selected { "selected per size" } else { header.algorithm.as_str() },
         "collective": job.collective.name(), "ranks": job.n_ranks,
         "transport": header.transport, "executor": header.executor,
         "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,

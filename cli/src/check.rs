@@ -39,7 +39,10 @@ fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<Bindings> {
     if !open {
         return vec![given];
     }
-    (1..=n_ranks).filter(|g| n_ranks % g == 0).map(|g| given.clone().with_default_split(&file.algorithm, g)).collect()
+    (1..=n_ranks)
+        .filter(|g| n_ranks.is_multiple_of(*g))
+        .map(|g| given.clone().with_default_split(&file.algorithm, g))
+        .collect()
 }
 
 /// Lowers once for one binding, then schedules, fuses and verifies each placement.

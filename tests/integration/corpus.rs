@@ -54,7 +54,7 @@ fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
 /// Ranks per node for tests of an algorithm with a node split at `n_ranks`: the largest proper split
 /// (p / its smallest prime factor, so 8 ranks are 2 nodes of 4 and a prime p is p nodes of 1).
 pub fn test_split(n_ranks: u32) -> u32 {
-    let smallest_factor = (2..=n_ranks).find(|f| n_ranks % f == 0).unwrap_or(1);
+    let smallest_factor = (2..=n_ranks).find(|f| n_ranks.is_multiple_of(*f)).unwrap_or(1);
     n_ranks / smallest_factor
 }
 

@@ -113,7 +113,7 @@ impl Topology {
     /// constants: what a launcher's node split says without a topology file.
     pub fn uniform_nodes(n_ranks: u32, per_node: u32) -> Self {
         let mut topo = Topology::uniform(n_ranks);
-        if per_node > 0 && per_node < n_ranks && n_ranks % per_node == 0 {
+        if per_node > 0 && per_node < n_ranks && n_ranks.is_multiple_of(per_node) {
             topo.nodes = n_ranks / per_node;
             topo.ranks_per_node = Some(per_node);
             topo.links.inter = Some(topo.links.intra);

@@ -12,6 +12,10 @@ use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 /// derives them: patching them by hand would lose the orderings the dropped receive stood between.
 pub fn receive_reduce(sched: &mut Schedule) {
     for r in 0..sched.ranks.len() {
+        // Most ranks of most algorithms have no reduction out of scratch: skip them without building anything.
+        if !sched.ranks[r].instrs.iter().any(reduces_scratch) {
+            continue;
+        }
         let into = pairs(&sched.ranks[r]);
         if into.iter().any(|&b| b != NO_RANK) {
             let instrs = joined(&sched.ranks[r], &into);
@@ -29,7 +33,7 @@ fn pairs(rank: &RankProgram) -> Vec<u32> {
     let dependents = dependents(rank);
     for b in 0..n {
         let reduce = rank.instrs[b];
-        if reduce.op != Op::Reduce || reduce.src.buf < BufId(2) {
+        if !reduces_scratch(&reduce) {
             continue;
         }
         let Some(&a) = rank.deps_of(b).iter().find(|&&d| received_exactly(&rank.instrs[d as usize], &reduce)) else {
@@ -41,6 +45,10 @@ fn pairs(rank: &RankProgram) -> Vec<u32> {
         }
     }
     into
+}
+
+fn reduces_scratch(instr: &Instr) -> bool {
+    instr.op == Op::Reduce && instr.src.buf >= BufId(2)
 }
 
 fn received_exactly(recv: &Instr, reduce: &Instr) -> bool {

@@ -53,7 +53,8 @@ struct Graph {
     /// `succ[succ_start[g]..succ_start[g + 1]]`: global indices of what node `g` running may make ready.
     succ_start: Vec<u32>,
     succ: Vec<u32>,
-    /// Chunks received in all: each receive reads its message from its own place in one array.
+    /// Message slots in all: each connection has a ring of `min(slots, messages)` places, each as wide as its
+    /// widest message, since a send waits for the receive `slots` places back to free its place.
     n_messages: u32,
 }
 
@@ -128,7 +129,7 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
     let mut positions = Vec::with_capacity(total);
     let mut nodes = Vec::with_capacity(total);
     let mut counts = vec![0u32; total + 1];
-    let mut n_messages = 0u32;
+    let mut widest = vec![0u32; conns.list.len()];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let start = rank_start[rank] as usize;
         let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank as u32, op) as u32);
@@ -136,7 +137,7 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
             let (send, recv) = conns.of_instr[rank][i];
             let mut unmet = program.deps_of(i).len() as u32;
             let mut n_succ = 0u32;
-            let (mut send_pos, mut recv_pos, mut msg_in) = (NONE, NONE, NONE);
+            let (mut send_pos, mut recv_pos) = (NONE, NONE);
             if send != NONE {
                 let c = &conns.list[send as usize];
                 send_pos = seen[send as usize].0;
@@ -152,8 +153,7 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
                 unmet += 1 + u32::from(recv_pos > 0);
                 n_succ += u32::from(c.sends.len() > (recv_pos + slots) as usize)
                     + u32::from(c.recvs.len() > recv_pos as usize + 1);
-                msg_in = n_messages;
-                n_messages += instr.count;
+                widest[recv as usize] = widest[recv as usize].max(instr.count);
             }
             counts[start + i + 1] += n_succ;
             for &d in program.deps_of(i) {
@@ -165,7 +165,7 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
                 src: slot(instr.src),
                 acc: slot(instr.acc),
                 dst: slot(instr.dst),
-                msg_in,
+                msg_in: NONE,
                 msg_out: NONE,
                 unmet,
             });
@@ -174,6 +174,18 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
     for k in 1..counts.len() {
         counts[k] += counts[k - 1];
     }
+    // Where each connection's ring of messages starts, and how many places it has.
+    let mut ring = Vec::with_capacity(conns.list.len());
+    let mut n_messages = 0u32;
+    for (c, &width) in conns.list.iter().zip(&widest) {
+        let places = slots.max(1).min(c.recvs.len() as u32);
+        ring.push((n_messages, places, width));
+        n_messages += places * width;
+    }
+    let place = |conn: u32, pos: u32| {
+        let (base, places, width) = ring[conn as usize];
+        base + pos % places * width
+    };
     let mut fill = counts.clone();
     let mut succ = vec![0u32; counts[total] as usize];
     let mut add = |from: usize, to: u32| {
@@ -189,12 +201,12 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
             if send != NONE {
                 let c = &conns.list[send as usize];
                 if let Some(&r) = c.recvs.get(send_pos as usize) {
-                    let partner = rank_start[c.to as usize] + r;
-                    add(g, partner);
-                    nodes[g].msg_out = nodes[partner as usize].msg_in;
+                    add(g, rank_start[c.to as usize] + r);
+                    nodes[g].msg_out = place(send, send_pos);
                 }
             }
             if recv != NONE {
+                nodes[g].msg_in = place(recv, recv_pos);
                 let c = &conns.list[recv as usize];
                 if let Some(&s) = c.sends.get((recv_pos + slots) as usize) {
                     add(g, rank_start[c.from as usize] + s);

@@ -13,7 +13,8 @@ pub(crate) trait Value: Clone {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Hashed {
     pub hash: u64,
-    pub count: u64,
+    /// Contributions, saturating (16 bytes in all: the simulation holds one per chunk slot and per message).
+    pub count: u32,
     pub undefined: bool,
 }
 
@@ -36,7 +37,7 @@ impl Value for Hashed {
 
     fn reduce(&mut self, other: &Self) {
         self.hash = self.hash.wrapping_add(other.hash);
-        self.count += other.count;
+        self.count = self.count.saturating_add(other.count);
         self.undefined |= other.undefined;
     }
 }

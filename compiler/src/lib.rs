@@ -116,12 +116,11 @@ pub fn compile_program(
     limits: &Limits,
 ) -> Result<VerifiedSchedule, Errors> {
     let program = &*pipelined(program, options, limits)?;
-    let mut sched = schedule(program, options.placement);
     if !options.fuse {
-        return verify(sched, source, limits);
+        return verify(schedule(program, options.placement), source, limits);
     }
-    optimise::fuse(&mut sched);
-    match verify(sched, source, limits) {
+    let fused = sched::schedule_with(program, options.placement, optimise::fuse_rank);
+    match verify(fused, source, limits) {
         Err(_) => verify(schedule(program, options.placement), source, limits),
         outcome => outcome,
     }

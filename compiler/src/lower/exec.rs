@@ -2,7 +2,7 @@
 
 use super::bind::Bound;
 use super::eval::Machine;
-use super::resolve::{RBufRef, RStmt, RTransfer, Resolver};
+use super::resolve::{RBufRef, RExpr, RStmt, RTransfer, Resolver};
 use crate::collective::Collective;
 use crate::diag::{Error, Errors};
 use crate::fxhash::FxBuildHasher;
@@ -28,7 +28,9 @@ struct Exec<'a> {
     /// Chunk slots per rank in the shared view plus scratch, and where each scratch buffer starts.
     slots_per_rank: u32,
     scratch_base: Vec<u32>,
-    /// The slots this step touched (a small table that stays in cache, cleared per step).
+    /// The slots this step touched, each shifted left by one with the low bit set for a write.
+    step_keys: Vec<u64>,
+    /// Who touched each slot of a step with a race (a small table that stays in cache).
     step_access: HashMap<usize, StepAccess, FxBuildHasher>,
 }
 
@@ -72,6 +74,7 @@ pub(crate) fn run(
         spans: std::mem::take(&mut resolver.spans),
         slots_per_rank: 0,
         scratch_base: Vec::new(),
+        step_keys: Vec::new(),
         step_access: HashMap::default(),
     };
     let mut next = in_chunks.max(out_chunks);
@@ -203,10 +206,11 @@ impl Exec<'_> {
         }
     }
 
-    fn rank(&mut self, value: i64, span: Span, what: &str) -> Option<u32> {
+    fn rank(&mut self, value: i64, expr: &RExpr, what: &str) -> Option<u32> {
         if (0..self.n_ranks as i64).contains(&value) {
             return Some(value as u32);
         }
+        let span = expr.span();
         let n = self.n_ranks;
         self.report(
             "rank",
@@ -272,10 +276,8 @@ impl Exec<'_> {
             None => 0,
         };
         let is_send = matches!(t.kind, TransferKind::Send { .. });
-        let (from, to) = (
-            self.rank(from, t.from.span(), if is_send { "source" } else { "the" }),
-            self.rank(to, t.to.span(), "destination"),
-        );
+        let (from, to) =
+            (self.rank(from, &t.from, if is_send { "source" } else { "the" }), self.rank(to, &t.to, "destination"));
         let src = self.chunk_range(&t.src, frame)?;
         let dst = match &t.dst {
             Some(d) => self.chunk_range(d, frame)?,
@@ -395,7 +397,28 @@ impl Exec<'_> {
     }
 
     /// A slot written and read (or written twice) by two transfers of one step is a race in either placement.
+    ///
+    /// Most steps have none, so a sorted list of the step's accesses first shows whether any slot is touched twice
+    /// with a write (a transfer never touches one slot twice: self-sends and overlapping local transfers are
+    /// rejected before this); only a step where one is goes through the table that finds and reports the pairs.
     fn check_step_races(&mut self, first: usize) {
+        let mut keys = std::mem::take(&mut self.step_keys);
+        keys.clear();
+        for t in &self.transfers[first..] {
+            for k in 0..t.count {
+                keys.push((self.slot(t.from, t.src, k) as u64) << 1);
+                keys.push((self.slot(t.to, t.dst, k) as u64) << 1 | 1);
+            }
+        }
+        keys.sort_unstable();
+        let suspect = keys.windows(2).any(|w| w[0] >> 1 == w[1] >> 1 && (w[0] | w[1]) & 1 == 1);
+        self.step_keys = keys;
+        if suspect {
+            self.report_step_races(first);
+        }
+    }
+
+    fn report_step_races(&mut self, first: usize) {
         self.step_access.clear();
         for i in first..self.transfers.len() {
             let t = self.transfers[i];

@@ -3,21 +3,26 @@
 //! again, RecvReduceCopySend -> RecvReduceSend.
 
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
+use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// Fuses receive-then-reduce pairs (`receive_reduce`), then recv-then-forward chains, on every rank.
 pub fn fuse(sched: &mut Schedule) {
-    super::receive_reduce::receive_reduce(sched);
-    let scratch_from = 2u16;
     for rank in &mut sched.ranks {
-        fuse_rank(rank, scratch_from);
+        fuse_rank(rank, &sched.buffers);
     }
+}
+
+/// `fuse` on one rank. Every step of fusion looks at one rank only, so scheduling can fuse each rank as soon as
+/// its dependencies are known, while its instructions are still in cache (`sched::schedule_with`).
+pub fn fuse_rank(rank: &mut RankProgram, buffers: &[BufferDecl]) {
+    super::receive_reduce::receive_reduce_rank(rank, buffers);
+    chain_rank(rank, 2);
 }
 
 /// A Send `j` can join the receive `i` whose result it forwards when it depends on nothing else, runs on the same
 /// channel, and moving it up to `i` keeps the order of sends on its connection.
-fn fuse_rank(rank: &mut RankProgram, scratch_from: u16) {
+fn chain_rank(rank: &mut RankProgram, scratch_from: u16) {
     let n = rank.len();
     let mut merged_into: Vec<u32> = vec![NO_RANK; n];
     let mut forward: Vec<u32> = vec![NO_RANK; n];

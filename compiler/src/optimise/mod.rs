@@ -5,5 +5,5 @@ mod fuse;
 mod pipeline;
 mod receive_reduce;
 
-pub use fuse::fuse;
+pub use fuse::{fuse, fuse_rank};
 pub use pipeline::pipeline;

@@ -5,22 +5,20 @@
 
 use super::fuse::{dependents, overlaps, Dependents};
 use crate::sched::build::with_dependencies;
-use crate::sched::{BufId, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
+use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, RankProgram, NO_RANK};
 
-/// Fuses receive-then-reduce pairs on every rank. The joined receive moves to its reduction's place, so each
-/// changed rank's dependencies are derived again from the hazards of its new instruction list, as scheduling
-/// derives them: patching them by hand would lose the orderings the dropped receive stood between.
-pub fn receive_reduce(sched: &mut Schedule) {
-    for r in 0..sched.ranks.len() {
-        // Most ranks of most algorithms have no reduction out of scratch: skip them without building anything.
-        if !sched.ranks[r].instrs.iter().any(reduces_scratch) {
-            continue;
-        }
-        let into = pairs(&sched.ranks[r]);
-        if into.iter().any(|&b| b != NO_RANK) {
-            let instrs = joined(&sched.ranks[r], &into);
-            sched.ranks[r] = with_dependencies(instrs, &sched.buffers);
-        }
+/// Fuses the receive-then-reduce pairs of one rank. The joined receive moves to its reduction's place, so a changed
+/// rank's dependencies are derived again from the hazards of its new instruction list, as scheduling derives them:
+/// patching them by hand would lose the orderings the dropped receive stood between.
+pub(super) fn receive_reduce_rank(rank: &mut RankProgram, buffers: &[BufferDecl]) {
+    // Most ranks of most algorithms have no reduction out of scratch: skip them without building anything.
+    if !rank.instrs.iter().any(reduces_scratch) {
+        return;
+    }
+    let into = pairs(rank);
+    if into.iter().any(|&b| b != NO_RANK) {
+        let instrs = joined(rank, &into);
+        *rank = with_dependencies(instrs, buffers);
     }
 }
 

@@ -8,6 +8,16 @@ use crate::ir::{Buf, Loc, Program, Transfer, TransferKind};
 
 /// Builds the per-rank schedule of `program` for `placement`.
 pub fn schedule(program: &Program, placement: Placement) -> Schedule {
+    schedule_with(program, placement, |_, _| {})
+}
+
+/// `schedule`, running `pass` on each rank as soon as its dependencies are known (while its instructions are in
+/// cache) and then releasing the room the pass freed, so the next rank reuses it instead of faulting in new pages.
+pub fn schedule_with(
+    program: &Program,
+    placement: Placement,
+    mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
+) -> Schedule {
     let mut mapper = Mapper::new(program, placement);
     // Size each rank's list up front: growing thousands of lists at once spends its time copying and faulting pages.
     let mut per_rank = vec![0usize; program.n_ranks as usize];
@@ -33,7 +43,15 @@ pub fn schedule(program: &Program, placement: Placement) -> Schedule {
     }
     mapper.final_copies(&mut instrs);
     let buffers = mapper.buffer_decls(program);
-    let ranks = instrs.into_iter().map(|list| with_dependencies(list, &buffers)).collect();
+    let ranks = instrs
+        .into_iter()
+        .map(|list| {
+            let mut rank = with_dependencies(list, &buffers);
+            pass(&mut rank, &buffers);
+            rank.shrink_to_fit();
+            rank
+        })
+        .collect();
     Schedule {
         algorithm: program.name.clone(),
         collective: program.collective,

@@ -9,7 +9,7 @@ use collc_grammar::ast::Span;
 use serde::Serialize;
 use std::fmt;
 
-pub use build::schedule;
+pub use build::{schedule, schedule_with};
 
 /// Whether `in` and `out` are one buffer (NCCL's in-place call) or two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
@@ -190,6 +190,12 @@ impl RankProgram {
 
     pub fn len(&self) -> usize {
         self.instrs.len()
+    }
+
+    pub fn shrink_to_fit(&mut self) {
+        self.instrs.shrink_to_fit();
+        self.dep_ranges.shrink_to_fit();
+        self.deps.shrink_to_fit();
     }
 
     pub fn is_empty(&self) -> bool {

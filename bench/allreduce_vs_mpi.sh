@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Allreduce bandwidth and latency: collc (`collc run allreduce/ring --transport shm`) against OpenMPI's
-# MPI_Allreduce (bench/mpi_allreduce.c), side by side on the same sizes, at 2 ranks and at 4 ranks (4 is
-# oversubscribed on a 2-core machine). Both print the nccl-tests all_reduce_perf table; this script parses the
-# out-of-place columns of both, runs each side RUNS times (alternating collc and MPI), and reports per-size medians,
-# the ratios collc/MPI, and the memory-bandwidth bound of a ring allreduce measured with bench/membw.c.
+# Allreduce bandwidth and latency: collc (`collc run allreduce --transport shm`, the algorithm its cost model
+# selects per size, as MPI_Allreduce selects its own) against OpenMPI's MPI_Allreduce (bench/mpi_allreduce.c), side
+# by side on the same sizes, at 2 ranks and at 4 ranks (4 is oversubscribed on a 2-core machine). Both print the
+# nccl-tests all_reduce_perf table; this script parses the out-of-place columns of both, runs each side RUNS times
+# (alternating collc and MPI), and reports per-size medians, the ratios collc/MPI, the algorithms collc selected,
+# and the memory-bandwidth bound of an allreduce that reads each input and writes each output once in DRAM (ring,
+# two_shot and the other ring-shaped algorithms selected at large sizes), measured with bench/membw.c.
+# ALGO=allreduce/ring pins one algorithm instead.
 #
 # Usage: bench/allreduce_vs_mpi.sh
 # Env knobs (defaults in brackets):
@@ -11,7 +14,7 @@
 #   LAT_ITERS [20000]   iterations of the separate 8-byte latency runs (2 ranks) the latency goal uses
 #   RUNS [3]            runs per side and rank count; medians over them
 #   RANKS ["2 4"]       rank counts to run (the goal lines refer to 2 and 4)
-#   ALGO [allreduce/ring]
+#   ALGO [allreduce]    `allreduce` = collc's per-size selection; `allreduce/NAME` pins one library algorithm
 #   COLLC_CMD ["target/release/collc run {ALGO} --ranks {N} --transport shm"]  the collc side, without the size
 #                       flags (the script appends -b -e -f -n -w -c 0); {N} and {ALGO} are replaced. When it is
 #                       set, collc is not built (point it at any command that prints the nccl-tests table).
@@ -29,7 +32,7 @@ iters=${ITERS:-20}
 warmup=${WARMUP:-5}
 runs=${RUNS:-3}
 ranks_list=${RANKS:-2 4}
-algo=${ALGO:-allreduce/ring}
+algo=${ALGO:-allreduce}
 dram_factor=${DRAM_BYTES_FACTOR:-2}
 run_timeout=${RUN_TIMEOUT:-1800}
 mpirun_bin=${MPIRUN:-mpirun}
@@ -147,8 +150,10 @@ for n in $ranks_list; do
        END {for (k in s) print k, (k in c ? c[k] : "-1 -1"), (k in m ? m[k] : "-1 -1")}' \
     "$work/med_collc_$n" "$work/med_mpi_$n" | sort -k1,1n >"$work/joined_$n"
 
-  echo "== $n ranks, $algo, out of place, medians of $runs runs; bound = ring allreduce at DRAM speed" \
-       "(${dram_factor}*p*n bytes per call at $traffic_gbps GB/s)"
+  first_run=$(ls "$work/collc_${n}_"*.txt 2>/dev/null | head -1 || true)
+  [ -n "$first_run" ] && grep -E '^#   sizes' "$first_run" | sed "s/^#  /  collc selected, $n ranks:/" || true
+  echo "== $n ranks, $algo, out of place, medians of $runs runs; bound = one DRAM read of each input and write" \
+       "of each output (${dram_factor}*p*n bytes per call at $traffic_gbps GB/s)"
   awk -v p="$n" -v traffic="$traffic_gbps" -v f="$dram_factor" '
     function hs(s,   u, i) { u = "BKMGT"; i = 1; while (s >= 1024 && s % 1024 == 0 && i < 5) { s /= 1024; i++ }
                              return sprintf("%d%s", s, i == 1 ? "" : substr(u, i, 1)) }

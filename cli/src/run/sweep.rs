@@ -149,6 +149,9 @@ fn measure(
         scratch.call(comm, shape, &windows, in_place)?;
     }
     let seconds = started.elapsed().as_secs_f64() / job.iters as f64;
+    // Every rank stops its clock before any rank goes on to the data check: with more ranks than cores, a rank
+    // still in its last call would otherwise wait for a core while the others fill their buffers for the check.
+    comm.barrier()?;
     let wrong = if job.check { Some(check_one(comm, job, shape, &windows, in_place, scratch)?) } else { None };
     let all = comm.gather_report(seconds, wrong.unwrap_or(0))?;
     Ok(all.map(|all| Cell {

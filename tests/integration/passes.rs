@@ -56,7 +56,8 @@ fn a_received_chunk_read_again_stays_in_scratch() {
 
 /// `compile_program` falls back to the unfused schedule when the fused one fails to verify; that must stay a
 /// fallback for deadlocks, never a cover for a fusion bug. So fusion itself must verify for the library (where no
-/// schedule deadlocks at the default 8 slots) and for programs that once tripped it.
+/// schedule deadlocks at the default 8 slots) and for programs that once tripped it, and fusing each rank inside
+/// scheduling (what `compile_program` does) must give the schedule that fusing afterwards gives.
 fn fused_verifies(source: &str, n_ranks: u32) -> Result<(), String> {
     let limits = Limits::default();
     let file = collc_grammar::parse(source, &limits.syntax).map_err(|e| e.to_string())?;
@@ -66,6 +67,11 @@ fn fused_verifies(source: &str, n_ranks: u32) -> Result<(), String> {
     for placement in Placement::BOTH {
         let mut sched = schedule(&program, placement);
         optimise::fuse(&mut sched);
+        // `compile_program` fuses each rank inside scheduling: the same schedule as fusing afterwards.
+        let fused_while_scheduling = collc_compiler::sched::schedule_with(&program, placement, optimise::fuse_rank);
+        if fused_while_scheduling != sched {
+            return Err(format!("{placement}: fusing while scheduling differs from fusing afterwards"));
+        }
         verify(sched, source, &limits)
             .map_err(|e| format!("{placement}: {}", crate::corpus::render_all(&e, "x", source)))?;
     }

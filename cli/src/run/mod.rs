@@ -205,12 +205,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
     let sizes = size_sweep(min, max, args.factor, step);
-    let algorithm = match fixed {
+    let (collective, algorithms) = match fixed {
         None => select(args, n_ranks, per_node, peer, &sizes)?,
         Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
     };
     Ok(Job {
-        collective: algorithm.collective,
+        collective,
         n_ranks,
         sizes,
         dtypes,
@@ -223,14 +223,13 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         format: args.format,
         transport: if launched { Transport::Shm } else { args.transport },
         options,
-        algorithms: algorithm,
+        algorithms,
     })
 }
 
 /// What runs: one algorithm for every size, or the ones the cost model selected per size range.
 #[derive(Clone, Debug)]
 pub struct Algorithms {
-    pub collective: Collective,
     /// In size order, never empty; a single entry (covering every size) for a named algorithm.
     pub choices: Vec<Choice>,
     /// Whether the cost model chose them (the command named a collective).
@@ -247,7 +246,7 @@ fn compile_fixed(
     n_ranks: u32,
     per_node: u32,
     peer: u32,
-) -> Result<Algorithms, (u8, String)> {
+) -> Result<(Collective, Algorithms), (u8, String)> {
     let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
         .map_err(|e| Errors(vec![Error::from(e)]))
         .and_then(|file| {
@@ -268,11 +267,17 @@ fn compile_fixed(
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params };
-    Ok(Algorithms { collective, choices: vec![choice], selected: false, not_admitted: Vec::new() })
+    Ok((collective, Algorithms { choices: vec![choice], selected: false, not_admitted: Vec::new() }))
 }
 
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
-fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize]) -> Result<Algorithms, (u8, String)> {
+fn select(
+    args: &RunArgs,
+    n_ranks: u32,
+    per_node: u32,
+    peer: u32,
+    sizes: &[usize],
+) -> Result<(Collective, Algorithms), (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let topo_path = args.topo.clone().or_else(|| std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty()));
     // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
@@ -302,7 +307,7 @@ fn select(args: &RunArgs, n_ranks: u32, per_node: u32, peer: u32, sizes: &[usize
             }
         }
     }
-    Ok(Algorithms { collective, choices: selection, selected: true, not_admitted: field.not_admitted })
+    Ok((collective, Algorithms { choices: selection, selected: true, not_admitted: field.not_admitted }))
 }
 
 /// A communicator set up with the job's algorithm.

@@ -26,11 +26,23 @@ pub fn print(job: &Job, header: &Header, rows: &[Row]) {
     }
 }
 
+/// What the header says ran: the algorithm, or that the cost model selected one per size (named per row).
+fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
+    if job.algorithms.selected {
+        "selected per size"
+    } else {
+        &header.algorithm
+    }
+}
+
 fn print_table(job: &Job, header: &Header, rows: &[Row]) {
-    let algorithm = if job.algorithms.selected { "selected per size" } else { header.algorithm.as_str() };
     println!(
-        "# collc run: algorithm {algorithm} ({}), {} ranks, transport {}, executor {}",
-        job.collective, job.n_ranks, header.transport, header.executor
+        "# collc run: algorithm {} ({}), {} ranks, transport {}, executor {}",
+        algorithm_label(job, header),
+        job.collective,
+        job.n_ranks,
+        header.transport,
+        header.executor
     );
     let mut from = job.sizes.first().copied().unwrap_or(0);
     for choice in job.algorithms.choices.iter().filter(|_| job.algorithms.selected) {
@@ -113,7 +125,7 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         })
         .collect();
     let document = json!({
-        "algorithm": if job.algorithms.selected { "selected per size" } else { header.algorithm.as_str() },
+        "algorithm": algorithm_label(job, header),
         "collective": job.collective.name(), "ranks": job.n_ranks,
         "transport": header.transport, "executor": header.executor,
         "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,

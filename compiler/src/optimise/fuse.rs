@@ -3,7 +3,7 @@
 //! again, RecvReduceCopySend -> RecvReduceSend.
 
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
+use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// Fuses receive-then-reduce pairs (`receive_reduce`), then recv-then-forward chains, on every rank.
@@ -17,12 +17,12 @@ pub fn fuse(sched: &mut Schedule) {
 /// its dependencies are known, while its instructions are still in cache (`sched::schedule_with`).
 pub fn fuse_rank(rank: &mut RankProgram, buffers: &[BufferDecl]) {
     super::receive_reduce::receive_reduce_rank(rank, buffers);
-    chain_rank(rank, 2);
+    chain_rank(rank);
 }
 
 /// A Send `j` can join the receive `i` whose result it forwards when it depends on nothing else, runs on the same
 /// channel, and moving it up to `i` keeps the order of sends on its connection.
-fn chain_rank(rank: &mut RankProgram, scratch_from: u16) {
+fn chain_rank(rank: &mut RankProgram) {
     let n = rank.len();
     let mut merged_into: Vec<u32> = vec![NO_RANK; n];
     let mut forward: Vec<u32> = vec![NO_RANK; n];
@@ -50,12 +50,12 @@ fn chain_rank(rank: &mut RankProgram, scratch_from: u16) {
         }
         last_send.insert(key, position);
     }
-    rebuild(rank, &merged_into, &forward, scratch_from);
+    rebuild(rank, &merged_into, &forward);
 }
 
 /// Rewrites the rank in place: instruction `i` moves to position `new_index[i] <= i`, and its dependency list is
 /// never longer than before, so every write lands on something already read.
-fn rebuild(rank: &mut RankProgram, merged_into: &[u32], forward: &[u32], scratch_from: u16) {
+fn rebuild(rank: &mut RankProgram, merged_into: &[u32], forward: &[u32]) {
     let n = rank.len();
     let mut new_index = vec![0u32; n];
     let mut next = 0u32;
@@ -81,7 +81,7 @@ fn rebuild(rank: &mut RankProgram, merged_into: &[u32], forward: &[u32], scratch
         if forward[i] != NO_RANK {
             let j = forward[i] as usize;
             instr = fused(instr, rank.instrs[j]);
-            if instr.op == Op::RecvReduceCopySend && write_is_dead(rank, i, j, &dependents, scratch_from) {
+            if instr.op == Op::RecvReduceCopySend && write_is_dead(rank, i, j, &dependents) {
                 instr = Instr { op: Op::RecvReduceSend, dst: Operand::NONE, ..instr };
             }
         }
@@ -153,7 +153,7 @@ pub(super) fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bo
 
 /// The value `i` writes is dead when nothing but the forwarding send `j` reads it before it is overwritten in full
 /// (or, for scratch, never read again). User-visible buffers keep their last value, so they need the overwrite.
-fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &Dependents, scratch_from: u16) -> bool {
+fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &Dependents) -> bool {
     let written = rank.instrs[i];
     let dst = written.dst;
     let mut covered = vec![false; written.count as usize];
@@ -172,6 +172,5 @@ fn write_is_dead(rank: &RankProgram, i: usize, j: usize, dependents: &Dependents
             }
         }
     }
-    let is_scratch = dst.buf >= BufId(scratch_from);
-    is_scratch || covered.iter().all(|&c| c)
+    dst.buf.is_scratch() || covered.iter().all(|&c| c)
 }

@@ -27,12 +27,11 @@ pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Progr
     let Some(chunks) = chunks else {
         return Err(too_large(program, slices, format!("more than {} chunk slots", limits.max_slots)));
     };
-    let blocks = Blocks { chunks: program.chunks };
     let mut transfers = Vec::with_capacity(program.transfers.len() * slices as usize);
     for j in 0..slices {
         for t in &program.transfers {
-            for (offset, count) in blocks.pieces(t) {
-                let at = |loc: Loc| Loc { buf: loc.buf, index: blocks.sliced(loc.index + offset, j, slices) };
+            for (offset, count) in pieces(t, program.chunks) {
+                let at = |loc: Loc| Loc { buf: loc.buf, index: sliced(loc.index + offset, program.chunks, j, slices) };
                 transfers.push(Transfer { src: at(t.src), dst: at(t.dst), count, step: t.step + j, ..*t });
             }
             if transfers.len() > limits.max_transfers {
@@ -71,32 +70,23 @@ fn too_large(program: &Program, slices: u32, what: String) -> Error {
     )
 }
 
-/// The unit a slice index is laid out in: blocks of C chunks, in every buffer.
-struct Blocks {
-    chunks: u32,
+/// Where chunk `index` of a buffer cut into blocks of `block` chunks lands in slice `j` of `slices`.
+fn sliced(index: u32, block: u32, j: u32, slices: u32) -> u32 {
+    (index / block) * block * slices + j * block + index % block
 }
 
-impl Blocks {
-    fn sliced(&self, index: u32, j: u32, slices: u32) -> u32 {
-        let b = self.chunks;
-        (index / b) * b * slices + j * b + index % b
-    }
-
-    /// The transfer's chunk range cut where the source's or the destination's block ends: (offset, count) pieces.
-    fn pieces(&self, t: &Transfer) -> impl Iterator<Item = (u32, u32)> + '_ {
-        let (src_block, dst_block) = (self.chunks, self.chunks);
-        let (src, dst, count) = (t.src.index, t.dst.index, t.count);
-        let mut offset = 0;
-        std::iter::from_fn(move || {
-            if offset >= count {
-                return None;
-            }
-            let src_left = src_block - (src + offset) % src_block;
-            let dst_left = dst_block - (dst + offset) % dst_block;
-            let n = src_left.min(dst_left).min(count - offset);
-            let piece = (offset, n);
-            offset += n;
-            Some(piece)
-        })
-    }
+/// The transfer's chunk range cut where its blocks end: (offset, count) pieces. Source and destination sit at the
+/// same position in their blocks (lowering requires it), so their blocks end together.
+fn pieces(t: &Transfer, block: u32) -> impl Iterator<Item = (u32, u32)> {
+    let (start, count) = (t.src.index, t.count);
+    let mut offset = 0;
+    std::iter::from_fn(move || {
+        if offset >= count {
+            return None;
+        }
+        let n = (block - (start + offset) % block).min(count - offset);
+        let piece = (offset, n);
+        offset += n;
+        Some(piece)
+    })
 }

@@ -5,7 +5,7 @@
 
 use super::fuse::{dependents, overlaps, Dependents};
 use crate::sched::build::with_dependencies;
-use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, RankProgram, NO_RANK};
+use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram, NO_RANK};
 
 /// Fuses the receive-then-reduce pairs of one rank. The joined receive moves to its reduction's place, so a changed
 /// rank's dependencies are derived again from the hazards of its new instruction list, as scheduling derives them:
@@ -46,7 +46,7 @@ fn pairs(rank: &RankProgram) -> Vec<u32> {
 }
 
 fn reduces_scratch(instr: &Instr) -> bool {
-    instr.op == Op::Reduce && instr.src.buf >= BufId(2)
+    instr.op == Op::Reduce && instr.src.buf.is_scratch()
 }
 
 fn received_exactly(recv: &Instr, reduce: &Instr) -> bool {

@@ -110,7 +110,7 @@ impl Mapper {
     }
 
     fn work_buf(&self) -> BufId {
-        BufId(2 + self.n_scratch)
+        BufId(BufId::FIRST_SCRATCH.0 + self.n_scratch)
     }
 
     /// Position of a logical `in`/`out` chunk in the shared view of `rank`.
@@ -150,7 +150,7 @@ impl Mapper {
             }
             return self.home(rank, view);
         };
-        Operand::new(BufId(2 + s), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
     }
 
     fn write(&mut self, rank: u32, loc: Loc, k: u32) -> Operand {
@@ -162,7 +162,7 @@ impl Mapper {
             self.written[(rank * self.view_chunks + view) as usize] = true;
             return self.home(rank, view);
         };
-        Operand::new(BufId(2 + s), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
     }
 
     /// Emits the instructions of one transfer, split where its chunks do not map to contiguous physical ranges.

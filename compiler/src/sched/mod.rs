@@ -43,7 +43,14 @@ pub struct BufId(pub u16);
 impl BufId {
     pub const IN: BufId = BufId(0);
     pub const OUT: BufId = BufId(1);
+    /// The first scratch buffer; scratch buffers, then the out-of-place `_work` buffer, follow.
+    pub const FIRST_SCRATCH: BufId = BufId(2);
     const NONE: BufId = BufId(u16::MAX);
+
+    /// A buffer only the schedule sees (scratch or `_work`): its last value does not reach the caller.
+    pub fn is_scratch(self) -> bool {
+        self >= BufId::FIRST_SCRATCH && self != BufId::NONE
+    }
 }
 
 /// `count` chunks from `index` of `buf` on the rank that runs the instruction.

@@ -112,6 +112,9 @@ fn length_mismatch(name: &str, existing: usize, len: usize) -> RuntimeError {
 }
 
 /// Segments as files in `/dev/shm`, `collc-<job>-<name>`, mapped by every rank process that opens them.
+/// Where POSIX shared memory lives on Linux.
+const SHM_DIR: &str = "/dev/shm";
+
 pub struct Shm {
     job: String,
     dir: std::path::PathBuf,
@@ -121,7 +124,7 @@ pub struct Shm {
 
 impl Shm {
     pub fn new(job: &str) -> Self {
-        Shm { job: job.to_string(), dir: "/dev/shm".into(), mapped: Mutex::new(HashMap::new()) }
+        Shm { job: job.to_string(), dir: SHM_DIR.into(), mapped: Mutex::new(HashMap::new()) }
     }
 
     fn path(&self, name: &str) -> std::path::PathBuf {
@@ -133,7 +136,7 @@ impl Shm {
     /// Only names a launcher gives (`collc-<pid>-<hex start time>-...`) are considered; jobs that torchrun or
     /// mpirun started are named by them and left alone. Returns how many files were removed.
     pub fn remove_stale_jobs() -> usize {
-        let Ok(entries) = std::fs::read_dir("/dev/shm") else { return 0 };
+        let Ok(entries) = std::fs::read_dir(SHM_DIR) else { return 0 };
         let mut removed = 0;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
@@ -155,7 +158,7 @@ impl Shm {
     /// Every `/dev/shm` file of job `job`: for a launcher cleaning up after its ranks.
     pub fn remove_job(job: &str) {
         let prefix = format!("collc-{job}-");
-        if let Ok(entries) = std::fs::read_dir("/dev/shm") {
+        if let Ok(entries) = std::fs::read_dir(SHM_DIR) {
             for entry in entries.flatten() {
                 if entry.file_name().to_string_lossy().starts_with(&prefix) {
                     let _ = std::fs::remove_file(entry.path());

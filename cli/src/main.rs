@@ -1,6 +1,8 @@
 //! `collc`: the command-line front end. One module per subcommand; exit 0 on success, 1 on compile or
 //! verification errors, 2 on usage errors.
 
+#[cfg(target_os = "linux")]
+mod alloc;
 mod args;
 mod build;
 mod calibrate;
@@ -14,6 +16,10 @@ mod tune;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
+
+#[cfg(target_os = "linux")]
+#[global_allocator]
+static ALLOCATOR: alloc::HugeBlocks = alloc::HugeBlocks;
 
 /// collc: compile, verify and run collective-communication algorithms.
 #[derive(Parser)]

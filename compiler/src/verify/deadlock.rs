@@ -20,13 +20,21 @@ pub(crate) struct Finished<V> {
     pub base: Vec<u32>,
     pub slots_per_rank: u32,
     pub values: Vec<V>,
-    /// The instruction (rank-local index) that last wrote each slot, `u32::MAX` if none.
-    pub last_writer: Vec<u32>,
+    /// The instruction (global index, see `rank_start`) that last wrote each slot, `u32::MAX` if none.
+    last_writer: Vec<u32>,
+    /// Where each rank's instructions start in the global numbering.
+    rank_start: Vec<u32>,
 }
 
 impl<V> Finished<V> {
     pub fn slot(&self, rank: u32, op: Operand) -> usize {
         (rank * self.slots_per_rank + self.base[op.buf.0 as usize] + op.index) as usize
+    }
+
+    /// The rank-local index of the instruction that last wrote `slot` of `rank`, if any.
+    pub fn last_writer(&self, rank: u32, slot: usize) -> Option<u32> {
+        let writer = self.last_writer[slot];
+        (writer != NONE).then(|| writer - self.rank_start[rank as usize])
     }
 }
 
@@ -69,33 +77,29 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         let node = nodes[g as usize];
         nodes[g as usize].unmet = FIRED;
         completed += 1;
-        // Read everything before writing anything: operands of one instruction may overlap.
-        results.clear();
-        for k in 0..node.count {
-            let v = match node.msg_in {
-                NONE => state.values[(node.src + k) as usize].clone(),
-                at => messages[(at + k) as usize].clone(),
-            };
-            results.push(match node.acc {
-                NONE => v,
-                acc => {
-                    let mut sum = state.values[(acc + k) as usize].clone();
-                    sum.reduce(&v);
-                    sum
-                }
-            });
-        }
-        if node.dst != NONE {
-            let rank = rank_start.partition_point(|&s| s <= g) - 1;
-            let local = g - rank_start[rank];
-            for (k, v) in results.iter().enumerate() {
-                state.values[node.dst as usize + k] = v.clone();
-                state.last_writer[node.dst as usize + k] = local;
+        if node.count == 1 {
+            let value = fire_one(&node, &state.values, &messages);
+            if node.dst != NONE {
+                state.values[node.dst as usize] = value.clone();
+                state.last_writer[node.dst as usize] = g;
             }
-        }
-        if node.msg_out != NONE {
-            for (k, v) in results.drain(..).enumerate() {
-                messages[node.msg_out as usize + k] = v;
+            if node.msg_out != NONE {
+                messages[node.msg_out as usize] = value;
+            }
+        } else {
+            // Read everything before writing anything: operands of one instruction may overlap.
+            results.clear();
+            results.extend((0..node.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
+            if node.dst != NONE {
+                for (k, v) in results.iter().enumerate() {
+                    state.values[node.dst as usize + k] = v.clone();
+                    state.last_writer[node.dst as usize + k] = g;
+                }
+            }
+            if node.msg_out != NONE {
+                for (k, v) in results.drain(..).enumerate() {
+                    messages[node.msg_out as usize + k] = v;
+                }
             }
         }
         for &s in &succ[succ_start[g as usize] as usize..succ_start[g as usize + 1] as usize] {
@@ -110,7 +114,32 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         let done: Vec<bool> = nodes.iter().map(|n| n.unmet == FIRED).collect();
         return Err(Stuck::new(ctx, &conns, &rank_start, done).cycle_error());
     }
+    state.rank_start = rank_start;
     Ok(state)
+}
+
+/// The value one chunk of `node` produces: its message or local source, reduced into its accumulator if it has one.
+fn fire_one<V: Value>(node: &Node, values: &[V], messages: &[V]) -> V {
+    let v = match node.msg_in {
+        NONE => &values[node.src as usize],
+        at => &messages[at as usize],
+    };
+    match node.acc {
+        NONE => v.clone(),
+        acc => {
+            let mut sum = values[acc as usize].clone();
+            sum.reduce(v);
+            sum
+        }
+    }
+}
+
+impl Node {
+    /// The one-chunk node for chunk `k` of this one.
+    fn at(&self, k: u32) -> Node {
+        let shift = |x: u32| if x == NONE { NONE } else { x + k };
+        Node { count: 1, src: shift(self.src), acc: shift(self.acc), msg_in: shift(self.msg_in), ..*self }
+    }
 }
 
 /// Builds the nodes and their successor lists. Successors on other ranks are listed first and a node's own rank's
@@ -125,8 +154,6 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
     }
     let total = rank_start[sched.ranks.len()] as usize;
     let mut seen = vec![(0u32, 0u32); conns.list.len()];
-    // Per node: its position among the sends and among the receives of its connections.
-    let mut positions = Vec::with_capacity(total);
     let mut nodes = Vec::with_capacity(total);
     let mut counts = vec![0u32; total + 1];
     let mut widest = vec![0u32; conns.list.len()];
@@ -137,19 +164,16 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
             let (send, recv) = conns.of_instr[rank][i];
             let mut unmet = program.deps_of(i).len() as u32;
             let mut n_succ = 0u32;
-            let (mut send_pos, mut recv_pos) = (NONE, NONE);
             if send != NONE {
                 let c = &conns.list[send as usize];
-                send_pos = seen[send as usize].0;
-                seen[send as usize].0 += 1;
+                let send_pos = post_increment(&mut seen[send as usize].0);
                 unmet += u32::from(send_pos > 0) + u32::from(send_pos >= slots);
                 n_succ +=
                     u32::from(c.recvs.len() > send_pos as usize) + u32::from(c.sends.len() > send_pos as usize + 1);
             }
             if recv != NONE {
                 let c = &conns.list[recv as usize];
-                recv_pos = seen[recv as usize].1;
-                seen[recv as usize].1 += 1;
+                let recv_pos = post_increment(&mut seen[recv as usize].1);
                 unmet += 1 + u32::from(recv_pos > 0);
                 n_succ += u32::from(c.sends.len() > (recv_pos + slots) as usize)
                     + u32::from(c.recvs.len() > recv_pos as usize + 1);
@@ -159,7 +183,6 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
             for &d in program.deps_of(i) {
                 counts[start + d as usize + 1] += 1;
             }
-            positions.push((send_pos, recv_pos));
             nodes.push(Node {
                 count: instr.count,
                 src: slot(instr.src),
@@ -192,12 +215,15 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
         succ[fill[from] as usize] = to;
         fill[from] += 1;
     };
+    // Second pass, counting each node's position among the sends and receives of its connections again.
+    seen.iter_mut().for_each(|s| *s = (0, 0));
     for (rank, program) in sched.ranks.iter().enumerate() {
         let start = rank_start[rank] as usize;
         for i in 0..program.len() {
             let g = start + i;
             let (send, recv) = conns.of_instr[rank][i];
-            let (send_pos, recv_pos) = positions[g];
+            let send_pos = if send == NONE { NONE } else { post_increment(&mut seen[send as usize].0) };
+            let recv_pos = if recv == NONE { NONE } else { post_increment(&mut seen[recv as usize].1) };
             if send != NONE {
                 let c = &conns.list[send as usize];
                 if let Some(&r) = c.recvs.get(send_pos as usize) {
@@ -228,6 +254,11 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
         }
     }
     Graph { rank_start, nodes, succ_start: counts, succ, n_messages }
+}
+
+fn post_increment(counter: &mut u32) -> u32 {
+    *counter += 1;
+    *counter - 1
 }
 
 /// A run that stopped early: which instructions ran, and how far each connection got.
@@ -330,5 +361,5 @@ fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
             }
         }
     }
-    Finished { base, slots_per_rank: total, values, last_writer: vec![u32::MAX; n] }
+    Finished { base, slots_per_rank: total, values, last_writer: vec![NONE; n], rank_start: Vec::new() }
 }

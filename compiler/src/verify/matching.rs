@@ -4,6 +4,7 @@
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
+use crate::sched::NO_RANK;
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -39,14 +40,22 @@ impl Connections {
         for (rank, program) in ctx.sched.ranks.iter().enumerate() {
             let rank = rank as u32;
             let mut conns = Vec::with_capacity(program.len());
+            // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
+            let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
             for (i, instr) in program.instrs.iter().enumerate() {
                 let mut pair = (u32::MAX, u32::MAX);
                 if let Some(peer) = instr.send_peer() {
-                    pair.0 = conn(rank, peer, instr.channel, &mut list);
+                    if (last_send.0, last_send.1) != (peer, instr.channel) {
+                        last_send = (peer, instr.channel, conn(rank, peer, instr.channel, &mut list));
+                    }
+                    pair.0 = last_send.2;
                     list[pair.0 as usize].sends.push(i as u32);
                 }
                 if let Some(peer) = instr.recv_peer() {
-                    pair.1 = conn(peer, rank, instr.channel, &mut list);
+                    if (last_recv.0, last_recv.1) != (peer, instr.channel) {
+                        last_recv = (peer, instr.channel, conn(peer, rank, instr.channel, &mut list));
+                    }
+                    pair.1 = last_recv.2;
                     list[pair.1 as usize].recvs.push(i as u32);
                 }
                 conns.push(pair);

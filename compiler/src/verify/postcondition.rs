@@ -178,22 +178,22 @@ fn explain(
         describe_expected(expected, sched.n_ranks)
     );
     let help = "the schedule does not compute the collective's contract; check the chunk indices and peers of the transfers that feed this chunk";
-    let writer = finished.last_writer[slot];
-    let error = if writer == u32::MAX {
-        Error::new("collc::verify::postcondition", message, help)
-            .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk")
-    } else {
-        let instr = &sched.ranks[rank as usize].instrs[writer as usize];
-        // Span 0 marks instructions the compiler added: the final copies of chunks no transfer wrote.
-        let label = if instr.span == 0 {
-            format!(
-                "no transfer writes this chunk: the final out-of-place copy ({}) left the input there",
-                ctx.describe(rank, writer as usize)
-            )
-        } else {
-            format!("last written here ({})", ctx.describe(rank, writer as usize))
-        };
-        ctx.error("collc::verify::postcondition", message, help, instr, &label)
+    let error = match finished.last_writer(rank, slot) {
+        None => Error::new("collc::verify::postcondition", message, help)
+            .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk"),
+        Some(writer) => {
+            let instr = &sched.ranks[rank as usize].instrs[writer as usize];
+            // Span 0 marks instructions the compiler added: the final copies of chunks no transfer wrote.
+            let label = if instr.span == 0 {
+                format!(
+                    "no transfer writes this chunk: the final out-of-place copy ({}) left the input there",
+                    ctx.describe(rank, writer as usize)
+                )
+            } else {
+                format!("last written here ({})", ctx.describe(rank, writer as usize))
+            };
+            ctx.error("collc::verify::postcondition", message, help, instr, &label)
+        }
     };
     error.with_note(note)
 }

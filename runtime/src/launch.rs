@@ -95,10 +95,14 @@ pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<L
     Ok(None)
 }
 
-/// Moves the calling process onto the `rank`-th CPU it may use (modulo their number), then lets it go anywhere again:
-/// rank processes forked together start on their parent's CPU, and the scheduler can take milliseconds to spread
-/// them, during which two spinning ranks share one core. Binding them for good (as mpirun does) measured slower on
-/// a VM, so this only sets the starting point. Does nothing when ranks outnumber CPUs.
+/// Places a rank process of `n_ranks` on this host onto the `rank`-th CPU it may use (modulo their number). Rank
+/// processes forked together start on their parent's CPU, and the scheduler can take milliseconds to spread them,
+/// during which two spinning ranks share one core.
+/// - With a CPU per rank, the process only starts there and may then go anywhere: binding for good (as mpirun does)
+///   measured slower on a VM.
+/// - With more ranks than CPUs, it stays there (rank r on CPU r mod CPUs, as the cost model's `cores_per_node`
+///   assumes): left to the scheduler, which ranks share a core changed from launch to launch, and with it the time
+///   of one algorithm by up to 2x; bound, 4 ranks on 2 CPUs measured as fast or faster and steadier.
 pub fn spread_over_cores(rank: u32, n_ranks: u32) {
     // SAFETY: cpu_set_t is plain data; the calls read and write only the sets passed in.
     unsafe {
@@ -108,12 +112,12 @@ pub fn spread_over_cores(rank: u32, n_ranks: u32) {
             return;
         }
         let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &allowed)).collect();
-        if cpus.is_empty() || n_ranks as usize > cpus.len() {
+        if cpus.is_empty() {
             return;
         }
         let mut one: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpus[rank as usize % cpus.len()], &mut one);
-        if libc::sched_setaffinity(0, size, &one) == 0 {
+        if libc::sched_setaffinity(0, size, &one) == 0 && n_ranks as usize <= cpus.len() {
             // The move happens at the next scheduling point: yield so it has happened before the mask widens.
             libc::sched_yield();
             libc::sched_setaffinity(0, size, &allowed);

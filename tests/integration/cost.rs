@@ -16,6 +16,8 @@ fn uniform() -> Topology {
         links: Links { intra: Link { alpha_us: A * 1e6, bandwidth_gbps: 1e-9 / B }, inter: None },
         reduce_gbps: 1e-9 / G,
         copy_gbps: None,
+        cores_per_node: None,
+        shared_core_alpha_us: None,
         switch: None,
     }
 }
@@ -169,6 +171,14 @@ fn topology_errors_name_the_field() {
             r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1, "colour": 1}"#,
             "colour",
         ),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1, "cores_per_node": 0}"#,
+            "cores_per_node",
+        ),
+        (
+            r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1, "shared_core_alpha_us": -2}"#,
+            "shared_core_alpha_us",
+        ),
         (r#"{"nodes": -1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#, "nodes"),
         (
             r#"{"nodes": 1, "links": {"intra": {"alpha_us": "fast", "bandwidth_gbps": 3}}, "reduce_gbps": 1}"#,
@@ -229,4 +239,45 @@ fn library_cost_lines_hold() {
             }
         }
     }
+}
+
+/// With fewer cores than ranks, every byte a rank sends, receives, copies or reduces costs its core's time, and the
+/// ranks sharing a core take turns: the busiest core bounds the time. Counted here from the fused instructions by
+/// hand (a send or receive is one copy pass, a fused receive-reduce one reduction, an extra write half a copy).
+#[test]
+fn shared_cores_bound_the_time_by_the_busiest_core() {
+    const C: f64 = 2e-10; // copy: 5 GB/s
+    let n = 256e6;
+    let with_cores = |cores: Option<u32>| Topology { copy_gbps: Some(1e-9 / C), cores_per_node: cores, ..uniform() };
+    // As many cores as ranks: the step model and its closed forms, unchanged.
+    for name in ["allreduce/ring", "allreduce/two_shot"] {
+        for bytes in [8.0, 65536.0, n] {
+            assert_eq!(predict(name, 4, bytes, None, &with_cores(Some(4))), predict(name, 4, bytes, None, &uniform()));
+        }
+    }
+    // Two ranks per core at p = 4. Per rank, the ring runs Send, 2 RecvReduceSend, RecvReduceCopySend,
+    // 2 RecvCopySend, Recv on chunks of n/4; two_shot runs 3 Send, 2 RecvReduceCopy, RecvReduceCopySend, 2 Send,
+    // 3 Recv.
+    let shared = with_cores(Some(2));
+    let ring_rank = C + 2.0 * G + (G + 0.5 * C) + 2.0 * 1.5 * C + C;
+    let two_shot_rank = 3.0 * C + 2.0 * G + (G + 0.5 * C) + 2.0 * C + 3.0 * C;
+    let close = |got: f64, want: f64| (got - want).abs() <= 1e-9 * want;
+    let ring = predict("allreduce/ring", 4, n, None, &shared);
+    let two_shot = predict("allreduce/two_shot", 4, n, None, &shared);
+    assert!(close(ring, 2.0 * ring_rank * n / 4.0), "ring: {ring} s");
+    assert!(close(two_shot, 2.0 * two_shot_rank * n / 4.0), "two_shot: {two_shot} s");
+    // Which flips the choice: two_shot's fewer steps win on ports that work in parallel, the ring's fused passes
+    // win when the cores do the moving.
+    assert!(predict("allreduce/two_shot", 4, n, None, &uniform()) < predict("allreduce/ring", 4, n, None, &uniform()));
+    assert!(ring < two_shot);
+    // A core changing hands costs `shared_core_alpha_us` per step, in place of a smaller alpha: 6 steps of the ring
+    // at 8 bytes, where the bandwidth and core terms are negligible.
+    let handover = Topology { shared_core_alpha_us: Some(7.0), ..shared.clone() };
+    let eight = predict("allreduce/ring", 4, 8.0, None, &handover);
+    assert!((eight - 6.0 * 7e-6).abs() < 1e-8, "ring at 8 B: {eight} s");
+    let own_cores = Topology { cores_per_node: Some(4), ..handover };
+    assert_eq!(
+        predict("allreduce/ring", 4, 8.0, None, &own_cores),
+        predict("allreduce/ring", 4, 8.0, None, &uniform())
+    );
 }

@@ -26,6 +26,6 @@ pub fn analyse(
         Error::new("collc::cost::topology", e.to_string(), "describe as many ranks as --ranks in the topology file")
     })?;
     let program = pipelined(program, options, limits)?;
-    compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
-    Ok(model::profile(&program, topo))
+    let verified = compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
+    Ok(model::profile(&program, &verified, topo))
 }

@@ -3,9 +3,16 @@
 //! one incoming port per link class; ports work in parallel) plus the most reduction (gamma) and local copying any
 //! one rank does in that step; steps add up. Transfers within a step are concurrent by the language's definition,
 //! which is what makes this the model the formulas assume.
+//!
+//! One refinement leaves the formulas intact where it does not apply: a topology with fewer cores per node than
+//! ranks (`cores_per_node`) also bounds the time below by the busiest core. There the ports do not work in parallel:
+//! every byte moves through a core (written into a FIFO, copied or reduced out of it), the ranks that share a core
+//! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
+//! Each step's alpha is then at least `shared_core_alpha_us`, the time a core takes to change hands.
 
 use super::topology::{LinkClass, Topology};
 use crate::ir::{Program, TransferKind};
+use crate::sched::{Op, Schedule};
 
 /// What a program's cost depends on, with the message size factored out: per step, the chunk count of the busiest
 /// port of each link class and the compute seconds per chunk byte of the busiest rank.
@@ -16,6 +23,8 @@ pub struct Profile {
     whole_chunks: u32,
     alpha: [f64; 2],
     beta: [f64; 2],
+    /// Seconds per chunk byte the busiest core spends when ranks share cores; 0 when each rank has its own.
+    core: f64,
     pub messages: u64,
 }
 
@@ -68,8 +77,9 @@ impl Tally {
     }
 }
 
-/// The cost profile of `program` on `topo` (which must describe `program.n_ranks` ranks).
-pub fn profile(program: &Program, topo: &Topology) -> Profile {
+/// The cost profile of `program` on `topo` (which must describe `program.n_ranks` ranks); `sched` is its verified
+/// schedule, whose instructions the shared-core bound counts.
+pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
     let (gamma, copy_beta) = (topo.gamma(), topo.copy_beta());
     let mut tally = Tally::new(program.n_ranks as usize);
@@ -105,13 +115,46 @@ pub fn profile(program: &Program, topo: &Topology) -> Profile {
         steps.push(load);
     }
     let links = [topo.link(LinkClass::Intra), topo.link(LinkClass::Inter)];
+    // Ranks that share a core hand it over at every step.
+    let handover = match topo.shares_cores(program.n_ranks) {
+        true => topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
+        false => 0.0,
+    };
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
-        alpha: [links[0].alpha(), links[1].alpha()],
+        alpha: [links[0].alpha().max(handover), links[1].alpha().max(handover)],
         beta: [links[0].beta(), links[1].beta()],
+        core: shared_core_load(sched, topo),
         messages,
     }
+}
+
+/// Core seconds per chunk byte of one instruction on a shared-memory transport: a byte sent is copied into the
+/// FIFO and a byte received is copied or reduced out of it (one pass each); a fused instruction that also writes a
+/// second place (its copy and its forward) pays that extra write stream as half a copy, a copy being two streams.
+fn core_seconds(op: Op, gamma: f64, copy: f64) -> f64 {
+    match op {
+        Op::Send | Op::Recv | Op::Copy => copy,
+        Op::RecvCopySend => 1.5 * copy,
+        Op::RecvReduceCopy | Op::RecvReduceSend | Op::Reduce => gamma,
+        Op::RecvReduceCopySend => gamma + 0.5 * copy,
+    }
+}
+
+/// The busiest core's seconds per chunk byte when a node has more ranks than cores (ranks dealt to cores in turn,
+/// local rank l on core l mod cores); 0 otherwise.
+fn shared_core_load(sched: &Schedule, topo: &Topology) -> f64 {
+    let per_node = topo.per_node(sched.n_ranks);
+    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return 0.0 };
+    let (gamma, copy) = (topo.gamma(), topo.copy_beta());
+    let mut load = vec![0.0f64; (topo.nodes.max(1) * cores) as usize];
+    for (rank, program) in sched.ranks.iter().enumerate() {
+        let rank = rank as u32;
+        let core = (topo.node_of(rank) * cores + rank % per_node % cores) as usize;
+        load[core] += program.instrs.iter().map(|i| i.count as f64 * core_seconds(i.op, gamma, copy)).sum::<f64>();
+    }
+    load.into_iter().fold(0.0, f64::max)
 }
 
 impl Profile {
@@ -127,7 +170,8 @@ impl Profile {
                     .fold(0.0, f64::max);
                 comm + s.compute * chunk_bytes
             })
-            .sum()
+            .sum::<f64>()
+            .max(self.core * chunk_bytes)
     }
 
     pub fn n_steps(&self) -> usize {

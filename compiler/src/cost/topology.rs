@@ -80,6 +80,14 @@ pub struct Topology {
     pub copy_gbps: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub switch: Option<Switch>,
+    /// Cores that run one node's ranks; absent means one per rank. With fewer cores than ranks, ranks take turns
+    /// on them, so no step finishes before the busiest core has copied and reduced its ranks' bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cores_per_node: Option<u32>,
+    /// Microseconds from a send to its receive between two ranks on one core: the core changing hands. With fewer
+    /// cores than ranks, a step's alpha is at least this.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shared_core_alpha_us: Option<f64>,
 }
 
 /// A topology file that cannot be used, naming the field.
@@ -106,6 +114,8 @@ impl Topology {
             reduce_gbps: defaults::REDUCE_GBPS,
             copy_gbps: None,
             switch: None,
+            cores_per_node: None,
+            shared_core_alpha_us: None,
         }
     }
 
@@ -128,7 +138,17 @@ impl Topology {
         let root = Fields::new(
             "",
             &value,
-            &["name", "nodes", "ranks_per_node", "links", "reduce_gbps", "copy_gbps", "switch"],
+            &[
+                "name",
+                "nodes",
+                "ranks_per_node",
+                "links",
+                "reduce_gbps",
+                "copy_gbps",
+                "switch",
+                "cores_per_node",
+                "shared_core_alpha_us",
+            ],
         )?;
         let links = root.object("links", &["intra", "inter"])?;
         let topo = Topology {
@@ -155,6 +175,11 @@ impl Topology {
                     Some(Switch { scope, alpha_us: s.number("alpha_us")?, bandwidth_gbps: s.number("bandwidth_gbps")? })
                 }
             },
+            cores_per_node: match root.get("cores_per_node") {
+                None => None,
+                Some(_) => Some(root.count("cores_per_node")?),
+            },
+            shared_core_alpha_us: root.optional("shared_core_alpha_us", Value::as_f64, "a number")?,
         };
         topo.validate()?;
         Ok(topo)
@@ -170,6 +195,7 @@ impl Topology {
         }
         match self.ranks_per_node {
             Some(0) => return Err(error("ranks_per_node", "must be at least 1")),
+            _ if self.cores_per_node == Some(0) => return Err(error("cores_per_node", "must be at least 1")),
             Some(g) if self.nodes.checked_mul(g).is_none() => {
                 return Err(error("nodes", "nodes x ranks_per_node overflows"))
             }
@@ -187,6 +213,9 @@ impl Topology {
         positive("reduce_gbps", self.reduce_gbps)?;
         if let Some(copy) = self.copy_gbps {
             positive("copy_gbps", copy)?;
+        }
+        if let Some(alpha) = self.shared_core_alpha_us {
+            non_negative("shared_core_alpha_us", alpha)?;
         }
         if let Some(switch) = &self.switch {
             non_negative("switch.alpha_us", switch.alpha_us)?;
@@ -206,6 +235,11 @@ impl Topology {
             "nodes",
             format!("{} nodes x {per_node} ranks_per_node = {total} ranks, but --ranks is {n_ranks}", self.nodes),
         ))
+    }
+
+    /// Whether a node of `n_ranks` ranks has more ranks than cores.
+    pub fn shares_cores(&self, n_ranks: u32) -> bool {
+        self.cores_per_node.is_some_and(|cores| cores < self.per_node(n_ranks))
     }
 
     /// Ranks per node for `n_ranks` ranks in all.
@@ -253,6 +287,12 @@ impl Topology {
         text += &format!("; reduce {} GB/s", self.reduce_gbps);
         if let Some(copy) = self.copy_gbps {
             text += &format!("; copy {copy} GB/s");
+        }
+        if let Some(cores) = self.cores_per_node {
+            text += &format!("; {cores} cores per node");
+        }
+        if let Some(alpha) = self.shared_core_alpha_us {
+            text += &format!("; alpha {alpha} us between ranks on one core");
         }
         if let Some(s) = &self.switch {
             text += &format!("; reducing switch ({:?}) alpha {} us, {} GB/s", s.scope, s.alpha_us, s.bandwidth_gbps);

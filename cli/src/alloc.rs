@@ -105,3 +105,59 @@ unsafe impl GlobalAlloc for HugeBlocks {
         fresh
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{HugeBlocks, BIG};
+    use std::alloc::{GlobalAlloc, Layout};
+
+    /// Fills `len` bytes at `ptr` with a pattern that depends on `seed`.
+    fn fill(ptr: *mut u8, len: usize, seed: u8) {
+        // SAFETY: the callers pass blocks of at least `len` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = (i as u8).wrapping_mul(31).wrapping_add(seed);
+        }
+    }
+
+    fn holds(ptr: *const u8, len: usize, seed: u8) -> bool {
+        // SAFETY: the callers pass blocks of at least `len` bytes.
+        let bytes = unsafe { std::slice::from_raw_parts(ptr, len) };
+        bytes.iter().enumerate().all(|(i, &b)| b == (i as u8).wrapping_mul(31).wrapping_add(seed))
+    }
+
+    /// Every path of `realloc` keeps the bytes both sizes hold: small to big, big to bigger (mremap), big to
+    /// smaller, big to small, small to small.
+    #[test]
+    fn realloc_keeps_the_contents_across_the_threshold() {
+        let sizes = [4096, BIG + 12345, 3 * BIG + 7, BIG + 1, 100, 5000];
+        let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+        // SAFETY: each block is used within its size and freed once with the layout it has.
+        unsafe {
+            let mut ptr = HugeBlocks.alloc(layout(sizes[0]));
+            assert!(!ptr.is_null());
+            fill(ptr, sizes[0], 7);
+            for pair in sizes.windows(2) {
+                let (old, new) = (pair[0], pair[1]);
+                ptr = HugeBlocks.realloc(ptr, layout(old), new);
+                assert!(!ptr.is_null(), "realloc {old} -> {new}");
+                assert!(holds(ptr, old.min(new), 7), "realloc {old} -> {new} lost bytes");
+                fill(ptr, new, 7);
+            }
+            HugeBlocks.dealloc(ptr, layout(sizes[sizes.len() - 1]));
+        }
+    }
+
+    #[test]
+    fn big_zeroed_blocks_are_zero_and_page_aligned() {
+        let layout = Layout::from_size_align(2 * BIG + 3, 4096).expect("valid layout");
+        // SAFETY: the block is read within its size and freed once with its layout.
+        unsafe {
+            let ptr = HugeBlocks.alloc_zeroed(layout);
+            assert!(!ptr.is_null());
+            assert_eq!(ptr as usize % 4096, 0);
+            assert!(std::slice::from_raw_parts(ptr, layout.size()).iter().all(|&b| b == 0));
+            HugeBlocks.dealloc(ptr, layout);
+        }
+    }
+}

@@ -1,10 +1,11 @@
 //! `collc cost --calibrate`: measures this host and writes a one-node topology file. alpha and beta come from a
 //! ping-pong of `sendrecv` between two ranks of the threads transport (half a round trip per message; alpha is the
 //! median small-message time, beta the least-squares slope over large messages); gamma and the copy rate from the
-//! host kernels on buffers larger than the caches. Each figure is the median of several runs.
+//! host kernels on buffers larger than the caches. The same three again for calls small enough to stay in the
+//! caches (the topology's `cached` rates). Each figure is the median of several runs.
 
 use clap::Args;
-use collc_compiler::cost::{Link, Links, Topology};
+use collc_compiler::cost::{Cached, Link, Links, Topology};
 use collc_compiler::Collective;
 use collc_kernels::{host, DataType, ReduceOp};
 use collc_runtime::{Buffers, CallShape, Communicator, Options};
@@ -25,6 +26,10 @@ const SMALL: [usize; 4] = [8, 64, 256, 512];
 const LARGE: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
 /// Buffers of the kernel measurements: well past the last-level cache.
 const KERNEL_BYTES: usize = 64 << 20;
+/// The cached regime: calls up to this size, measured on buffers of this size (two of them, and a FIFO slot, fit
+/// in the 1 MiB L2 of the machines collc is developed on), with ping-pong messages from 16 KiB up to it.
+const CACHED_BYTES: usize = 256 << 10;
+const CACHED: [usize; 4] = [16 << 10, 32 << 10, 64 << 10, 128 << 10];
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -100,17 +105,20 @@ fn on_one_cpu<T>(measure: impl FnOnce() -> T) -> T {
     result
 }
 
-/// Seconds per byte of `kernel` over `KERNEL_BYTES`-byte buffers.
-fn kernel_seconds_per_byte(runs: u32, kernel: impl Fn(&mut [u8], &[u8])) -> f64 {
-    let src = vec![1u8; KERNEL_BYTES];
-    let mut dst = vec![2u8; KERNEL_BYTES];
+/// Seconds per byte of `kernel` over `bytes`-byte buffers: enough calls per sample for a few milliseconds.
+fn kernel_seconds_per_byte(runs: u32, bytes: usize, kernel: impl Fn(&mut [u8], &[u8])) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![2u8; bytes];
     kernel(&mut dst, &src);
+    let calls = (KERNEL_BYTES / bytes).max(1);
     median(
         (0..runs)
             .map(|_| {
                 let started = Instant::now();
-                kernel(&mut dst, &src);
-                started.elapsed().as_secs_f64() / KERNEL_BYTES as f64
+                for _ in 0..calls {
+                    kernel(&mut dst, &src);
+                }
+                started.elapsed().as_secs_f64() / (calls * bytes) as f64
             })
             .collect(),
     )
@@ -134,17 +142,34 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let shared: Vec<f64> = on_one_cpu(|| SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>())?;
     let shared_alpha = median(shared);
     let beta = slope(&large).max(1e-13);
-    let gamma = kernel_seconds_per_byte(runs, |dst, src| {
+    let reduce = |dst: &mut [u8], src: &[u8]| {
         host::reduce_slices(DataType::F32, ReduceOp::Sum, dst, src).expect("equal lengths of whole f32s")
-    });
-    let copy = kernel_seconds_per_byte(runs, |dst, src| dst.copy_from_slice(src));
+    };
+    // The runtime's own copy, not `copy_from_slice`: glibc's memcpy has offsets where it is far slower.
+    let copy_kernel = |dst: &mut [u8], src: &[u8]| {
+        assert_eq!(dst.len(), src.len());
+        // SAFETY: two distinct buffers of the same length.
+        unsafe { host::copy(dst.as_mut_ptr(), src.as_ptr(), src.len()) }
+    };
+    let gamma = kernel_seconds_per_byte(runs, KERNEL_BYTES, reduce);
+    let copy = kernel_seconds_per_byte(runs, KERNEL_BYTES, copy_kernel);
+    let cached_points: Vec<(f64, f64)> =
+        CACHED.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
+    let cached_beta = slope(&cached_points).max(1e-13);
+    let cached_gamma = kernel_seconds_per_byte(runs, CACHED_BYTES, reduce);
+    let cached_copy = kernel_seconds_per_byte(runs, CACHED_BYTES, copy_kernel);
     eprintln!(
-        "# calibrated: alpha {:.3} us ({:.3} us on one core), beta {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s",
+        "# calibrated: alpha {:.3} us ({:.3} us on one core), beta {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s; \
+         up to {} KiB: {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s",
         alpha * 1e6,
         shared_alpha * 1e6,
         1e-9 / beta,
         1e-9 / gamma,
-        1e-9 / copy
+        1e-9 / copy,
+        CACHED_BYTES >> 10,
+        1e-9 / cached_beta,
+        1e-9 / cached_gamma,
+        1e-9 / cached_copy
     );
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
     Ok(Topology {
@@ -157,6 +182,12 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
         switch: None,
         cores_per_node: std::thread::available_parallelism().ok().map(|n| n.get() as u32),
         shared_core_alpha_us: Some(round(shared_alpha * 1e6)),
+        cached: Some(Cached {
+            max_bytes: CACHED_BYTES as u32,
+            bandwidth_gbps: round(1e-9 / cached_beta),
+            reduce_gbps: round(1e-9 / cached_gamma),
+            copy_gbps: round(1e-9 / cached_copy),
+        }),
     })
 }
 

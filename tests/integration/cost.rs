@@ -18,6 +18,7 @@ fn uniform() -> Topology {
         copy_gbps: None,
         cores_per_node: None,
         shared_core_alpha_us: None,
+        cached: None,
         switch: None,
     }
 }
@@ -280,4 +281,36 @@ fn shared_cores_bound_the_time_by_the_busiest_core() {
         predict("allreduce/ring", 4, 8.0, None, &own_cores),
         predict("allreduce/ring", 4, 8.0, None, &uniform())
     );
+}
+
+/// Calls of at most `cached.max_bytes` take the cached rates (intra-node beta, gamma, copy) and larger ones the
+/// topology's own: the closed forms hold in each regime with its rates.
+#[test]
+fn cached_rates_apply_up_to_their_size() {
+    use collc_compiler::cost::Cached;
+    let (b_cached, g_cached) = (1e-11, 4e-11); // 100 GB/s links, 25 GB/s reductions
+    let cached =
+        Cached { max_bytes: 65536, bandwidth_gbps: 1e-9 / b_cached, reduce_gbps: 1e-9 / g_cached, copy_gbps: 50.0 };
+    let topo = Topology { cached: Some(cached), ..uniform() };
+    for p in [2u32, 4, 8] {
+        let pf = p as f64;
+        let ring =
+            |n: f64, b: f64, g: f64| 2.0 * (pf - 1.0) * A + 2.0 * (pf - 1.0) / pf * n * b + (pf - 1.0) / pf * n * g;
+        for n in [8.0, 4096.0, 65536.0] {
+            assert_close(
+                &format!("cached p={p} n={n}"),
+                predict("allreduce/ring", p, n, None, &topo),
+                ring(n, b_cached, g_cached),
+            );
+        }
+        for n in [65537.0, 1e6, 1e8] {
+            assert_close(&format!("uncached p={p} n={n}"), predict("allreduce/ring", p, n, None, &topo), ring(n, B, G));
+        }
+    }
+    let error = Topology::from_json(
+        r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1,
+            "cached": {"max_bytes": 1024, "bandwidth_gbps": 0, "reduce_gbps": 1, "copy_gbps": 1}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(error.field, "cached.bandwidth_gbps");
 }

@@ -9,6 +9,10 @@
 //! every byte moves through a core (written into a FIFO, copied or reduced out of it), the ranks that share a core
 //! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
 //! Each step's alpha is then at least `shared_core_alpha_us`, the time a core takes to change hands.
+//!
+//! A topology may also give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
+//! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
+//! links, reductions and copies.
 
 use super::topology::{LinkClass, Topology};
 use crate::ir::{Program, TransferKind};
@@ -22,18 +26,28 @@ pub struct Profile {
     /// The size S of nccl-tests' `size` column is this many chunks.
     whole_chunks: u32,
     alpha: [f64; 2],
+    /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
+    cached_bytes: f64,
+    regimes: [Regime; 2],
+    pub messages: u64,
+}
+
+/// What a byte costs in one regime: [0] the topology's rates, [1] its cached rates (the same when it has none).
+#[derive(Clone, Copy, Debug)]
+struct Regime {
     beta: [f64; 2],
+    gamma: f64,
+    copy: f64,
     /// Seconds per chunk byte the busiest core spends when ranks share cores; 0 when each rank has its own.
     core: f64,
-    pub messages: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct StepLoad {
     /// Chunks through the busiest port, per link class (0 = no message of that class in the step).
     port_chunks: [u32; 2],
-    /// Seconds per chunk byte the busiest rank computes (reductions and local copies).
-    compute: f64,
+    /// Seconds per chunk byte the busiest rank computes (reductions and local copies), per regime.
+    compute: [f64; 2],
 }
 
 fn class_index(class: LinkClass) -> usize {
@@ -81,7 +95,13 @@ impl Tally {
 /// schedule, whose instructions the shared-core bound counts.
 pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
-    let (gamma, copy_beta) = (topo.gamma(), topo.copy_beta());
+    let mut regimes = [false, true].map(|cached| {
+        let rates = topo.rates(cached);
+        Regime { beta: rates.beta, gamma: rates.gamma, copy: rates.copy, core: 0.0 }
+    });
+    for regime in &mut regimes {
+        regime.core = shared_core_load(sched, topo, regime.gamma, regime.copy);
+    }
     let mut tally = Tally::new(program.n_ranks as usize);
     let mut steps = Vec::with_capacity(program.n_steps as usize);
     let mut messages = 0u64;
@@ -108,8 +128,10 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
             }
         }
         for &r in &tally.touched {
-            let r = r as usize;
-            load.compute = load.compute.max(tally.reduced[r] as f64 * gamma + tally.copied[r] as f64 * copy_beta);
+            let (reduced, copied) = (tally.reduced[r as usize] as f64, tally.copied[r as usize] as f64);
+            for (compute, regime) in load.compute.iter_mut().zip(&regimes) {
+                *compute = compute.max(reduced * regime.gamma + copied * regime.copy);
+            }
         }
         tally.clear();
         steps.push(load);
@@ -124,8 +146,8 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
         steps,
         whole_chunks: in_chunks.max(out_chunks),
         alpha: [links[0].alpha().max(handover), links[1].alpha().max(handover)],
-        beta: [links[0].beta(), links[1].beta()],
-        core: shared_core_load(sched, topo),
+        cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
+        regimes,
         messages,
     }
 }
@@ -144,10 +166,9 @@ fn core_seconds(op: Op, gamma: f64, copy: f64) -> f64 {
 
 /// The busiest core's seconds per chunk byte when a node has more ranks than cores (ranks dealt to cores in turn,
 /// local rank l on core l mod cores); 0 otherwise.
-fn shared_core_load(sched: &Schedule, topo: &Topology) -> f64 {
+fn shared_core_load(sched: &Schedule, topo: &Topology, gamma: f64, copy: f64) -> f64 {
     let per_node = topo.per_node(sched.n_ranks);
     let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return 0.0 };
-    let (gamma, copy) = (topo.gamma(), topo.copy_beta());
     let mut load = vec![0.0f64; (topo.nodes.max(1) * cores) as usize];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let rank = rank as u32;
@@ -161,17 +182,19 @@ impl Profile {
     /// Predicted seconds for a call of `bytes` (nccl-tests' `size`: the whole buffer for gathers and scatters).
     pub fn seconds(&self, bytes: f64) -> f64 {
         let chunk_bytes = bytes / self.whole_chunks as f64;
+        let k = usize::from(bytes <= self.cached_bytes);
+        let regime = &self.regimes[k];
         self.steps
             .iter()
             .map(|s| {
                 let comm = (0..2)
                     .filter(|&c| s.port_chunks[c] > 0)
-                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * self.beta[c])
+                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * regime.beta[c])
                     .fold(0.0, f64::max);
-                comm + s.compute * chunk_bytes
+                comm + s.compute[k] * chunk_bytes
             })
             .sum::<f64>()
-            .max(self.core * chunk_bytes)
+            .max(regime.core * chunk_bytes)
     }
 
     pub fn n_steps(&self) -> usize {

@@ -63,6 +63,25 @@ pub struct Switch {
     pub bandwidth_gbps: f64,
 }
 
+/// Rates for calls small enough that their data stays in the caches: what a call of at most `max_bytes` bytes
+/// (nccl-tests' size) costs per byte on intra-node links, in reductions and in local copies.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Cached {
+    pub max_bytes: u32,
+    pub bandwidth_gbps: f64,
+    pub reduce_gbps: f64,
+    pub copy_gbps: f64,
+}
+
+/// Seconds per byte of one regime (`Topology::rates`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Rates {
+    /// Per link class: intra-node, inter-node.
+    pub beta: [f64; 2],
+    pub gamma: f64,
+    pub copy: f64,
+}
+
 /// A machine as the cost model sees it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Topology {
@@ -88,6 +107,8 @@ pub struct Topology {
     /// cores than ranks, a step's alpha is at least this.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_core_alpha_us: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cached: Option<Cached>,
 }
 
 /// A topology file that cannot be used, naming the field.
@@ -116,6 +137,7 @@ impl Topology {
             switch: None,
             cores_per_node: None,
             shared_core_alpha_us: None,
+            cached: None,
         }
     }
 
@@ -148,6 +170,7 @@ impl Topology {
                 "switch",
                 "cores_per_node",
                 "shared_core_alpha_us",
+                "cached",
             ],
         )?;
         let links = root.object("links", &["intra", "inter"])?;
@@ -180,6 +203,18 @@ impl Topology {
                 Some(_) => Some(root.count("cores_per_node")?),
             },
             shared_core_alpha_us: root.optional("shared_core_alpha_us", Value::as_f64, "a number")?,
+            cached: match root.get("cached") {
+                None => None,
+                Some(_) => {
+                    let c = root.object("cached", &["max_bytes", "bandwidth_gbps", "reduce_gbps", "copy_gbps"])?;
+                    Some(Cached {
+                        max_bytes: c.count("max_bytes")?,
+                        bandwidth_gbps: c.number("bandwidth_gbps")?,
+                        reduce_gbps: c.number("reduce_gbps")?,
+                        copy_gbps: c.number("copy_gbps")?,
+                    })
+                }
+            },
         };
         topo.validate()?;
         Ok(topo)
@@ -216,6 +251,11 @@ impl Topology {
         }
         if let Some(alpha) = self.shared_core_alpha_us {
             non_negative("shared_core_alpha_us", alpha)?;
+        }
+        if let Some(cached) = &self.cached {
+            positive("cached.bandwidth_gbps", cached.bandwidth_gbps)?;
+            positive("cached.reduce_gbps", cached.reduce_gbps)?;
+            positive("cached.copy_gbps", cached.copy_gbps)?;
         }
         if let Some(switch) = &self.switch {
             non_negative("switch.alpha_us", switch.alpha_us)?;
@@ -266,6 +306,20 @@ impl Topology {
         }
     }
 
+    /// Seconds per byte of the topology's rates, or of its cached rates when `cached` is asked and it has them
+    /// (inter-node links keep their own).
+    pub fn rates(&self, cached: bool) -> Rates {
+        let links = [self.link(LinkClass::Intra), self.link(LinkClass::Inter)];
+        match self.cached.filter(|_| cached) {
+            Some(c) => Rates {
+                beta: [1e-9 / c.bandwidth_gbps, links[1].beta()],
+                gamma: 1e-9 / c.reduce_gbps,
+                copy: 1e-9 / c.copy_gbps,
+            },
+            None => Rates { beta: [links[0].beta(), links[1].beta()], gamma: self.gamma(), copy: self.copy_beta() },
+        }
+    }
+
     /// Seconds per byte reduced.
     pub fn gamma(&self) -> f64 {
         1e-9 / self.reduce_gbps
@@ -293,6 +347,12 @@ impl Topology {
         }
         if let Some(alpha) = self.shared_core_alpha_us {
             text += &format!("; alpha {alpha} us between ranks on one core");
+        }
+        if let Some(c) = &self.cached {
+            text += &format!(
+                "; up to {} B: {} GB/s, reduce {} GB/s, copy {} GB/s",
+                c.max_bytes, c.bandwidth_gbps, c.reduce_gbps, c.copy_gbps
+            );
         }
         if let Some(s) = &self.switch {
             text += &format!("; reducing switch ({:?}) alpha {} us, {} GB/s", s.scope, s.alpha_us, s.bandwidth_gbps);

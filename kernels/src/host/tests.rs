@@ -17,7 +17,7 @@ use crate::{reference, DataType, KernelError, ReduceOp};
 
 /// Lengths in elements: empty, tails only, one short of / exactly / one past a narrow or
 /// wide block for most types, and long runs with a ragged end.
-const LENGTHS: &[usize] = &[0, 1, 2, 3, 7, 15, 16, 17, 63, 64, 65, 1000, 4099];
+const LENGTHS: &[usize] = &[0, 1, 2, 3, 7, 15, 16, 17, 63, 64, 65, 255, 256, 383, 1000, 4099];
 
 /// Bytes past the end of each buffer that must come back untouched.
 const GUARD_BYTES: usize = 64;

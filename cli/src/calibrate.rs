@@ -155,9 +155,11 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let copy = kernel_seconds_per_byte(runs, KERNEL_BYTES, copy_kernel);
     let cached_points: Vec<(f64, f64)> =
         CACHED.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
-    let cached_beta = slope(&cached_points).max(1e-13);
-    let cached_gamma = kernel_seconds_per_byte(runs, CACHED_BYTES, reduce);
-    let cached_copy = kernel_seconds_per_byte(runs, CACHED_BYTES, copy_kernel);
+    // Data in cache moves at least as fast as data in DRAM: a slower figure is a noisy fit (four points), so it
+    // is capped at the DRAM one.
+    let cached_beta = slope(&cached_points).clamp(1e-13, beta);
+    let cached_gamma = kernel_seconds_per_byte(runs, CACHED_BYTES, reduce).min(gamma);
+    let cached_copy = kernel_seconds_per_byte(runs, CACHED_BYTES, copy_kernel).min(copy);
     eprintln!(
         "# calibrated: alpha {:.3} us ({:.3} us on one core), beta {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s; \
          up to {} KiB: {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s",

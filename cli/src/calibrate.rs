@@ -27,7 +27,7 @@ const LARGE: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
 /// Buffers of the kernel measurements: well past the last-level cache.
 const KERNEL_BYTES: usize = 64 << 20;
 /// The cached regime: calls up to this size, measured on buffers of this size (two of them, and a FIFO slot, fit
-/// in the 1 MiB L2 of the machines collc is developed on), with ping-pong messages from 16 KiB up to it.
+/// in the 1 MiB L2 of the machines collc is developed on), with ping-pong messages of 16 to 128 KiB.
 const CACHED_BYTES: usize = 256 << 10;
 const CACHED: [usize; 4] = [16 << 10, 32 << 10, 64 << 10, 128 << 10];
 

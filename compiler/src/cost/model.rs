@@ -4,13 +4,13 @@
 //! one rank does in that step; steps add up. Transfers within a step are concurrent by the language's definition,
 //! which is what makes this the model the formulas assume.
 //!
-//! One refinement leaves the formulas intact where it does not apply: a topology with fewer cores per node than
-//! ranks (`cores_per_node`) also bounds the time below by the busiest core. There the ports do not work in parallel:
+//! Two refinements leave the formulas intact where they do not apply. First, a topology with fewer cores per node
+//! than ranks (`cores_per_node`) also bounds the time below by the busiest core. There the ports do not work in parallel:
 //! every byte moves through a core (written into a FIFO, copied or reduced out of it), the ranks that share a core
 //! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
 //! Each step's alpha is then at least `shared_core_alpha_us`, the time a core takes to change hands.
 //!
-//! A topology may also give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
+//! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
 //! links, reductions and copies.
 

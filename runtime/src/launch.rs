@@ -101,8 +101,9 @@ pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<L
 /// - With a CPU per rank, the process only starts there and may then go anywhere: binding for good (as mpirun does)
 ///   measured slower on a VM.
 /// - With more ranks than CPUs, it stays there (rank r on CPU r mod CPUs, as the cost model's `cores_per_node`
-///   assumes): left to the scheduler, which ranks share a core changed from launch to launch, and with it the time
-///   of one algorithm by up to 2x; bound, 4 ranks on 2 CPUs measured as fast or faster and steadier.
+///   assumes), rather than leaving to the scheduler which ranks share a core. Measured with 4 ranks on 2 CPUs in
+///   alternating launches: from 32 KiB up, bound ranks were as fast or faster and varied less; below, it depended
+///   on the algorithm.
 pub fn spread_over_cores(rank: u32, n_ranks: u32) {
     // SAFETY: cpu_set_t is plain data; the calls read and write only the sets passed in.
     unsafe {

@@ -107,6 +107,7 @@ pub struct Topology {
     /// cores than ranks, a step's alpha is at least this.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_core_alpha_us: Option<f64>,
+    /// Rates of calls that stay in cache; absent means the same rates at every size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached: Option<Cached>,
 }

@@ -111,10 +111,10 @@ fn length_mismatch(name: &str, existing: usize, len: usize) -> RuntimeError {
     }
 }
 
-/// Segments as files in `/dev/shm`, `collc-<job>-<name>`, mapped by every rank process that opens them.
 /// Where POSIX shared memory lives on Linux.
 const SHM_DIR: &str = "/dev/shm";
 
+/// Segments as files in `/dev/shm`, `collc-<job>-<name>`, mapped by every rank process that opens them.
 pub struct Shm {
     job: String,
     dir: std::path::PathBuf,

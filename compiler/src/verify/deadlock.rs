@@ -78,28 +78,15 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         nodes[g as usize].unmet = FIRED;
         completed += 1;
         if node.count == 1 {
+            // One chunk needs no scratch list: nothing it writes can be read after.
             let value = fire_one(&node, &state.values, &messages);
-            if node.dst != NONE {
-                state.values[node.dst as usize] = value.clone();
-                state.last_writer[node.dst as usize] = g;
-            }
-            if node.msg_out != NONE {
-                messages[node.msg_out as usize] = value;
-            }
+            store(&node, g, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
             results.extend((0..node.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
-            if node.dst != NONE {
-                for (k, v) in results.iter().enumerate() {
-                    state.values[node.dst as usize + k] = v.clone();
-                    state.last_writer[node.dst as usize + k] = g;
-                }
-            }
-            if node.msg_out != NONE {
-                for (k, v) in results.drain(..).enumerate() {
-                    messages[node.msg_out as usize + k] = v;
-                }
+            for (k, value) in results.drain(..).enumerate() {
+                store(&node, g, k as u32, value, &mut state, &mut messages);
             }
         }
         for &s in &succ[succ_start[g as usize] as usize..succ_start[g as usize + 1] as usize] {
@@ -131,6 +118,18 @@ fn fire_one<V: Value>(node: &Node, values: &[V], messages: &[V]) -> V {
             sum.reduce(v);
             sum
         }
+    }
+}
+
+/// Writes chunk `k` of what node `g` produced to its destination (recording `g` as the slot's writer) and into its
+/// outgoing message.
+fn store<V: Value>(node: &Node, g: u32, k: u32, value: V, state: &mut Finished<V>, messages: &mut [V]) {
+    if node.dst != NONE {
+        state.values[(node.dst + k) as usize] = value.clone();
+        state.last_writer[(node.dst + k) as usize] = g;
+    }
+    if node.msg_out != NONE {
+        messages[(node.msg_out + k) as usize] = value;
     }
 }
 

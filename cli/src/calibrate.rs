@@ -83,28 +83,6 @@ fn one_way_seconds(bytes: usize, runs: u32) -> Result<f64, String> {
     Ok(median(rank0))
 }
 
-/// Runs `measure` with this thread (and the threads it starts, which inherit the mask) held on one CPU: ranks that
-/// share a core, as when a node runs more ranks than it has cores. The thread's CPUs are restored afterwards.
-fn on_one_cpu<T>(measure: impl FnOnce() -> T) -> T {
-    let size = std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: cpu_set_t is plain data; the calls read and write only the sets passed in, for this thread.
-    let allowed = unsafe {
-        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
-            return measure();
-        }
-        let first = (0..libc::CPU_SETSIZE as usize).find(|&c| libc::CPU_ISSET(c, &allowed)).unwrap_or(0);
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(first, &mut one);
-        libc::sched_setaffinity(0, size, &one);
-        allowed
-    };
-    let result = measure();
-    // SAFETY: as above; puts back the set read before.
-    unsafe { libc::sched_setaffinity(0, size, &allowed) };
-    result
-}
-
 /// Seconds per byte of `kernel` over `bytes`-byte buffers: enough calls per sample for a few milliseconds.
 fn kernel_seconds_per_byte(runs: u32, bytes: usize, kernel: impl Fn(&mut [u8], &[u8])) -> f64 {
     let src = vec![1u8; bytes];
@@ -139,7 +117,9 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let large: Vec<(f64, f64)> =
         LARGE.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
     let alpha = median(small);
-    let shared: Vec<f64> = on_one_cpu(|| SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>())?;
+    let shared: Vec<f64> = collc_runtime::launch::on_one_cpu(|| {
+        SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()
+    })?;
     let shared_alpha = median(shared);
     let beta = slope(&large).max(1e-13);
     let reduce = |dst: &mut [u8], src: &[u8]| {

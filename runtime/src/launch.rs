@@ -105,24 +105,66 @@ pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<L
 ///   alternating launches: from 32 KiB up, bound ranks were as fast or faster and varied less; below, it depended
 ///   on the algorithm.
 pub fn spread_over_cores(rank: u32, n_ranks: u32) {
-    // SAFETY: cpu_set_t is plain data; the calls read and write only the sets passed in.
-    unsafe {
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        let mut allowed: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, size, &mut allowed) != 0 {
-            return;
+    let Some(allowed) = Affinity::current() else { return };
+    let cpus = allowed.cpus();
+    if cpus.is_empty() || !Affinity::only(cpus[rank as usize % cpus.len()]).apply() {
+        return;
+    }
+    if n_ranks as usize <= cpus.len() {
+        // The move happens at the next scheduling point: yield so it has happened before the mask widens.
+        // SAFETY: sched_yield takes no arguments and only gives up the CPU.
+        unsafe { libc::sched_yield() };
+        allowed.apply();
+    }
+}
+
+/// Runs `measure` with the calling thread (and the threads it starts, which inherit the mask) held on the first
+/// CPU it may use, then restores its CPUs: ranks that share a core, as when a node runs more ranks than it has
+/// cores (what `collc cost --calibrate` measures for `shared_core_alpha_us`).
+pub fn on_one_cpu<T>(measure: impl FnOnce() -> T) -> T {
+    let Some(allowed) = Affinity::current() else { return measure() };
+    let held = allowed.cpus().first().is_some_and(|&cpu| Affinity::only(cpu).apply());
+    let result = measure();
+    if held {
+        allowed.apply();
+    }
+    result
+}
+
+/// A thread's CPU affinity mask.
+struct Affinity(libc::cpu_set_t);
+
+impl Affinity {
+    const SIZE: usize = std::mem::size_of::<libc::cpu_set_t>();
+
+    /// The calling thread's mask, if it can be read.
+    fn current() -> Option<Affinity> {
+        // SAFETY: cpu_set_t is plain data; the call writes only the set passed in.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            (libc::sched_getaffinity(0, Self::SIZE, &mut set) == 0).then_some(Affinity(set))
         }
-        let cpus: Vec<usize> = (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &allowed)).collect();
-        if cpus.is_empty() {
-            return;
+    }
+
+    /// The mask of one CPU.
+    fn only(cpu: usize) -> Affinity {
+        // SAFETY: cpu_set_t is plain data; CPU_SET writes one bit of it (cpu < CPU_SETSIZE, from `cpus`).
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            Affinity(set)
         }
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpus[rank as usize % cpus.len()], &mut one);
-        if libc::sched_setaffinity(0, size, &one) == 0 && n_ranks as usize <= cpus.len() {
-            // The move happens at the next scheduling point: yield so it has happened before the mask widens.
-            libc::sched_yield();
-            libc::sched_setaffinity(0, size, &allowed);
-        }
+    }
+
+    fn cpus(&self) -> Vec<usize> {
+        // SAFETY: CPU_ISSET reads one bit of the set.
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &self.0) }).collect()
+    }
+
+    /// Sets the calling thread's mask to this one; whether it took.
+    fn apply(&self) -> bool {
+        // SAFETY: the call reads only the set passed in.
+        unsafe { libc::sched_setaffinity(0, Self::SIZE, &self.0) == 0 }
     }
 }
 

@@ -8,7 +8,7 @@ mod topology;
 
 pub use model::Profile;
 pub use select::{fastest, library_names, winning_ranges, AlgoFilter, Candidate};
-pub use topology::{defaults, Cached, Link, LinkClass, Links, Rates, Switch, Topology, TopologyError};
+pub use topology::{defaults, Cached, Link, LinkClass, Links, Switch, Topology, TopologyError};
 
 use crate::diag::{Error, Errors};
 use crate::{compile_program, ir, pipelined, Limits, Options};

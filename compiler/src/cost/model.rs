@@ -14,7 +14,7 @@
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
 //! links, reductions and copies.
 
-use super::topology::{LinkClass, Topology};
+use super::topology::{LinkClass, Rates, Topology};
 use crate::ir::{Program, TransferKind};
 use crate::sched::{Op, Schedule};
 
@@ -35,9 +35,7 @@ pub struct Profile {
 /// What a byte costs in one regime: [0] the topology's rates, [1] its cached rates (the same when it has none).
 #[derive(Clone, Copy, Debug)]
 struct Regime {
-    beta: [f64; 2],
-    gamma: f64,
-    copy: f64,
+    rates: Rates,
     /// Seconds per chunk byte the busiest core spends when ranks share cores; 0 when each rank has its own.
     core: f64,
 }
@@ -95,13 +93,10 @@ impl Tally {
 /// schedule, whose instructions the shared-core bound counts.
 pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
-    let mut regimes = [false, true].map(|cached| {
+    let regimes = [false, true].map(|cached| {
         let rates = topo.rates(cached);
-        Regime { beta: rates.beta, gamma: rates.gamma, copy: rates.copy, core: 0.0 }
+        Regime { rates, core: shared_core_load(sched, topo, &rates) }
     });
-    for regime in &mut regimes {
-        regime.core = shared_core_load(sched, topo, regime.gamma, regime.copy);
-    }
     let mut tally = Tally::new(program.n_ranks as usize);
     let mut steps = Vec::with_capacity(program.n_steps as usize);
     let mut messages = 0u64;
@@ -130,7 +125,7 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
         for &r in &tally.touched {
             let (reduced, copied) = (tally.reduced[r as usize] as f64, tally.copied[r as usize] as f64);
             for (compute, regime) in load.compute.iter_mut().zip(&regimes) {
-                *compute = compute.max(reduced * regime.gamma + copied * regime.copy);
+                *compute = compute.max(reduced * regime.rates.gamma + copied * regime.rates.copy);
             }
         }
         tally.clear();
@@ -138,10 +133,8 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
     }
     let links = [topo.link(LinkClass::Intra), topo.link(LinkClass::Inter)];
     // Ranks that share a core hand it over at every step.
-    let handover = match topo.shares_cores(program.n_ranks) {
-        true => topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
-        false => 0.0,
-    };
+    let handover =
+        if topo.shares_cores(program.n_ranks) { topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6 } else { 0.0 };
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
@@ -155,25 +148,25 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
 /// Core seconds per chunk byte of one instruction on a shared-memory transport: a byte sent is copied into the
 /// FIFO and a byte received is copied or reduced out of it (one pass each); a fused instruction that also writes a
 /// second place (its copy and its forward) pays that extra write stream as half a copy, a copy being two streams.
-fn core_seconds(op: Op, gamma: f64, copy: f64) -> f64 {
+fn core_seconds(op: Op, rates: &Rates) -> f64 {
     match op {
-        Op::Send | Op::Recv | Op::Copy => copy,
-        Op::RecvCopySend => 1.5 * copy,
-        Op::RecvReduceCopy | Op::RecvReduceSend | Op::Reduce => gamma,
-        Op::RecvReduceCopySend => gamma + 0.5 * copy,
+        Op::Send | Op::Recv | Op::Copy => rates.copy,
+        Op::RecvCopySend => 1.5 * rates.copy,
+        Op::RecvReduceCopy | Op::RecvReduceSend | Op::Reduce => rates.gamma,
+        Op::RecvReduceCopySend => rates.gamma + 0.5 * rates.copy,
     }
 }
 
 /// The busiest core's seconds per chunk byte when a node has more ranks than cores (ranks dealt to cores in turn,
 /// local rank l on core l mod cores); 0 otherwise.
-fn shared_core_load(sched: &Schedule, topo: &Topology, gamma: f64, copy: f64) -> f64 {
+fn shared_core_load(sched: &Schedule, topo: &Topology, rates: &Rates) -> f64 {
     let per_node = topo.per_node(sched.n_ranks);
     let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return 0.0 };
     let mut load = vec![0.0f64; (topo.nodes.max(1) * cores) as usize];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let rank = rank as u32;
         let core = (topo.node_of(rank) * cores + rank % per_node % cores) as usize;
-        load[core] += program.instrs.iter().map(|i| i.count as f64 * core_seconds(i.op, gamma, copy)).sum::<f64>();
+        load[core] += program.instrs.iter().map(|i| i.count as f64 * core_seconds(i.op, rates)).sum::<f64>();
     }
     load.into_iter().fold(0.0, f64::max)
 }
@@ -189,7 +182,7 @@ impl Profile {
             .map(|s| {
                 let comm = (0..2)
                     .filter(|&c| s.port_chunks[c] > 0)
-                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * regime.beta[c])
+                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c])
                     .fold(0.0, f64::max);
                 comm + s.compute[k] * chunk_bytes
             })

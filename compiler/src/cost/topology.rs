@@ -75,7 +75,7 @@ pub struct Cached {
 
 /// Seconds per byte of one regime (`Topology::rates`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Rates {
+pub(crate) struct Rates {
     /// Per link class: intra-node, inter-node.
     pub beta: [f64; 2],
     pub gamma: f64,
@@ -231,7 +231,6 @@ impl Topology {
         }
         match self.ranks_per_node {
             Some(0) => return Err(error("ranks_per_node", "must be at least 1")),
-            _ if self.cores_per_node == Some(0) => return Err(error("cores_per_node", "must be at least 1")),
             Some(g) if self.nodes.checked_mul(g).is_none() => {
                 return Err(error("nodes", "nodes x ranks_per_node overflows"))
             }
@@ -239,6 +238,9 @@ impl Topology {
                 return Err(error("ranks_per_node", format!("is required with {} nodes", self.nodes)))
             }
             _ => {}
+        }
+        if self.cores_per_node == Some(0) {
+            return Err(error("cores_per_node", "must be at least 1"));
         }
         check_link("links.intra", &self.links.intra)?;
         match (&self.links.inter, self.nodes) {
@@ -309,7 +311,7 @@ impl Topology {
 
     /// Seconds per byte of the topology's rates, or of its cached rates when `cached` is asked and it has them
     /// (inter-node links keep their own).
-    pub fn rates(&self, cached: bool) -> Rates {
+    pub(crate) fn rates(&self, cached: bool) -> Rates {
         let links = [self.link(LinkClass::Intra), self.link(LinkClass::Inter)];
         match self.cached.filter(|_| cached) {
             Some(c) => Rates {

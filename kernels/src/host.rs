@@ -28,7 +28,7 @@ use lane::{Block, Combine, Lane, Max, Min, Prod, Sum};
 /// machines.
 ///
 /// Why not glibc's `memcpy` there: its `rep movsb` path runs about 20 times slower on the AMD
-/// hosts collc is developed on when `dst` lies a few bytes after `src` modulo 4 KiB (1.8 GB/s
+/// host collc is developed on when `dst` lies a few bytes after `src` modulo 4 KiB (1.8 GB/s
 /// against 39 GB/s for 64 KiB in cache, measured), and a FIFO slot and a user buffer can sit at
 /// exactly such offsets. The loop below has no such case and is as fast elsewhere.
 ///

@@ -93,9 +93,10 @@ impl Tally {
 /// schedule, whose instructions the shared-core bound counts.
 pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
+    let passes = shared_core_passes(sched, topo);
     let regimes = [false, true].map(|cached| {
         let rates = topo.rates(cached);
-        Regime { rates, core: shared_core_load(sched, topo, &rates) }
+        Regime { rates, core: busiest_core(&passes, &rates) }
     });
     let mut tally = Tally::new(program.n_ranks as usize);
     let mut steps = Vec::with_capacity(program.n_steps as usize);
@@ -145,30 +146,40 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
     }
 }
 
-/// Core seconds per chunk byte of one instruction on a shared-memory transport: a byte sent is copied into the
-/// FIFO and a byte received is copied or reduced out of it (one pass each); a fused instruction that also writes a
-/// second place (its copy and its forward) pays that extra write stream as half a copy, a copy being two streams.
-fn core_seconds(op: Op, rates: &Rates) -> f64 {
+/// The passes over its chunks one instruction makes on a shared-memory transport, as (copies, reductions): a byte
+/// sent is copied into the FIFO and a byte received is copied or reduced out of it (one pass each); a fused
+/// instruction that also writes a second place (its copy and its forward) pays that extra write stream as half a
+/// copy, a copy being two streams.
+fn core_passes(op: Op) -> (f64, f64) {
     match op {
-        Op::Send | Op::Recv | Op::Copy => rates.copy,
-        Op::RecvCopySend => 1.5 * rates.copy,
-        Op::RecvReduceCopy | Op::RecvReduceSend | Op::Reduce => rates.gamma,
-        Op::RecvReduceCopySend => rates.gamma + 0.5 * rates.copy,
+        Op::Send | Op::Recv | Op::Copy => (1.0, 0.0),
+        Op::RecvCopySend => (1.5, 0.0),
+        Op::RecvReduceCopy | Op::RecvReduceSend | Op::Reduce => (0.0, 1.0),
+        Op::RecvReduceCopySend => (0.5, 1.0),
     }
 }
 
-/// The busiest core's seconds per chunk byte when a node has more ranks than cores (ranks dealt to cores in turn,
-/// local rank l on core l mod cores); 0 otherwise.
-fn shared_core_load(sched: &Schedule, topo: &Topology, rates: &Rates) -> f64 {
+/// Per core, the chunk copies and reductions of the ranks it runs when a node has more ranks than cores (ranks
+/// dealt to cores in turn, local rank l on core l mod cores); empty otherwise. Counted once, weighed per regime.
+fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<(f64, f64)> {
     let per_node = topo.per_node(sched.n_ranks);
-    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return 0.0 };
-    let mut load = vec![0.0f64; (topo.nodes.max(1) * cores) as usize];
+    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return Vec::new() };
+    let mut passes = vec![(0.0f64, 0.0f64); (topo.nodes.max(1) * cores) as usize];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let rank = rank as u32;
-        let core = (topo.node_of(rank) * cores + rank % per_node % cores) as usize;
-        load[core] += program.instrs.iter().map(|i| i.count as f64 * core_seconds(i.op, rates)).sum::<f64>();
+        let core = &mut passes[(topo.node_of(rank) * cores + rank % per_node % cores) as usize];
+        for instr in &program.instrs {
+            let (copies, reductions) = core_passes(instr.op);
+            core.0 += instr.count as f64 * copies;
+            core.1 += instr.count as f64 * reductions;
+        }
     }
-    load.into_iter().fold(0.0, f64::max)
+    passes
+}
+
+/// The busiest core's seconds per chunk byte at `rates`; 0 when each rank has its own core.
+fn busiest_core(passes: &[(f64, f64)], rates: &Rates) -> f64 {
+    passes.iter().map(|(copies, reductions)| copies * rates.copy + reductions * rates.gamma).fold(0.0, f64::max)
 }
 
 impl Profile {

@@ -1,6 +1,12 @@
 //! Scheduling: `ir::Program` -> `Schedule` for one placement. Maps the algorithm's `in`/`out` onto physical
 //! buffers (renaming for out-of-place calls), splits each transfer into per-rank instructions and keeps only the
 //! dependencies that read-after-write, write-after-read and write-after-write hazards require.
+//!
+//! Ranks are built one at a time, from the transfers that name them, so one rank's unscheduled instructions are all
+//! that exist at once (with thousands of ranks, all of them would be gigabytes, written in thousands of places at
+//! once). The mapping of a slot depends only on the writes to its own rank, so each rank replays it alone; only
+//! where a transfer must be cut (its chunks are contiguous on one side and not on the other) needs both sides, and a
+//! first pass over the whole program finds those cuts.
 
 use super::slots::{SlotHistory, NONE};
 use super::{BufId, BufferDecl, Instr, Op, Operand, Placement, RankProgram, Schedule, NO_RANK};
@@ -12,44 +18,39 @@ pub fn schedule(program: &Program, placement: Placement) -> Schedule {
 }
 
 /// `schedule`, running `pass` on each rank as soon as its dependencies are known (while its instructions are in
-/// cache) and then releasing the room the pass freed, so the next rank reuses it instead of faulting in new pages.
+/// cache).
 pub fn schedule_with(
     program: &Program,
     placement: Placement,
     mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
 ) -> Schedule {
     let mut mapper = Mapper::new(program, placement);
-    // Size each rank's list up front: growing thousands of lists at once spends its time copying and faulting pages.
-    let mut per_rank = vec![0usize; program.n_ranks as usize];
-    for t in &program.transfers {
-        per_rank[t.from as usize] += 1;
-        per_rank[t.to as usize] += usize::from(t.from != t.to);
-    }
-    let mut instrs: Vec<Vec<Instr>> = per_rank.iter().map(|&n| Vec::with_capacity(n + 1)).collect();
-    // Within a step nothing depends on anything else, so sends go first: a receive and the send that forwards
-    // it in the next step then sit next to each other on their connection and can fuse.
-    let mut pieces = Vec::new();
-    for step in program.transfers.chunk_by(|a, b| a.step == b.step) {
-        pieces.clear();
-        for t in step {
-            mapper.lower_transfer(t, &mut pieces);
-        }
-        for (t, src, _, _, count) in &pieces {
-            emit_send_side(t, *src, *count, &mut instrs);
-        }
-        for (t, src, acc, dst, count) in &pieces {
-            emit_receive_side(t, *src, *acc, *dst, *count, &mut instrs);
-        }
-    }
-    mapper.final_copies(&mut instrs);
+    let cuts = mapper.find_cuts(program);
     let buffers = mapper.buffer_decls(program);
-    let ranks = instrs
-        .into_iter()
-        .map(|list| {
-            let mut rank = with_dependencies(list, &buffers);
-            pass(&mut rank, &buffers);
-            rank.shrink_to_fit();
-            rank
+    let by_rank = TransfersByRank::new(program);
+    // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
+    let mut work = RankProgram::default();
+    let (mut sends, mut receives, mut mine) = (Vec::new(), Vec::new(), Vec::new());
+    let ranks = (0..program.n_ranks)
+        .map(|rank| {
+            work.instrs.clear();
+            // The rank's transfers lie far apart in the program: gather them first, in a loop whose loads do not
+            // wait on each other, rather than stall on each one while its instructions are built.
+            mine.clear();
+            mine.extend(by_rank.of(rank).iter().map(|&t| (t, program.transfers[t as usize])));
+            // Within a step nothing depends on anything else, so sends go first: a receive and the send that
+            // forwards it in the next step then sit next to each other on their connection and can fuse.
+            for step in mine.chunk_by(|a, b| a.1.step == b.1.step) {
+                for (t, transfer) in step {
+                    mapper.rank_side(rank, transfer, cuts.of(*t), &mut sends, &mut receives);
+                }
+                work.instrs.append(&mut sends);
+                work.instrs.append(&mut receives);
+            }
+            mapper.final_copies(rank, &mut work.instrs);
+            add_dependencies(&mut work, &buffers);
+            pass(&mut work, &buffers);
+            work.clone()
         })
         .collect();
     Schedule {
@@ -64,6 +65,53 @@ pub fn schedule_with(
         buffers,
         ranks,
         spans: program.spans.clone(),
+    }
+}
+
+/// The indices of the transfers each rank sends, receives or runs, in program order (compressed rows).
+struct TransfersByRank {
+    start: Vec<usize>,
+    list: Vec<u32>,
+}
+
+impl TransfersByRank {
+    fn new(program: &Program) -> Self {
+        let mut start = vec![0usize; program.n_ranks as usize + 1];
+        for t in &program.transfers {
+            start[t.from as usize + 1] += 1;
+            start[t.to as usize + 1] += usize::from(t.from != t.to);
+        }
+        for r in 1..start.len() {
+            start[r] += start[r - 1];
+        }
+        let mut fill = start.clone();
+        let mut list = vec![0u32; start[start.len() - 1]];
+        let mut put = |rank: u32, t: usize| {
+            list[fill[rank as usize]] = t as u32;
+            fill[rank as usize] += 1;
+        };
+        for (i, t) in program.transfers.iter().enumerate() {
+            put(t.from, i);
+            if t.from != t.to {
+                put(t.to, i);
+            }
+        }
+        TransfersByRank { start, list }
+    }
+
+    fn of(&self, rank: u32) -> &[u32] {
+        &self.list[self.start[rank as usize]..self.start[rank as usize + 1]]
+    }
+}
+
+/// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
+struct Cuts(Vec<(u32, u32)>);
+
+impl Cuts {
+    fn of(&self, transfer: u32) -> &[(u32, u32)] {
+        let start = self.0.partition_point(|&(t, _)| t < transfer);
+        let end = start + self.0[start..].partition_point(|&(t, _)| t == transfer);
+        &self.0[start..end]
     }
 }
 
@@ -165,54 +213,115 @@ impl Mapper {
         Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
     }
 
-    /// Emits the instructions of one transfer, split where its chunks do not map to contiguous physical ranges.
-    fn lower_transfer<'t>(&mut self, t: &'t Transfer, out: &mut Vec<Piece<'t>>) {
-        let reduce = matches!(t.kind, TransferKind::Send { reduce: true } | TransferKind::Reduce);
+    /// The first pass, out of place only (in place, every chunk run maps to one contiguous run): maps every
+    /// transfer in program order, as `rank_side` will, and notes where a transfer's physical ranges stop being
+    /// contiguous on either side, and whether `_work` is needed. Then it forgets what was written, so that
+    /// `rank_side` can replay each rank from the start.
+    fn find_cuts(&mut self, program: &Program) -> Cuts {
+        let mut cuts = Vec::new();
+        if self.placement == Placement::InPlace {
+            return Cuts(cuts);
+        }
         let mut pieces = std::mem::take(&mut self.pieces);
-        pieces.clear();
-        for k in 0..t.count {
-            let src = self.read(t.from, t.src, k);
-            let acc = if reduce { self.read(t.to, t.dst, k) } else { Operand::NONE };
-            pieces.push([src, acc, Operand::NONE]);
-        }
-        for (k, piece) in pieces.iter_mut().enumerate() {
-            piece[2] = self.write(t.to, t.dst, k as u32);
-        }
-        let mut start = 0;
-        while start < pieces.len() {
-            let mut end = start + 1;
-            while end < pieces.len() && contiguous(&pieces[end - 1], &pieces[end]) {
-                end += 1;
+        for (i, t) in program.transfers.iter().enumerate() {
+            let reduce = matches!(t.kind, TransferKind::Send { reduce: true } | TransferKind::Reduce);
+            pieces.clear();
+            for k in 0..t.count {
+                let src = self.read(t.from, t.src, k);
+                let acc = if reduce { self.read(t.to, t.dst, k) } else { Operand::NONE };
+                pieces.push([src, acc, Operand::NONE]);
             }
-            let [src, acc, dst] = pieces[start];
-            out.push((t, src, acc, dst, (end - start) as u32));
-            start = end;
+            for (k, piece) in pieces.iter_mut().enumerate() {
+                piece[2] = self.write(t.to, t.dst, k as u32);
+            }
+            for k in 1..pieces.len() {
+                if !contiguous(&pieces[k - 1], &pieces[k]) {
+                    cuts.push((i as u32, k as u32));
+                }
+            }
         }
         self.pieces = pieces;
+        self.written.fill(false);
+        Cuts(cuts)
+    }
+
+    /// `rank`'s instructions for transfer `t`, one per piece between `cuts`: its send to `sends`, and its receive,
+    /// copy or reduce to `receives`. Every read is mapped before any write, as an instruction reads before it writes.
+    fn rank_side(
+        &mut self,
+        rank: u32,
+        t: &Transfer,
+        cuts: &[(u32, u32)],
+        sends: &mut Vec<Instr>,
+        receives: &mut Vec<Instr>,
+    ) {
+        let receives_from = receives.len();
+        let starts = std::iter::once(0).chain(cuts.iter().map(|&(_, k)| k));
+        let ends = cuts.iter().map(|&(_, k)| k).chain(std::iter::once(t.count));
+        for (k0, k1) in starts.clone().zip(ends.clone()) {
+            let base = base_instr(t, k1 - k0);
+            match t.kind {
+                TransferKind::Send { reduce } => {
+                    if t.from == rank {
+                        let src = self.read(rank, t.src, k0);
+                        sends.push(Instr { op: Op::Send, src, send_peer: t.to, ..base });
+                    }
+                    if t.to == rank {
+                        let (op, acc) = match reduce {
+                            true => (Op::RecvReduceCopy, self.read(rank, t.dst, k0)),
+                            false => (Op::Recv, Operand::NONE),
+                        };
+                        receives.push(Instr { op, acc, recv_peer: t.from, ..base });
+                    }
+                }
+                TransferKind::Copy => receives.push(Instr { op: Op::Copy, src: self.read(rank, t.src, k0), ..base }),
+                TransferKind::Reduce => {
+                    let (src, acc) = (self.read(rank, t.src, k0), self.read(rank, t.dst, k0));
+                    receives.push(Instr { op: Op::Reduce, src, acc, ..base });
+                }
+            }
+        }
+        if t.to != rank {
+            return;
+        }
+        for (piece, (k0, k1)) in starts.zip(ends).enumerate() {
+            receives[receives_from + piece].dst = self.write(rank, t.dst, k0);
+            for k in k0 + 1..k1 {
+                self.write(rank, t.dst, k);
+            }
+        }
+        if t.kind == TransferKind::Copy {
+            // A copy onto itself (in place, `in` and `out` are one buffer) is no instruction.
+            let mut kept = receives_from;
+            for i in receives_from..receives.len() {
+                if receives[i].src != receives[i].dst {
+                    receives[kept] = receives[i];
+                    kept += 1;
+                }
+            }
+            receives.truncate(kept);
+        }
     }
 
     /// Out of place, an output chunk the algorithm never wrote still holds its input: copy it once at the end.
-    fn final_copies(&mut self, instrs: &mut [Vec<Instr>]) {
+    fn final_copies(&mut self, rank: u32, list: &mut Vec<Instr>) {
         if self.placement == Placement::InPlace {
             return;
         }
-        for rank in 0..instrs.len() as u32 {
-            let (input, output) = self.windows(rank);
-            let mut run: Option<(u32, u32)> = None;
-            for view in output.clone().chain(std::iter::once(u32::MAX)) {
-                let copy = view != u32::MAX
-                    && input.contains(&view)
-                    && !self.written[(rank * self.view_chunks + view) as usize];
-                match (copy, run) {
-                    (true, Some((start, len))) if start + len == view => run = Some((start, len + 1)),
-                    (true, _) => {
-                        flush_copy(run, &input, &output, &mut instrs[rank as usize]);
-                        run = Some((view, 1));
-                    }
-                    (false, _) => {
-                        flush_copy(run, &input, &output, &mut instrs[rank as usize]);
-                        run = None;
-                    }
+        let (input, output) = self.windows(rank);
+        let mut run: Option<(u32, u32)> = None;
+        for view in output.clone().chain(std::iter::once(u32::MAX)) {
+            let copy =
+                view != u32::MAX && input.contains(&view) && !self.written[(rank * self.view_chunks + view) as usize];
+            match (copy, run) {
+                (true, Some((start, len))) if start + len == view => run = Some((start, len + 1)),
+                (true, _) => {
+                    flush_copy(run, &input, &output, list);
+                    run = Some((view, 1));
+                }
+                (false, _) => {
+                    flush_copy(run, &input, &output, list);
+                    run = None;
                 }
             }
         }
@@ -259,9 +368,6 @@ fn contiguous(a: &[Operand; 3], b: &[Operand; 3]) -> bool {
     (0..3).all(|i| next_of(a[i], b[i]))
 }
 
-/// A transfer's contiguous part: the transfer, its physical source, accumulator, destination and chunk count.
-type Piece<'t> = (&'t Transfer, Operand, Operand, Operand, u32);
-
 fn base_instr(t: &Transfer, count: u32) -> Instr {
     Instr {
         op: Op::Copy,
@@ -273,25 +379,6 @@ fn base_instr(t: &Transfer, count: u32) -> Instr {
         send_peer: NO_RANK,
         recv_peer: NO_RANK,
         span: t.span,
-    }
-}
-
-fn emit_send_side(t: &Transfer, src: Operand, count: u32, instrs: &mut [Vec<Instr>]) {
-    if let TransferKind::Send { .. } = t.kind {
-        instrs[t.from as usize].push(Instr { op: Op::Send, src, send_peer: t.to, ..base_instr(t, count) });
-    }
-}
-
-fn emit_receive_side(t: &Transfer, src: Operand, acc: Operand, dst: Operand, count: u32, instrs: &mut [Vec<Instr>]) {
-    let base = base_instr(t, count);
-    match t.kind {
-        TransferKind::Send { reduce } => {
-            let op = if reduce { Op::RecvReduceCopy } else { Op::Recv };
-            instrs[t.to as usize].push(Instr { op, acc, dst, recv_peer: t.from, ..base });
-        }
-        TransferKind::Copy if src == dst => {}
-        TransferKind::Copy => instrs[t.from as usize].push(Instr { op: Op::Copy, src, dst, ..base }),
-        TransferKind::Reduce => instrs[t.from as usize].push(Instr { op: Op::Reduce, src, acc, dst, ..base }),
     }
 }
 
@@ -315,6 +402,13 @@ impl Hazards {
 
 /// Computes each instruction's dependencies from the hazards on the slots it reads and writes.
 pub(crate) fn with_dependencies(instrs: Vec<Instr>, buffers: &[BufferDecl]) -> RankProgram {
+    let mut rank = RankProgram { instrs, ..RankProgram::default() };
+    add_dependencies(&mut rank, buffers);
+    rank
+}
+
+/// Replaces `rank`'s dependencies (keeping the room its lists have) with those its instructions' hazards require.
+fn add_dependencies(rank: &mut RankProgram, buffers: &[BufferDecl]) {
     thread_local! {
         static STATE: std::cell::RefCell<Option<(Vec<BufferDecl>, Hazards)>> = const { std::cell::RefCell::new(None) };
     }
@@ -324,15 +418,15 @@ pub(crate) fn with_dependencies(instrs: Vec<Instr>, buffers: &[BufferDecl]) -> R
             *cell = Some((buffers.to_vec(), Hazards::new(buffers)));
         }
         let hazards = &mut cell.as_mut().expect("just set").1;
-        let program = dependencies_with(instrs, hazards);
+        dependencies_with(rank, hazards);
         hazards.history.reset();
-        program
     })
 }
 
-fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
-    let mut dep_ranges = Vec::with_capacity(instrs.len());
-    let mut all_deps = Vec::with_capacity(instrs.len() * 2);
+fn dependencies_with(rank: &mut RankProgram, h: &mut Hazards) {
+    let RankProgram { instrs, dep_ranges, deps: all_deps } = rank;
+    dep_ranges.clear();
+    all_deps.clear();
     let mut deps = Vec::new();
     for (i, instr) in instrs.iter().enumerate() {
         let i = i as u32;
@@ -365,5 +459,4 @@ fn dependencies_with(instrs: Vec<Instr>, h: &mut Hazards) -> RankProgram {
         all_deps.extend_from_slice(&deps);
         dep_ranges.push((start, all_deps.len() as u32));
     }
-    RankProgram { instrs, dep_ranges, deps: all_deps }
 }

@@ -199,12 +199,6 @@ impl RankProgram {
         self.instrs.len()
     }
 
-    pub fn shrink_to_fit(&mut self) {
-        self.instrs.shrink_to_fit();
-        self.dep_ranges.shrink_to_fit();
-        self.deps.shrink_to_fit();
-    }
-
     pub fn is_empty(&self) -> bool {
         self.instrs.is_empty()
     }

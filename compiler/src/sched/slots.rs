@@ -1,6 +1,7 @@
 //! Per-slot access history of one rank: the last writer and the readers since, as hazard analysis and the race
 //! check need them. Most slots have at most two readers between writes, so two are kept inline.
 
+use crate::fxhash::FxBuildHasher;
 use std::collections::HashMap;
 
 pub(crate) const NONE: u32 = u32::MAX;
@@ -8,7 +9,7 @@ pub(crate) const NONE: u32 = u32::MAX;
 pub(crate) struct SlotHistory {
     last_writer: Vec<u32>,
     readers: Vec<[u32; 2]>,
-    more_readers: HashMap<u32, Vec<u32>>,
+    more_readers: HashMap<u32, Vec<u32>, FxBuildHasher>,
     touched: Vec<u32>,
 }
 
@@ -17,7 +18,7 @@ impl SlotHistory {
         SlotHistory {
             last_writer: vec![NONE; slots],
             readers: vec![[NONE; 2]; slots],
-            more_readers: HashMap::new(),
+            more_readers: HashMap::default(),
             touched: Vec::new(),
         }
     }
@@ -28,8 +29,10 @@ impl SlotHistory {
 
     /// The readers of `slot` since its last write.
     pub fn readers(&self, slot: usize) -> impl Iterator<Item = u32> + '_ {
-        let inline = self.readers[slot].into_iter().filter(|&r| r != NONE);
-        inline.chain(self.more_readers.get(&(slot as u32)).into_iter().flatten().copied())
+        let inline = self.readers[slot];
+        // Only a slot whose two inline places are taken can have more: look those up, and no other.
+        let more = if inline[1] == NONE { None } else { self.more_readers.get(&(slot as u32)) };
+        inline.into_iter().filter(|&r| r != NONE).chain(more.into_iter().flatten().copied())
     }
 
     pub fn read(&mut self, slot: usize, instr: u32) {

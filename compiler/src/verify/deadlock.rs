@@ -38,71 +38,137 @@ impl<V> Finished<V> {
     }
 }
 
-/// What firing one instruction needs, in one place (the run is bound by cache misses): absolute value indices of
-/// its operands, where its incoming message is read and its outgoing one written, and its unmet conditions.
-#[derive(Clone, Copy)]
-struct Node {
-    count: u32,
-    src: u32,
-    acc: u32,
-    dst: u32,
-    msg_in: u32,
-    msg_out: u32,
-    /// Conditions not yet met; `FIRED` once it has run.
-    unmet: u32,
-}
-
 const NONE: u32 = u32::MAX;
 const FIRED: u32 = u32::MAX;
 
+/// The graph the execution sorts, kept small: each instruction's unmet conditions, and the dependencies turned
+/// around. The other edges follow from the connections: the k-th send or receive of a connection is the one that
+/// runs k-th there, so counting as they run gives each one's position, and so its neighbours on the connection.
 struct Graph {
     rank_start: Vec<u32>,
-    nodes: Vec<Node>,
-    /// `succ[succ_start[g]..succ_start[g + 1]]`: global indices of what node `g` running may make ready.
-    succ_start: Vec<u32>,
-    succ: Vec<u32>,
-    /// Message slots in all: each connection has a ring of `min(slots, messages)` places, each as wide as its
-    /// widest message, since a send waits for the receive `slots` places back to free its place.
+    /// Conditions not yet met per instruction (global index); `FIRED` once it has run.
+    unmet: Vec<u32>,
+    /// `dependents[dependents_start[g]..dependents_start[g + 1]]`: the instructions (global) that depend on `g`.
+    dependents_start: Vec<u32>,
+    dependents: Vec<u32>,
+    /// Per connection: where its ring of message places starts, how many places it has and how wide each is. A
+    /// send waits for the receive `slots` places back to free its place, so `min(slots, messages)` places of the
+    /// widest message are enough.
+    rings: Vec<(u32, u32, u32)>,
     n_messages: u32,
 }
 
+impl Graph {
+    fn place(&self, conn: u32, pos: u32) -> u32 {
+        let (base, places, width) = self.rings[conn as usize];
+        base + pos % places * width
+    }
+}
+
 pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
+    let sched = ctx.sched;
+    let slots = ctx.limits.channel_slots;
     let mut state = initial_state::<V>(ctx);
-    let Graph { rank_start, mut nodes, succ_start, succ, n_messages } = build_graph(ctx, &conns, &state);
-    let mut messages: Vec<V> = vec![V::undefined(); n_messages as usize];
-    let mut ready: Vec<u32> = (0..nodes.len() as u32).rev().filter(|&g| nodes[g as usize].unmet == 0).collect();
+    let mut graph = build_graph(ctx, &conns);
+    let mut messages: Vec<V> = vec![V::undefined(); graph.n_messages as usize];
+    // How many sends and receives each connection has run: the position of the next one.
+    let mut sent = vec![0u32; conns.list.len()];
+    let mut received = vec![0u32; conns.list.len()];
+    let mut ready: Vec<(u32, u32)> = Vec::new();
+    for rank in (0..sched.n_ranks).rev() {
+        let start = graph.rank_start[rank as usize];
+        let n = sched.ranks[rank as usize].len() as u32;
+        ready.extend((0..n).rev().filter(|&i| graph.unmet[(start + i) as usize] == 0).map(|i| (rank, i)));
+    }
     let mut results: Vec<V> = Vec::new();
     let mut completed = 0usize;
-    while let Some(g) = ready.pop() {
-        let node = nodes[g as usize];
-        nodes[g as usize].unmet = FIRED;
+    let (base, slots_per_rank) = (state.base.clone(), state.slots_per_rank);
+    let slot_of = |rank: u32, op: Operand| match op.get() {
+        Some(op) => rank * slots_per_rank + base[op.buf.0 as usize] + op.index,
+        None => NONE,
+    };
+    while let Some((rank, i)) = ready.pop() {
+        let g = graph.rank_start[rank as usize] + i;
+        graph.unmet[g as usize] = FIRED;
         completed += 1;
-        if node.count == 1 {
+        let instr = &sched.ranks[rank as usize].instrs[i as usize];
+        let (send, recv) = conns.of_instr[rank as usize][i as usize];
+        let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
+        let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
+        let node = Node {
+            src: slot_of(rank, instr.src),
+            acc: slot_of(rank, instr.acc),
+            dst: slot_of(rank, instr.dst),
+            msg_in: if recv == NONE { NONE } else { graph.place(recv, recv_pos) },
+            msg_out: if send == NONE { NONE } else { graph.place(send, send_pos) },
+        };
+        if instr.count == 1 {
             // One chunk needs no scratch list: nothing it writes can be read after.
             let value = fire_one(&node, &state.values, &messages);
             store(&node, g, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
-            results.extend((0..node.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
+            results.extend((0..instr.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
             for (k, value) in results.drain(..).enumerate() {
                 store(&node, g, k as u32, value, &mut state, &mut messages);
             }
         }
-        for &s in &succ[succ_start[g as usize] as usize..succ_start[g as usize + 1] as usize] {
-            let n = &mut nodes[s as usize];
-            n.unmet -= 1;
-            if n.unmet == 0 {
-                ready.push(s);
+        // What this makes ready: other ranks' first and this rank's last, so they come off the (LIFO) stack first
+        // and one rank runs until it blocks, which keeps its data in cache.
+        let mut meet = |rank: u32, i: u32| {
+            let unmet = &mut graph.unmet[(graph.rank_start[rank as usize] + i) as usize];
+            *unmet -= 1;
+            if *unmet == 0 {
+                ready.push((rank, i));
+            }
+        };
+        if send != NONE {
+            let c = &conns.list[send as usize];
+            if let Some(&r) = c.recvs.get(send_pos as usize) {
+                meet(c.to, r);
             }
         }
+        if recv != NONE {
+            let c = &conns.list[recv as usize];
+            if let Some(&s) = c.sends.get((recv_pos + slots) as usize) {
+                meet(c.from, s);
+            }
+        }
+        if send != NONE {
+            if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
+                meet(rank, s);
+            }
+        }
+        if recv != NONE {
+            if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
+                meet(rank, r);
+            }
+        }
+        let start = graph.rank_start[rank as usize];
+        for k in graph.dependents_start[g as usize]..graph.dependents_start[g as usize + 1] {
+            let dependent = graph.dependents[k as usize];
+            meet(rank, dependent - start);
+        }
     }
-    if completed < nodes.len() {
-        let done: Vec<bool> = nodes.iter().map(|n| n.unmet == FIRED).collect();
-        return Err(Stuck::new(ctx, &conns, &rank_start, done).cycle_error());
+    let total = graph.unmet.len();
+    if completed < total {
+        let done: Vec<bool> = graph.unmet.iter().map(|&u| u == FIRED).collect();
+        return Err(Stuck::new(ctx, &conns, &graph.rank_start, done).cycle_error());
     }
-    state.rank_start = rank_start;
+    state.rank_start = graph.rank_start;
     Ok(state)
+}
+
+/// Where firing one instruction reads and writes: absolute value indices of its operands, and where its incoming
+/// message is read and its outgoing one written (`NONE` for what it lacks).
+#[derive(Clone, Copy)]
+struct Node {
+    src: u32,
+    acc: u32,
+    dst: u32,
+    msg_in: u32,
+    msg_out: u32,
 }
 
 /// The value one chunk of `node` produces: its message or local source, reduced into its accumulator if it has one.
@@ -137,13 +203,13 @@ impl Node {
     /// The one-chunk node for chunk `k` of this one.
     fn at(&self, k: u32) -> Node {
         let shift = |x: u32| if x == NONE { NONE } else { x + k };
-        Node { count: 1, src: shift(self.src), acc: shift(self.acc), msg_in: shift(self.msg_in), ..*self }
+        Node { src: shift(self.src), acc: shift(self.acc), msg_in: shift(self.msg_in), ..*self }
     }
 }
 
-/// Builds the nodes and their successor lists. Successors on other ranks are listed first and a node's own rank's
-/// last, so they come off the (LIFO) ready stack first: one rank runs until it blocks, which keeps its data in cache.
-fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Graph {
+/// Counts each instruction's conditions (its dependencies, and per connection the order, message and room
+/// conditions its position brings), turns the dependencies around, and sizes each connection's message ring.
+fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
     let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
@@ -153,106 +219,55 @@ fn build_graph<V>(ctx: &Context, conns: &Connections, state: &Finished<V>) -> Gr
     }
     let total = rank_start[sched.ranks.len()] as usize;
     let mut seen = vec![(0u32, 0u32); conns.list.len()];
-    let mut nodes = Vec::with_capacity(total);
-    let mut counts = vec![0u32; total + 1];
     let mut widest = vec![0u32; conns.list.len()];
+    let mut unmet = Vec::with_capacity(total);
+    // Dependents in compressed rows: count them in `dependents_start[d + 1]`, sum, then fill each row from its
+    // start, which leaves `dependents_start[d]` at the row's end: shift back by one.
+    let mut dependents_start = vec![0u32; total + 1];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let start = rank_start[rank] as usize;
-        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank as u32, op) as u32);
         for (i, instr) in program.instrs.iter().enumerate() {
             let (send, recv) = conns.of_instr[rank][i];
-            let mut unmet = program.deps_of(i).len() as u32;
-            let mut n_succ = 0u32;
+            let mut conditions = program.deps_of(i).len() as u32;
             if send != NONE {
-                let c = &conns.list[send as usize];
                 let send_pos = post_increment(&mut seen[send as usize].0);
-                unmet += u32::from(send_pos > 0) + u32::from(send_pos >= slots);
-                n_succ +=
-                    u32::from(c.recvs.len() > send_pos as usize) + u32::from(c.sends.len() > send_pos as usize + 1);
+                conditions += u32::from(send_pos > 0) + u32::from(send_pos >= slots);
             }
             if recv != NONE {
-                let c = &conns.list[recv as usize];
                 let recv_pos = post_increment(&mut seen[recv as usize].1);
-                unmet += 1 + u32::from(recv_pos > 0);
-                n_succ += u32::from(c.sends.len() > (recv_pos + slots) as usize)
-                    + u32::from(c.recvs.len() > recv_pos as usize + 1);
+                conditions += 1 + u32::from(recv_pos > 0);
                 widest[recv as usize] = widest[recv as usize].max(instr.count);
             }
-            counts[start + i + 1] += n_succ;
+            unmet.push(conditions);
             for &d in program.deps_of(i) {
-                counts[start + d as usize + 1] += 1;
+                dependents_start[start + d as usize + 1] += 1;
             }
-            nodes.push(Node {
-                count: instr.count,
-                src: slot(instr.src),
-                acc: slot(instr.acc),
-                dst: slot(instr.dst),
-                msg_in: NONE,
-                msg_out: NONE,
-                unmet,
-            });
         }
     }
-    for k in 1..counts.len() {
-        counts[k] += counts[k - 1];
+    for k in 1..dependents_start.len() {
+        dependents_start[k] += dependents_start[k - 1];
     }
-    // Where each connection's ring of messages starts, and how many places it has.
-    let mut ring = Vec::with_capacity(conns.list.len());
-    let mut n_messages = 0u32;
-    for (c, &width) in conns.list.iter().zip(&widest) {
-        let places = slots.max(1).min(c.recvs.len() as u32);
-        ring.push((n_messages, places, width));
-        n_messages += places * width;
-    }
-    let place = |conn: u32, pos: u32| {
-        let (base, places, width) = ring[conn as usize];
-        base + pos % places * width
-    };
-    let mut fill = counts.clone();
-    let mut succ = vec![0u32; counts[total] as usize];
-    let mut add = |from: usize, to: u32| {
-        succ[fill[from] as usize] = to;
-        fill[from] += 1;
-    };
-    // Second pass, counting each node's position among the sends and receives of its connections again.
-    seen.iter_mut().for_each(|s| *s = (0, 0));
+    let mut dependents = vec![0u32; dependents_start[total] as usize];
     for (rank, program) in sched.ranks.iter().enumerate() {
         let start = rank_start[rank] as usize;
         for i in 0..program.len() {
-            let g = start + i;
-            let (send, recv) = conns.of_instr[rank][i];
-            let send_pos = if send == NONE { NONE } else { post_increment(&mut seen[send as usize].0) };
-            let recv_pos = if recv == NONE { NONE } else { post_increment(&mut seen[recv as usize].1) };
-            if send != NONE {
-                let c = &conns.list[send as usize];
-                if let Some(&r) = c.recvs.get(send_pos as usize) {
-                    add(g, rank_start[c.to as usize] + r);
-                    nodes[g].msg_out = place(send, send_pos);
-                }
-            }
-            if recv != NONE {
-                nodes[g].msg_in = place(recv, recv_pos);
-                let c = &conns.list[recv as usize];
-                if let Some(&s) = c.sends.get((recv_pos + slots) as usize) {
-                    add(g, rank_start[c.from as usize] + s);
-                }
-            }
-            if send != NONE {
-                if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
-                    add(g, start as u32 + s);
-                }
-            }
-            if recv != NONE {
-                if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
-                    add(g, start as u32 + r);
-                }
-            }
             for &d in program.deps_of(i) {
-                add(start + d as usize, g as u32);
+                let at = &mut dependents_start[start + d as usize];
+                dependents[*at as usize] = (start + i) as u32;
+                *at += 1;
             }
         }
     }
-    Graph { rank_start, nodes, succ_start: counts, succ, n_messages }
+    dependents_start.copy_within(0..total, 1);
+    dependents_start[0] = 0;
+    let mut rings = Vec::with_capacity(conns.list.len());
+    let mut n_messages = 0u32;
+    for (c, &width) in conns.list.iter().zip(&widest) {
+        let places = slots.max(1).min(c.recvs.len() as u32);
+        rings.push((n_messages, places, width));
+        n_messages += places * width;
+    }
+    Graph { rank_start, unmet, dependents_start, dependents, rings, n_messages }
 }
 
 fn post_increment(counter: &mut u32) -> u32 {

@@ -143,6 +143,26 @@ fn selection_prefers_few_steps_for_small_messages_and_the_hierarchy_for_large_on
     assert_ne!(flat[fastest(&flat, 256e6).expect("candidates")].name, "hierarchical");
 }
 
+/// On one node the hierarchy compiles to the ring's schedule with its chunks rotated, so the two are predicted the
+/// same at every size; the tie goes to the collective's default, the ring, as the candidates list it first.
+#[test]
+fn a_tie_goes_to_the_default_algorithm() {
+    let all = AlgoFilter::default().candidates(Collective::AllReduce).expect("some");
+    assert_eq!(all[0], "ring", "{all:?}");
+    let field = candidates(Collective::AllReduce, &uniform(), 4);
+    let by_name = |name: &str| field.iter().position(|c| c.name == name).expect("a library algorithm");
+    let (ring, hierarchical) = (by_name("ring"), by_name("hierarchical"));
+    let only_the_two = [field[hierarchical].clone(), field[ring].clone()];
+    for bytes in [8.0, 64e3, 1e6, 256e6] {
+        let (r, h) = (field[ring].profile.seconds(bytes), field[hierarchical].profile.seconds(bytes));
+        assert!((r - h).abs() <= 1e-12 * r, "{bytes} B: ring {r} s, hierarchical {h} s");
+        // Listed the other way round, `fastest` keeps the first of equals: the order of the candidates decides.
+        assert_eq!(fastest(&only_the_two, bytes), Some(0));
+    }
+    let at_large = field[fastest(&field, 256e6).expect("candidates")].name.clone();
+    assert_ne!(at_large, "hierarchical", "the ring comes first among equals");
+}
+
 #[test]
 fn topology_errors_name_the_field() {
     let cases = [

@@ -71,6 +71,11 @@ impl AlgoFilter {
         if kept.is_empty() {
             return Err(format!("the algorithm filter leaves no {collective} algorithm (it has {})", all.join(", ")));
         }
+        // The collective's default goes first, so that it wins a tie (`fastest` keeps the first): on one node,
+        // `allreduce/hierarchical` is the ring's schedule with its chunks rotated, and NCCL's default is the ring.
+        let default = crate::library::default_for(collective).split_once('/').map_or("", |(_, name)| name);
+        let mut kept = kept;
+        kept.sort_by_key(|name| *name != default);
         Ok(kept)
     }
 }

@@ -137,3 +137,45 @@ fn pipelining_past_the_slot_limit_is_an_error_not_a_wrong_schedule() {
     let errors = compile(source, &Bindings::ranks(8), options, &limits).expect_err("8 x 64 x 8 chunks per rank");
     assert_eq!(errors.0[0].code, "collc::optimise::pipeline", "{errors:?}");
 }
+
+/// Out of place, a message whose chunks the sender holds in two buffers (one chunk copied into `out`, the next still
+/// in `in`) is cut into one instruction per contiguous run, and the receiver, whose chunks are contiguous, cuts it
+/// the same way: scheduling builds each rank alone, from cuts found over the whole program first.
+#[test]
+fn a_message_from_two_buffers_is_cut_alike_on_both_sides() {
+    let source = "algorithm cut for allgather {
+        ranks p where p == 3
+        chunks 2
+        step {
+            for r in 0..p {
+                copy in[0] to out[2 * r] on r
+            }
+        }
+        for s in 0..p - 1 {
+            step {
+                for r in 0..p {
+                    let b = (r - s) % p
+                    send out[2 * b..2 * b + 2] from r to (r + 1) % p
+                }
+            }
+        }
+    }";
+    let unfused = |placement: Placement| {
+        let options = Options { placement, fuse: false, pipeline: None };
+        compile(source, &Bindings::ranks(3), options, &Limits::default()).expect("verifies")
+    };
+    let out_of_place = unfused(Placement::OutOfPlace);
+    for (rank, program) in out_of_place.ranks.iter().enumerate() {
+        let widths = |op: Op| program.instrs.iter().filter(|i| i.op == op).map(|i| i.count).collect::<Vec<_>>();
+        // The first message (the rank's own block) goes as two: out[2r] copied, in[1] not; the second as one.
+        assert_eq!(widths(Op::Send), vec![1, 1, 2], "rank {rank}: {:?}", program.instrs);
+        assert_eq!(widths(Op::Recv), vec![1, 1, 2], "rank {rank}: {:?}", program.instrs);
+        let first = program.instrs.iter().filter(|i| i.op == Op::Send).take(2).collect::<Vec<_>>();
+        assert_ne!(first[0].src.buf, first[1].src.buf, "rank {rank}: {first:?}");
+    }
+    // In place `in` is a window of `out`: the copy is onto itself, so no instruction, and nothing is cut.
+    let in_place = unfused(Placement::InPlace);
+    for program in &in_place.ranks {
+        assert!(program.instrs.iter().all(|i| i.op != Op::Copy && (i.count == 2)), "{:?}", program.instrs);
+    }
+}

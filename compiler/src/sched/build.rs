@@ -255,6 +255,10 @@ impl Mapper {
         sends: &mut Vec<Instr>,
         receives: &mut Vec<Instr>,
     ) {
+        // A transfer of no chunks makes no instruction (lowering rejects empty ranges; this keeps `schedule` total).
+        if t.count == 0 {
+            return;
+        }
         let receives_from = receives.len();
         let starts = std::iter::once(0).chain(cuts.iter().map(|&(_, k)| k));
         let ends = cuts.iter().map(|&(_, k)| k).chain(std::iter::once(t.count));

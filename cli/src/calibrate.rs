@@ -26,8 +26,8 @@ const SMALL: [usize; 4] = [8, 64, 256, 512];
 const LARGE: [usize; 4] = [256 << 10, 1 << 20, 4 << 20, 16 << 20];
 /// Buffers of the kernel measurements: well past the last-level cache.
 const KERNEL_BYTES: usize = 64 << 20;
-/// The cached regime: calls up to this size, measured on buffers of this size (two of them, and a FIFO slot, fit
-/// in the 1 MiB L2 of the machines collc is developed on), with ping-pong messages of 16 to 128 KiB.
+/// The cached regime: calls up to this size, measured on buffers of this size (two of them fit in the 512 KiB L2 of
+/// each core of the machine collc is developed on), with ping-pong messages of 16 to 128 KiB.
 const CACHED_BYTES: usize = 256 << 10;
 const CACHED: [usize; 4] = [16 << 10, 32 << 10, 64 << 10, 128 << 10];
 
@@ -83,6 +83,11 @@ fn one_way_seconds(bytes: usize, runs: u32) -> Result<f64, String> {
     Ok(median(rank0))
 }
 
+/// `(bytes, one_way_seconds)` at each size, for `slope`.
+fn one_way_points(sizes: &[usize], runs: u32) -> Result<Vec<(f64, f64)>, String> {
+    sizes.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect()
+}
+
 /// Seconds per byte of `kernel` over `bytes`-byte buffers: enough calls per sample for a few milliseconds.
 fn kernel_seconds_per_byte(runs: u32, bytes: usize, kernel: impl Fn(&mut [u8], &[u8])) -> f64 {
     let src = vec![1u8; bytes];
@@ -114,8 +119,7 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let runs = args.runs;
     let small: Vec<f64> = SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()?;
-    let large: Vec<(f64, f64)> =
-        LARGE.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
+    let large = one_way_points(&LARGE, runs)?;
     let alpha = median(small);
     let shared: Vec<f64> = collc_runtime::launch::on_one_cpu(|| {
         SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()
@@ -133,8 +137,7 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     };
     let gamma = kernel_seconds_per_byte(runs, KERNEL_BYTES, reduce);
     let copy = kernel_seconds_per_byte(runs, KERNEL_BYTES, copy_kernel);
-    let cached_points: Vec<(f64, f64)> =
-        CACHED.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect::<Result<_, String>>()?;
+    let cached_points = one_way_points(&CACHED, runs)?;
     // Data in cache moves at least as fast as data in DRAM: a slower figure is a noisy fit (four points), so it
     // is capped at the DRAM one.
     let cached_beta = slope(&cached_points).clamp(1e-13, beta);

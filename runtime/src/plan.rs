@@ -256,26 +256,9 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
 
 /// Local dependents of each instruction (CSR) and how many dependencies each waits for.
 fn dependents_of(program: &collc_compiler::sched::RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
-    let n = program.len();
-    let mut start = vec![0u32; n + 1];
-    let unmet: Vec<u32> = (0..n).map(|i| program.deps_of(i).len() as u32).collect();
-    for i in 0..n {
-        for &d in program.deps_of(i) {
-            start[d as usize + 1] += 1;
-        }
-    }
-    for i in 1..=n {
-        start[i] += start[i - 1];
-    }
-    let mut fill = start.clone();
-    let mut dependents = vec![0u32; start[n] as usize];
-    for i in 0..n {
-        for &d in program.deps_of(i) {
-            dependents[fill[d as usize] as usize] = i as u32;
-            fill[d as usize] += 1;
-        }
-    }
-    (start, dependents, unmet)
+    let unmet = (0..program.len()).map(|i| program.deps_of(i).len() as u32).collect();
+    let dependents = program.dependents();
+    (dependents.start, dependents.list, unmet)
 }
 
 /// Identifies a call shape: every rank of a matching call computes the same value.

@@ -176,6 +176,6 @@ fn a_message_from_two_buffers_is_cut_alike_on_both_sides() {
     // In place `in` is a window of `out`: the copy is onto itself, so no instruction, and nothing is cut.
     let in_place = unfused(Placement::InPlace);
     for program in &in_place.ranks {
-        assert!(program.instrs.iter().all(|i| i.op != Op::Copy && (i.count == 2)), "{:?}", program.instrs);
+        assert!(program.instrs.iter().all(|i| i.op != Op::Copy && i.count == 2), "{:?}", program.instrs);
     }
 }

@@ -60,7 +60,7 @@ impl AlgoFilter {
     /// The algorithms of `collective` the filter leaves, or why there are none.
     pub fn candidates(&self, collective: Collective) -> Result<Vec<&'static str>, String> {
         let all = library_names(collective);
-        let kept: Vec<&'static str> = match self.rule(collective) {
+        let mut kept: Vec<&'static str> = match self.rule(collective) {
             None => all.clone(),
             Some(rule) => all
                 .iter()
@@ -74,7 +74,6 @@ impl AlgoFilter {
         // The collective's default goes first, so that it wins a tie (`fastest` keeps the first): on one node,
         // `allreduce/hierarchical` is the ring's schedule with its chunks rotated, and NCCL's default is the ring.
         let default = crate::library::default_for(collective).split_once('/').map_or("", |(_, name)| name);
-        let mut kept = kept;
         kept.sort_by_key(|name| *name != default);
         Ok(kept)
     }

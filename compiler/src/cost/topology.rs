@@ -178,10 +178,7 @@ impl Topology {
         let topo = Topology {
             name: root.optional("name", Value::as_str, "a string")?.unwrap_or_default().to_string(),
             nodes: root.count("nodes")?,
-            ranks_per_node: match root.get("ranks_per_node") {
-                None => None,
-                Some(_) => Some(root.count("ranks_per_node")?),
-            },
+            ranks_per_node: root.optional_count("ranks_per_node")?,
             links: Links { intra: links.link("intra")?, inter: links.optional_link("inter")? },
             reduce_gbps: root.number("reduce_gbps")?,
             copy_gbps: root.optional("copy_gbps", Value::as_f64, "a number")?,
@@ -199,10 +196,7 @@ impl Topology {
                     Some(Switch { scope, alpha_us: s.number("alpha_us")?, bandwidth_gbps: s.number("bandwidth_gbps")? })
                 }
             },
-            cores_per_node: match root.get("cores_per_node") {
-                None => None,
-                Some(_) => Some(root.count("cores_per_node")?),
-            },
+            cores_per_node: root.optional_count("cores_per_node")?,
             shared_core_alpha_us: root.optional("shared_core_alpha_us", Value::as_f64, "a number")?,
             cached: match root.get("cached") {
                 None => None,
@@ -432,6 +426,10 @@ impl<'a> Fields<'a> {
     fn count(&self, key: &str) -> Result<u32, TopologyError> {
         let v = self.required(key, Value::as_i64, "a whole number")?;
         u32::try_from(v).map_err(|_| error(&self.path(key), format!("must be a whole number from 1, not {v}")))
+    }
+
+    fn optional_count(&self, key: &str) -> Result<Option<u32>, TopologyError> {
+        self.get(key).map(|_| self.count(key)).transpose()
     }
 
     fn object(&self, key: &str, known: &[&str]) -> Result<Fields<'a>, TopologyError> {

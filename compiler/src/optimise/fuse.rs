@@ -3,7 +3,7 @@
 //! again, RecvReduceCopySend -> RecvReduceSend.
 
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
+use crate::sched::{BufferDecl, Dependents, Instr, Op, Operand, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// Fuses receive-then-reduce pairs (`receive_reduce`), then recv-then-forward chains, on every rank.
@@ -70,7 +70,7 @@ fn rebuild(rank: &mut RankProgram, merged_into: &[u32], forward: &[u32]) {
             new_index[i] = new_index[merged_into[i] as usize];
         }
     }
-    let dependents = dependents(rank);
+    let dependents = rank.dependents();
     let mut deps = Vec::new();
     let mut deps_len = 0usize;
     for i in 0..n {
@@ -114,37 +114,6 @@ fn hazard(earlier: &Instr, later: &Instr) -> bool {
 fn fused(recv: Instr, send: Instr) -> Instr {
     let op = if recv.op == Op::Recv { Op::RecvCopySend } else { Op::RecvReduceCopySend };
     Instr { op, send_peer: send.send_peer, ..recv }
-}
-
-/// For each instruction, the instructions that list it as a dependency (compressed rows: `start[i]..start[i+1]`).
-pub(super) struct Dependents {
-    start: Vec<u32>,
-    list: Vec<u32>,
-}
-
-impl Dependents {
-    pub(super) fn of(&self, i: usize) -> &[u32] {
-        &self.list[self.start[i] as usize..self.start[i + 1] as usize]
-    }
-}
-
-pub(super) fn dependents(rank: &RankProgram) -> Dependents {
-    let mut start = vec![0u32; rank.len() + 1];
-    for &d in &rank.deps {
-        start[d as usize + 1] += 1;
-    }
-    for i in 1..start.len() {
-        start[i] += start[i - 1];
-    }
-    let mut fill = start.clone();
-    let mut list = vec![0u32; rank.deps.len()];
-    for i in 0..rank.len() {
-        for &d in rank.deps_of(i) {
-            list[fill[d as usize] as usize] = i as u32;
-            fill[d as usize] += 1;
-        }
-    }
-    Dependents { start, list }
 }
 
 pub(super) fn overlaps(a: Operand, a_count: u32, b: Operand, b_count: u32) -> bool {

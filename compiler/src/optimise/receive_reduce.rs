@@ -3,9 +3,9 @@
 //! message never takes a round trip through memory. Runs before `fuse`, which may then chain the result with the
 //! send that forwards it.
 
-use super::fuse::{dependents, overlaps, Dependents};
+use super::fuse::overlaps;
 use crate::sched::build::with_dependencies;
-use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram, NO_RANK};
+use crate::sched::{BufferDecl, Dependents, Instr, Op, Operand, RankProgram, NO_RANK};
 
 /// Fuses the receive-then-reduce pairs of one rank. The joined receive moves to its reduction's place, so a changed
 /// rank's dependencies are derived again from the hazards of its new instruction list, as scheduling derives them:
@@ -28,7 +28,7 @@ pub(super) fn receive_reduce_rank(rank: &mut RankProgram, buffers: &[BufferDecl]
 fn pairs(rank: &RankProgram) -> Vec<u32> {
     let n = rank.len();
     let mut into = vec![NO_RANK; n];
-    let dependents = dependents(rank);
+    let dependents = rank.dependents();
     for b in 0..n {
         let reduce = rank.instrs[b];
         if !reduces_scratch(&reduce) {

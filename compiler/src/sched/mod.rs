@@ -202,6 +202,39 @@ impl RankProgram {
     pub fn is_empty(&self) -> bool {
         self.instrs.is_empty()
     }
+
+    /// The dependencies turned around: for each instruction, the later ones that depend on it, in order.
+    pub fn dependents(&self) -> Dependents {
+        let mut start = vec![0u32; self.len() + 1];
+        for &d in &self.deps {
+            start[d as usize + 1] += 1;
+        }
+        for i in 1..start.len() {
+            start[i] += start[i - 1];
+        }
+        let mut fill = start.clone();
+        let mut list = vec![0u32; self.deps.len()];
+        for i in 0..self.len() {
+            for &d in self.deps_of(i) {
+                list[fill[d as usize] as usize] = i as u32;
+                fill[d as usize] += 1;
+            }
+        }
+        Dependents { start, list }
+    }
+}
+
+/// Each instruction's dependents in compressed rows: `list[start[i]..start[i + 1]]` (`RankProgram::dependents`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Dependents {
+    pub start: Vec<u32>,
+    pub list: Vec<u32>,
+}
+
+impl Dependents {
+    pub fn of(&self, i: usize) -> &[u32] {
+        &self.list[self.start[i] as usize..self.start[i + 1] as usize]
+    }
 }
 
 /// Where each buffer starts when one rank's buffers are laid end to end, and their total size: how the passes that

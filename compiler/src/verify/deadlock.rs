@@ -13,7 +13,7 @@ use super::postcondition::initial_value;
 use super::value::Value;
 use super::Context;
 use crate::diag::Error;
-use crate::sched::Operand;
+use crate::sched::{Dependents, Operand};
 
 /// The final state of a completed execution.
 pub(crate) struct Finished<V> {
@@ -48,9 +48,8 @@ struct Graph {
     rank_start: Vec<u32>,
     /// Conditions not yet met per instruction (global index); `FIRED` once it has run.
     unmet: Vec<u32>,
-    /// `dependents[dependents_start[g]..dependents_start[g + 1]]`: the instructions (global) that depend on `g`.
-    dependents_start: Vec<u32>,
-    dependents: Vec<u32>,
+    /// Per rank, the instructions that depend on each of its instructions.
+    dependents: Vec<Dependents>,
     /// Per connection: where its ring of message places starts, how many places it has and how wide each is. A
     /// send waits for the receive `slots` places back to free its place, so `min(slots, messages)` places of the
     /// widest message are enough.
@@ -82,11 +81,6 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
     }
     let mut results: Vec<V> = Vec::new();
     let mut completed = 0usize;
-    let (base, slots_per_rank) = (state.base.clone(), state.slots_per_rank);
-    let slot_of = |rank: u32, op: Operand| match op.get() {
-        Some(op) => rank * slots_per_rank + base[op.buf.0 as usize] + op.index,
-        None => NONE,
-    };
     while let Some((rank, i)) = ready.pop() {
         let g = graph.rank_start[rank as usize] + i;
         graph.unmet[g as usize] = FIRED;
@@ -95,10 +89,11 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         let (send, recv) = conns.of_instr[rank as usize][i as usize];
         let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
         let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
+        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank, op) as u32);
         let node = Node {
-            src: slot_of(rank, instr.src),
-            acc: slot_of(rank, instr.acc),
-            dst: slot_of(rank, instr.dst),
+            src: slot(instr.src),
+            acc: slot(instr.acc),
+            dst: slot(instr.dst),
             msg_in: if recv == NONE { NONE } else { graph.place(recv, recv_pos) },
             msg_out: if send == NONE { NONE } else { graph.place(send, send_pos) },
         };
@@ -145,10 +140,8 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
                 meet(rank, r);
             }
         }
-        let start = graph.rank_start[rank as usize];
-        for k in graph.dependents_start[g as usize]..graph.dependents_start[g as usize + 1] {
-            let dependent = graph.dependents[k as usize];
-            meet(rank, dependent - start);
+        for &dependent in graph.dependents[rank as usize].of(i as usize) {
+            meet(rank, dependent);
         }
     }
     let total = graph.unmet.len();
@@ -221,11 +214,7 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let mut seen = vec![(0u32, 0u32); conns.list.len()];
     let mut widest = vec![0u32; conns.list.len()];
     let mut unmet = Vec::with_capacity(total);
-    // Dependents in compressed rows: count them in `dependents_start[d + 1]`, sum, then fill each row from its
-    // start, which leaves `dependents_start[d]` at the row's end: shift back by one.
-    let mut dependents_start = vec![0u32; total + 1];
     for (rank, program) in sched.ranks.iter().enumerate() {
-        let start = rank_start[rank] as usize;
         for (i, instr) in program.instrs.iter().enumerate() {
             let (send, recv) = conns.of_instr[rank][i];
             let mut conditions = program.deps_of(i).len() as u32;
@@ -239,27 +228,9 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
                 widest[recv as usize] = widest[recv as usize].max(instr.count);
             }
             unmet.push(conditions);
-            for &d in program.deps_of(i) {
-                dependents_start[start + d as usize + 1] += 1;
-            }
         }
     }
-    for k in 1..dependents_start.len() {
-        dependents_start[k] += dependents_start[k - 1];
-    }
-    let mut dependents = vec![0u32; dependents_start[total] as usize];
-    for (rank, program) in sched.ranks.iter().enumerate() {
-        let start = rank_start[rank] as usize;
-        for i in 0..program.len() {
-            for &d in program.deps_of(i) {
-                let at = &mut dependents_start[start + d as usize];
-                dependents[*at as usize] = (start + i) as u32;
-                *at += 1;
-            }
-        }
-    }
-    dependents_start.copy_within(0..total, 1);
-    dependents_start[0] = 0;
+    let dependents = sched.ranks.iter().map(|program| program.dependents()).collect();
     let mut rings = Vec::with_capacity(conns.list.len());
     let mut n_messages = 0u32;
     for (c, &width) in conns.list.iter().zip(&widest) {
@@ -267,7 +238,7 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
         rings.push((n_messages, places, width));
         n_messages += places * width;
     }
-    Graph { rank_start, unmet, dependents_start, dependents, rings, n_messages }
+    Graph { rank_start, unmet, dependents, rings, n_messages }
 }
 
 fn post_increment(counter: &mut u32) -> u32 {

@@ -205,22 +205,33 @@ impl RankProgram {
 
     /// The dependencies turned around: for each instruction, the later ones that depend on it, in order.
     pub fn dependents(&self) -> Dependents {
-        let mut start = vec![0u32; self.len() + 1];
+        let mut dependents = Dependents::default();
+        self.dependents_into(&mut dependents);
+        dependents
+    }
+
+    /// `dependents`, into lists kept from an earlier call (passes that visit rank after rank reuse them).
+    pub fn dependents_into(&self, out: &mut Dependents) {
+        let Dependents { start, list } = out;
+        start.clear();
+        start.resize(self.len() + 2, 0);
+        // Count into start[d + 2], sum, then fill through start[d + 1]: it ends as the row's end, start[d + 2]'s start.
         for &d in &self.deps {
-            start[d as usize + 1] += 1;
+            start[d as usize + 2] += 1;
         }
-        for i in 1..start.len() {
+        for i in 2..start.len() {
             start[i] += start[i - 1];
         }
-        let mut fill = start.clone();
-        let mut list = vec![0u32; self.deps.len()];
+        list.clear();
+        list.resize(self.deps.len(), 0);
         for i in 0..self.len() {
             for &d in self.deps_of(i) {
-                list[fill[d as usize] as usize] = i as u32;
-                fill[d as usize] += 1;
+                let at = &mut start[d as usize + 1];
+                list[*at as usize] = i as u32;
+                *at += 1;
             }
         }
-        Dependents { start, list }
+        start.pop();
     }
 }
 

@@ -28,8 +28,8 @@ struct Exec<'a> {
     /// Chunk slots per rank in the shared view plus scratch, and where each scratch buffer starts.
     slots_per_rank: u32,
     scratch_base: Vec<u32>,
-    /// The slots this step touched, each shifted left by one with the low bit set for a write.
-    step_keys: Vec<u64>,
+    /// A step's read and written slots, kept for the next step.
+    step_keys: (Vec<u64>, Vec<u64>),
     /// Who touched each slot of a step with a race (a small table that stays in cache).
     step_access: HashMap<usize, StepAccess, FxBuildHasher>,
 }
@@ -74,7 +74,7 @@ pub(crate) fn run(
         spans: std::mem::take(&mut resolver.spans),
         slots_per_rank: 0,
         scratch_base: Vec::new(),
-        step_keys: Vec::new(),
+        step_keys: (Vec::new(), Vec::new()),
         step_access: HashMap::default(),
     };
     let mut next = in_chunks.max(out_chunks);
@@ -398,21 +398,26 @@ impl Exec<'_> {
 
     /// A slot written and read (or written twice) by two transfers of one step is a race in either placement.
     ///
-    /// Most steps have none, so a sorted list of the step's accesses first shows whether any slot is touched twice
-    /// with a write (a transfer never touches one slot twice: self-sends and overlapping local transfers are
-    /// rejected before this); only a step where one is goes through the table that finds and reports the pairs.
+    /// Most steps have none, so sorted lists of the step's reads and writes first show whether a written slot is
+    /// written again or read (a transfer never touches one slot twice: self-sends and overlapping local transfers
+    /// are rejected before this); only a step where one is goes through the table that finds and reports the pairs.
+    /// The lists are kept apart because each is mostly in order already (transfers come rank by rank), which the
+    /// run-adaptive stable sort finishes in close to one pass.
     fn check_step_races(&mut self, first: usize) {
-        let mut keys = std::mem::take(&mut self.step_keys);
-        keys.clear();
+        let (mut reads, mut writes) = std::mem::take(&mut self.step_keys);
+        reads.clear();
+        writes.clear();
         for t in &self.transfers[first..] {
             for k in 0..t.count {
-                keys.push((self.slot(t.from, t.src, k) as u64) << 1);
-                keys.push((self.slot(t.to, t.dst, k) as u64) << 1 | 1);
+                reads.push(self.slot(t.from, t.src, k) as u64);
+                writes.push(self.slot(t.to, t.dst, k) as u64);
             }
         }
-        keys.sort_unstable();
-        let suspect = keys.windows(2).any(|w| w[0] >> 1 == w[1] >> 1 && (w[0] | w[1]) & 1 == 1);
-        self.step_keys = keys;
+        reads.sort();
+        writes.sort();
+        let written_twice = writes.windows(2).any(|w| w[0] == w[1]);
+        let suspect = written_twice || sorted_lists_meet(&reads, &writes);
+        self.step_keys = (reads, writes);
         if suspect {
             self.report_step_races(first);
         }
@@ -468,4 +473,17 @@ impl Exec<'_> {
         .at(self.spans[o.span as usize], format!("this transfer ({}) {verb} it in the same step", endpoints(&o)));
         self.report("race", error);
     }
+}
+
+/// Whether two sorted lists share a value.
+fn sorted_lists_meet(a: &[u64], b: &[u64]) -> bool {
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => return true,
+        }
+    }
+    false
 }

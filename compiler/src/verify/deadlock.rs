@@ -41,20 +41,37 @@ impl<V> Finished<V> {
 const NONE: u32 = u32::MAX;
 const FIRED: u32 = u32::MAX;
 
-/// The graph the execution sorts, kept small: each instruction's unmet conditions, and the dependencies turned
-/// around. The other edges follow from the connections: the k-th send or receive of a connection is the one that
-/// runs k-th there, so counting as they run gives each one's position, and so its neighbours on the connection.
+/// The graph the execution sorts, kept small: each instruction's unmet conditions, what it reads and writes, and
+/// the dependencies turned around. The other edges follow from the connections: the k-th send or receive of a
+/// connection is the one that runs k-th there, so counting as they run gives each one's position, and so its
+/// neighbours on the connection.
 struct Graph {
     rank_start: Vec<u32>,
     /// Conditions not yet met per instruction (global index); `FIRED` once it has run.
     unmet: Vec<u32>,
-    /// Per rank, the instructions that depend on each of its instructions.
-    dependents: Vec<Dependents>,
+    /// Per instruction (global index), everything firing it reads, in one place: the simulation visits the ranks
+    /// in turn, so each instruction's fields would otherwise cost a cache miss apiece.
+    nodes: Vec<SimNode>,
+    /// The instructions (global indices) that depend on each instruction: `dependents[dependents_start[g]..][..]`.
+    dependents_start: Vec<u32>,
+    dependents: Vec<u32>,
     /// Per connection: where its ring of message places starts, how many places it has and how wide each is. A
     /// send waits for the receive `slots` places back to free its place, so `min(slots, messages)` places of the
     /// widest message are enough.
     rings: Vec<(u32, u32, u32)>,
     n_messages: u32,
+}
+
+/// One instruction as the simulation fires it: absolute value indices of its operands (`NONE` for those it lacks),
+/// its chunk count, and its send and receive connections.
+#[derive(Clone, Copy)]
+struct SimNode {
+    src: u32,
+    acc: u32,
+    dst: u32,
+    count: u32,
+    send: u32,
+    recv: u32,
 }
 
 impl Graph {
@@ -65,7 +82,6 @@ impl Graph {
 }
 
 pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
-    let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
     let mut state = initial_state::<V>(ctx);
     let mut graph = build_graph(ctx, &conns);
@@ -73,38 +89,31 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
     // How many sends and receives each connection has run: the position of the next one.
     let mut sent = vec![0u32; conns.list.len()];
     let mut received = vec![0u32; conns.list.len()];
-    let mut ready: Vec<(u32, u32)> = Vec::new();
-    for rank in (0..sched.n_ranks).rev() {
-        let start = graph.rank_start[rank as usize];
-        let n = sched.ranks[rank as usize].len() as u32;
-        ready.extend((0..n).rev().filter(|&i| graph.unmet[(start + i) as usize] == 0).map(|i| (rank, i)));
-    }
+    // Global indices, lowest on top: rank 0's first instructions run first.
+    let mut ready: Vec<u32> = (0..graph.unmet.len() as u32).rev().filter(|&g| graph.unmet[g as usize] == 0).collect();
     let mut results: Vec<V> = Vec::new();
     let mut completed = 0usize;
-    while let Some((rank, i)) = ready.pop() {
-        let g = graph.rank_start[rank as usize] + i;
+    while let Some(g) = ready.pop() {
         graph.unmet[g as usize] = FIRED;
         completed += 1;
-        let instr = &sched.ranks[rank as usize].instrs[i as usize];
-        let (send, recv) = conns.of_instr[rank as usize][i as usize];
+        let SimNode { src, acc, dst, count, send, recv } = graph.nodes[g as usize];
         let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
         let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
-        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank, op) as u32);
         let node = Node {
-            src: slot(instr.src),
-            acc: slot(instr.acc),
-            dst: slot(instr.dst),
+            src,
+            acc,
+            dst,
             msg_in: if recv == NONE { NONE } else { graph.place(recv, recv_pos) },
             msg_out: if send == NONE { NONE } else { graph.place(send, send_pos) },
         };
-        if instr.count == 1 {
+        if count == 1 {
             // One chunk needs no scratch list: nothing it writes can be read after.
             let value = fire_one(&node, &state.values, &messages);
             store(&node, g, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
-            results.extend((0..instr.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
+            results.extend((0..count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
             for (k, value) in results.drain(..).enumerate() {
                 store(&node, g, k as u32, value, &mut state, &mut messages);
             }
@@ -112,10 +121,11 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         // What this makes ready: other ranks' first and this rank's last, so they come off the (LIFO) stack first
         // and one rank runs until it blocks, which keeps its data in cache.
         let mut meet = |rank: u32, i: u32| {
-            let unmet = &mut graph.unmet[(graph.rank_start[rank as usize] + i) as usize];
+            let at = graph.rank_start[rank as usize] + i;
+            let unmet = &mut graph.unmet[at as usize];
             *unmet -= 1;
             if *unmet == 0 {
-                ready.push((rank, i));
+                ready.push(at);
             }
         };
         if send != NONE {
@@ -131,17 +141,24 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
             }
         }
         if send != NONE {
-            if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
-                meet(rank, s);
+            let c = &conns.list[send as usize];
+            if let Some(&s) = c.sends.get(send_pos as usize + 1) {
+                meet(c.from, s);
             }
         }
         if recv != NONE {
-            if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
-                meet(rank, r);
+            let c = &conns.list[recv as usize];
+            if let Some(&r) = c.recvs.get(recv_pos as usize + 1) {
+                meet(c.to, r);
             }
         }
-        for &dependent in graph.dependents[rank as usize].of(i as usize) {
-            meet(rank, dependent);
+        let (from, to) = (graph.dependents_start[g as usize], graph.dependents_start[g as usize + 1]);
+        for &dependent in &graph.dependents[from as usize..to as usize] {
+            let unmet = &mut graph.unmet[dependent as usize];
+            *unmet -= 1;
+            if *unmet == 0 {
+                ready.push(dependent);
+            }
         }
     }
     let total = graph.unmet.len();
@@ -201,10 +218,12 @@ impl Node {
 }
 
 /// Counts each instruction's conditions (its dependencies, and per connection the order, message and room
-/// conditions its position brings), turns the dependencies around, and sizes each connection's message ring.
+/// conditions its position brings), lays out what firing each one reads, turns the dependencies around, and sizes
+/// each connection's message ring.
 fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
+    let (base, slots_per_rank) = crate::sched::slot_bases(&sched.buffers);
     let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
     rank_start.push(0u32);
     for program in &sched.ranks {
@@ -214,7 +233,15 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let mut seen = vec![(0u32, 0u32); conns.list.len()];
     let mut widest = vec![0u32; conns.list.len()];
     let mut unmet = Vec::with_capacity(total);
+    let mut nodes = Vec::with_capacity(total);
+    let mut dependents_start = Vec::with_capacity(total + 1);
+    let mut dependents = Vec::new();
+    let mut rank_dependents = Dependents::default();
     for (rank, program) in sched.ranks.iter().enumerate() {
+        let first = rank_start[rank];
+        let slot =
+            |op: Operand| op.get().map_or(NONE, |op| rank as u32 * slots_per_rank + base[op.buf.0 as usize] + op.index);
+        program.dependents_into(&mut rank_dependents);
         for (i, instr) in program.instrs.iter().enumerate() {
             let (send, recv) = conns.of_instr[rank][i];
             let mut conditions = program.deps_of(i).len() as u32;
@@ -228,9 +255,19 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
                 widest[recv as usize] = widest[recv as usize].max(instr.count);
             }
             unmet.push(conditions);
+            nodes.push(SimNode {
+                src: slot(instr.src),
+                acc: slot(instr.acc),
+                dst: slot(instr.dst),
+                count: instr.count,
+                send,
+                recv,
+            });
+            dependents_start.push(dependents.len() as u32);
+            dependents.extend(rank_dependents.of(i).iter().map(|&d| first + d));
         }
     }
-    let dependents = sched.ranks.iter().map(|program| program.dependents()).collect();
+    dependents_start.push(dependents.len() as u32);
     let mut rings = Vec::with_capacity(conns.list.len());
     let mut n_messages = 0u32;
     for (c, &width) in conns.list.iter().zip(&widest) {
@@ -238,7 +275,7 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
         rings.push((n_messages, places, width));
         n_messages += places * width;
     }
-    Graph { rank_start, unmet, dependents, rings, n_messages }
+    Graph { rank_start, unmet, nodes, dependents_start, dependents, rings, n_messages }
 }
 
 fn post_increment(counter: &mut u32) -> u32 {

@@ -30,14 +30,15 @@ pub fn schedule_with(
     let by_rank = TransfersByRank::new(program);
     // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
     let mut work = RankProgram::default();
-    let (mut sends, mut receives, mut mine) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut sends, mut receives) = (Vec::new(), Vec::new());
+    let mut gathered: Vec<Vec<(u32, Transfer)>> = (0..GATHER_BLOCK).map(|_| Vec::new()).collect();
     let ranks = (0..program.n_ranks)
         .map(|rank| {
             work.instrs.clear();
-            // The rank's transfers lie far apart in the program: gather them first, in a loop whose loads do not
-            // wait on each other, rather than stall on each one while its instructions are built.
-            mine.clear();
-            mine.extend(by_rank.of(rank).iter().map(|&t| (t, program.transfers[t as usize])));
+            if rank % GATHER_BLOCK == 0 {
+                by_rank.gather(program, rank..(rank + GATHER_BLOCK).min(program.n_ranks), &mut gathered);
+            }
+            let mine = &gathered[(rank % GATHER_BLOCK) as usize];
             // Within a step nothing depends on anything else, so sends go first: a receive and the send that
             // forwards it in the next step then sit next to each other on their connection and can fuse.
             for step in mine.chunk_by(|a, b| a.1.step == b.1.step) {
@@ -102,7 +103,30 @@ impl TransfersByRank {
     fn of(&self, rank: u32) -> &[u32] {
         &self.list[self.start[rank as usize]..self.start[rank as usize + 1]]
     }
+
+    /// Copies the transfers of each rank of `ranks` (at most `GATHER_BLOCK`) into `into[rank - ranks.start]`, in
+    /// program order. A rank's transfers lie far apart in the program, but neighbouring ranks' often share a
+    /// cache line (a ring's rank r sends what rank r + 1 receives), so the lists are read in turns, position by
+    /// position: one miss then serves the whole block, where gathering rank by rank missed on every transfer.
+    fn gather(&self, program: &Program, ranks: std::ops::Range<u32>, into: &mut [Vec<(u32, Transfer)>]) {
+        let lists: Vec<&[u32]> = ranks.map(|rank| self.of(rank)).collect();
+        for (list, out) in lists.iter().zip(into.iter_mut()) {
+            out.clear();
+            out.reserve(list.len());
+        }
+        let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
+        for k in 0..longest {
+            for (list, out) in lists.iter().zip(into.iter_mut()) {
+                if let Some(&t) = list.get(k) {
+                    out.push((t, program.transfers[t as usize]));
+                }
+            }
+        }
+    }
 }
+
+/// How many ranks' transfers `TransfersByRank::gather` copies at once.
+const GATHER_BLOCK: u32 = 8;
 
 /// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
 struct Cuts(Vec<(u32, u32)>);

@@ -41,18 +41,15 @@ impl<V> Finished<V> {
 const NONE: u32 = u32::MAX;
 const FIRED: u32 = u32::MAX;
 
-/// The graph the execution sorts, kept small: each instruction's unmet conditions, what it reads and writes, and
-/// the dependencies turned around. The other edges follow from the connections: the k-th send or receive of a
-/// connection is the one that runs k-th there, so counting as they run gives each one's position, and so its
-/// neighbours on the connection.
+/// The graph the execution sorts, kept small: each instruction's unmet conditions, and the dependencies turned
+/// around. The other edges follow from the connections: the k-th send or receive of a connection is the one that
+/// runs k-th there, so counting as they run gives each one's position, and so its neighbours on the connection.
 struct Graph {
-    rank_start: Vec<u32>,
-    /// Conditions not yet met per instruction (global index); `FIRED` once it has run.
+    /// Conditions not yet met per instruction (global index, see `Connections::rank_start`); `FIRED` once it has
+    /// run.
     unmet: Vec<u32>,
-    /// Per instruction (global index), everything firing it reads, in one place: the simulation visits the ranks
-    /// in turn, so each instruction's fields would otherwise cost a cache miss apiece.
-    nodes: Vec<SimNode>,
-    /// The instructions (global indices) that depend on each instruction: `dependents[dependents_start[g]..][..]`.
+    /// The instructions (global indices) that depend on each instruction: `dependents[dependents_start[g]..][..]`,
+    /// one list for all ranks (per-rank lists cost a second cache miss as the simulation visits the ranks in turn).
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
     /// Per connection: where its ring of message places starts, how many places it has and how wide each is. A
@@ -60,18 +57,6 @@ struct Graph {
     /// widest message are enough.
     rings: Vec<(u32, u32, u32)>,
     n_messages: u32,
-}
-
-/// One instruction as the simulation fires it: absolute value indices of its operands (`NONE` for those it lacks),
-/// its chunk count, and its send and receive connections.
-#[derive(Clone, Copy)]
-struct SimNode {
-    src: u32,
-    acc: u32,
-    dst: u32,
-    count: u32,
-    send: u32,
-    recv: u32,
 }
 
 impl Graph {
@@ -82,38 +67,48 @@ impl Graph {
 }
 
 pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
+    let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
     let mut state = initial_state::<V>(ctx);
     let mut graph = build_graph(ctx, &conns);
+    let rank_start = &conns.rank_start;
     let mut messages: Vec<V> = vec![V::undefined(); graph.n_messages as usize];
     // How many sends and receives each connection has run: the position of the next one.
     let mut sent = vec![0u32; conns.list.len()];
     let mut received = vec![0u32; conns.list.len()];
-    // Global indices, lowest on top: rank 0's first instructions run first.
-    let mut ready: Vec<u32> = (0..graph.unmet.len() as u32).rev().filter(|&g| graph.unmet[g as usize] == 0).collect();
+    let mut ready: Vec<(u32, u32)> = Vec::new();
+    for rank in (0..sched.n_ranks).rev() {
+        let start = rank_start[rank as usize];
+        let n = sched.ranks[rank as usize].len() as u32;
+        ready.extend((0..n).rev().filter(|&i| graph.unmet[(start + i) as usize] == 0).map(|i| (rank, i)));
+    }
     let mut results: Vec<V> = Vec::new();
     let mut completed = 0usize;
-    while let Some(g) = ready.pop() {
+    while let Some((rank, i)) = ready.pop() {
+        let first = rank_start[rank as usize];
+        let g = first + i;
         graph.unmet[g as usize] = FIRED;
         completed += 1;
-        let SimNode { src, acc, dst, count, send, recv } = graph.nodes[g as usize];
+        let instr = &sched.ranks[rank as usize].instrs[i as usize];
+        let (send, recv) = conns.of_instr[g as usize];
         let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
         let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
+        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank, op) as u32);
         let node = Node {
-            src,
-            acc,
-            dst,
+            src: slot(instr.src),
+            acc: slot(instr.acc),
+            dst: slot(instr.dst),
             msg_in: if recv == NONE { NONE } else { graph.place(recv, recv_pos) },
             msg_out: if send == NONE { NONE } else { graph.place(send, send_pos) },
         };
-        if count == 1 {
+        if instr.count == 1 {
             // One chunk needs no scratch list: nothing it writes can be read after.
             let value = fire_one(&node, &state.values, &messages);
             store(&node, g, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
-            results.extend((0..count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
+            results.extend((0..instr.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
             for (k, value) in results.drain(..).enumerate() {
                 store(&node, g, k as u32, value, &mut state, &mut messages);
             }
@@ -121,11 +116,10 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         // What this makes ready: other ranks' first and this rank's last, so they come off the (LIFO) stack first
         // and one rank runs until it blocks, which keeps its data in cache.
         let mut meet = |rank: u32, i: u32| {
-            let at = graph.rank_start[rank as usize] + i;
-            let unmet = &mut graph.unmet[at as usize];
+            let unmet = &mut graph.unmet[(rank_start[rank as usize] + i) as usize];
             *unmet -= 1;
             if *unmet == 0 {
-                ready.push(at);
+                ready.push((rank, i));
             }
         };
         if send != NONE {
@@ -141,15 +135,13 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
             }
         }
         if send != NONE {
-            let c = &conns.list[send as usize];
-            if let Some(&s) = c.sends.get(send_pos as usize + 1) {
-                meet(c.from, s);
+            if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
+                meet(rank, s);
             }
         }
         if recv != NONE {
-            let c = &conns.list[recv as usize];
-            if let Some(&r) = c.recvs.get(recv_pos as usize + 1) {
-                meet(c.to, r);
+            if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
+                meet(rank, r);
             }
         }
         let (from, to) = (graph.dependents_start[g as usize], graph.dependents_start[g as usize + 1]);
@@ -157,16 +149,16 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
             let unmet = &mut graph.unmet[dependent as usize];
             *unmet -= 1;
             if *unmet == 0 {
-                ready.push(dependent);
+                ready.push((rank, dependent - first));
             }
         }
     }
     let total = graph.unmet.len();
     if completed < total {
         let done: Vec<bool> = graph.unmet.iter().map(|&u| u == FIRED).collect();
-        return Err(Stuck::new(ctx, &conns, &graph.rank_start, done).cycle_error());
+        return Err(Stuck::new(ctx, &conns, done).cycle_error());
     }
-    state.rank_start = graph.rank_start;
+    state.rank_start = conns.rank_start;
     Ok(state)
 }
 
@@ -218,32 +210,22 @@ impl Node {
 }
 
 /// Counts each instruction's conditions (its dependencies, and per connection the order, message and room
-/// conditions its position brings), lays out what firing each one reads, turns the dependencies around, and sizes
-/// each connection's message ring.
+/// conditions its position brings), turns the dependencies around, and sizes each connection's message ring.
 fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
-    let (base, slots_per_rank) = crate::sched::slot_bases(&sched.buffers);
-    let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
-    rank_start.push(0u32);
-    for program in &sched.ranks {
-        rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
-    }
-    let total = rank_start[sched.ranks.len()] as usize;
+    let total = conns.of_instr.len();
     let mut seen = vec![(0u32, 0u32); conns.list.len()];
     let mut widest = vec![0u32; conns.list.len()];
     let mut unmet = Vec::with_capacity(total);
-    let mut nodes = Vec::with_capacity(total);
     let mut dependents_start = Vec::with_capacity(total + 1);
     let mut dependents = Vec::new();
     let mut rank_dependents = Dependents::default();
     for (rank, program) in sched.ranks.iter().enumerate() {
-        let first = rank_start[rank];
-        let slot =
-            |op: Operand| op.get().map_or(NONE, |op| rank as u32 * slots_per_rank + base[op.buf.0 as usize] + op.index);
+        let first = conns.rank_start[rank];
         program.dependents_into(&mut rank_dependents);
         for (i, instr) in program.instrs.iter().enumerate() {
-            let (send, recv) = conns.of_instr[rank][i];
+            let (send, recv) = conns.of_instr[first as usize + i];
             let mut conditions = program.deps_of(i).len() as u32;
             if send != NONE {
                 let send_pos = post_increment(&mut seen[send as usize].0);
@@ -255,14 +237,6 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
                 widest[recv as usize] = widest[recv as usize].max(instr.count);
             }
             unmet.push(conditions);
-            nodes.push(SimNode {
-                src: slot(instr.src),
-                acc: slot(instr.acc),
-                dst: slot(instr.dst),
-                count: instr.count,
-                send,
-                recv,
-            });
             dependents_start.push(dependents.len() as u32);
             dependents.extend(rank_dependents.of(i).iter().map(|&d| first + d));
         }
@@ -275,7 +249,7 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
         rings.push((n_messages, places, width));
         n_messages += places * width;
     }
-    Graph { rank_start, unmet, nodes, dependents_start, dependents, rings, n_messages }
+    Graph { unmet, dependents_start, dependents, rings, n_messages }
 }
 
 fn post_increment(counter: &mut u32) -> u32 {
@@ -287,25 +261,25 @@ fn post_increment(counter: &mut u32) -> u32 {
 struct Stuck<'a> {
     ctx: &'a Context<'a>,
     conns: &'a Connections,
-    rank_start: &'a [u32],
     done: Vec<bool>,
     sent: Vec<u32>,
     received: Vec<u32>,
 }
 
 impl<'a> Stuck<'a> {
-    fn new(ctx: &'a Context<'a>, conns: &'a Connections, rank_start: &'a [u32], done: Vec<bool>) -> Self {
+    fn new(ctx: &'a Context<'a>, conns: &'a Connections, done: Vec<bool>) -> Self {
+        let rank_start = &conns.rank_start;
         // Sends and receives of a connection run in order, so each count is the length of a prefix.
         let prefix = |rank: u32, list: &[u32]| {
             list.iter().take_while(|&&i| done[(rank_start[rank as usize] + i) as usize]).count() as u32
         };
         let sent = conns.list.iter().map(|c| prefix(c.from, &c.sends)).collect();
         let received = conns.list.iter().map(|c| prefix(c.to, &c.recvs)).collect();
-        Stuck { ctx, conns, rank_start, done, sent, received }
+        Stuck { ctx, conns, done, sent, received }
     }
 
     fn is_done(&self, rank: u32, i: u32) -> bool {
-        self.done[(self.rank_start[rank as usize] + i) as usize]
+        self.done[(self.conns.rank_start[rank as usize] + i) as usize]
     }
 
     /// What a stuck instruction waits for, and why.
@@ -314,7 +288,7 @@ impl<'a> Stuck<'a> {
         if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.is_done(rank, d)) {
             return ((rank, d), "depends on");
         }
-        let (send, recv) = self.conns.of_instr[rank as usize][i as usize];
+        let (send, recv) = self.conns.of(rank, i);
         if recv != NONE {
             let c = &self.conns.list[recv as usize];
             let got = self.received[recv as usize];
@@ -335,8 +309,9 @@ impl<'a> Stuck<'a> {
 
     fn cycle_error(&self) -> Error {
         let stuck = self.done.iter().position(|&d| !d).expect("called only when something is stuck");
-        let rank = self.rank_start.partition_point(|&s| s as usize <= stuck) as u32 - 1;
-        let mut node = (rank, stuck as u32 - self.rank_start[rank as usize]);
+        let rank_start = &self.conns.rank_start;
+        let rank = rank_start.partition_point(|&s| s as usize <= stuck) as u32 - 1;
+        let mut node = (rank, stuck as u32 - rank_start[rank as usize]);
         let mut path: Vec<((u32, u32), &'static str)> = Vec::new();
         while !path.iter().any(|(n, _)| *n == node) {
             let (next, why) = self.waits_for(node.0, node.1);

@@ -22,15 +22,31 @@ pub(crate) struct Connection {
 /// Every connection of a schedule, and for each instruction the connections it sends and receives on.
 pub(crate) struct Connections {
     pub list: Vec<Connection>,
-    /// Per rank, per instruction: (send connection, receive connection), `u32::MAX` when none.
-    pub of_instr: Vec<Vec<(u32, u32)>>,
+    /// Per instruction (global index, see `rank_start`): (send connection, receive connection), `u32::MAX` when
+    /// none. One list, not one per rank: the deadlock simulation visits the ranks in turn, and a per-rank list
+    /// costs a second cache miss per instruction.
+    pub of_instr: Vec<(u32, u32)>,
+    /// Where each rank's instructions start in the global numbering; the last entry is the total.
+    pub rank_start: Vec<u32>,
+}
+
+impl Connections {
+    /// The connections instruction `i` of `rank` sends and receives on.
+    pub fn of(&self, rank: u32, i: u32) -> (u32, u32) {
+        self.of_instr[(self.rank_start[rank as usize] + i) as usize]
+    }
 }
 
 impl Connections {
     pub fn build(ctx: &Context) -> Self {
         let mut index: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
         let mut list: Vec<Connection> = Vec::new();
-        let mut of_instr = Vec::with_capacity(ctx.sched.ranks.len());
+        let mut rank_start = Vec::with_capacity(ctx.sched.ranks.len() + 1);
+        rank_start.push(0u32);
+        for program in &ctx.sched.ranks {
+            rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
+        }
+        let mut of_instr = Vec::with_capacity(ctx.sched.n_instrs());
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
                 list.push(Connection { from, to, channel, ..Default::default() });
@@ -39,7 +55,6 @@ impl Connections {
         };
         for (rank, program) in ctx.sched.ranks.iter().enumerate() {
             let rank = rank as u32;
-            let mut conns = Vec::with_capacity(program.len());
             // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
             let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
             for (i, instr) in program.instrs.iter().enumerate() {
@@ -58,11 +73,10 @@ impl Connections {
                     pair.1 = last_recv.2;
                     list[pair.1 as usize].recvs.push(i as u32);
                 }
-                conns.push(pair);
+                of_instr.push(pair);
             }
-            of_instr.push(conns);
         }
-        Connections { list, of_instr }
+        Connections { list, of_instr, rank_start }
     }
 }
 

@@ -190,7 +190,7 @@ fn mutants_of_instr(sched: &Schedule, rank: usize, i: usize, out: &mut Vec<Mutan
             "acc" => edited[i].0.acc = shifted,
             _ => edited[i].0.dst = shifted,
         }
-        push(Kind::ShiftChunk, format!("{name} index {} -> {}", o.index, o.index + 1), vec![(rank, edited)]);
+        push(Kind::ShiftChunk, format!("{name} index {} -> {}", { o.index }, o.index + 1), vec![(rank, edited)]);
     }
     for (k, &dep) in list[i].1.iter().enumerate() {
         let mut edited = list.clone();

@@ -6,7 +6,7 @@ use serde_json::{json, Value};
 
 fn operand(sched: &Schedule, op: Operand, count: u32) -> Value {
     match op.get() {
-        Some(op) => json!({ "buffer": sched.buffer(op.buf).name, "index": op.index, "count": count }),
+        Some(Operand { buf, index }) => json!({ "buffer": sched.buffer(buf).name, "index": index, "count": count }),
         None => Value::Null,
     }
 }

@@ -43,7 +43,7 @@ fn write_instr(w: &mut String, sched: &Schedule, i: usize, instr: &Instr, deps: 
     let _ = write!(w, "  #{i} {}", instr.op.name());
     for (key, op) in [("src", instr.src), ("acc", instr.acc), ("dst", instr.dst)] {
         if let Some(op) = op.get() {
-            let _ = write!(w, " {key}={}[{}]", sched.buffer(op.buf).name, op.index);
+            let _ = write!(w, " {key}={}[{}]", sched.buffer(op.buf).name, { op.index });
         }
     }
     if instr.count != 1 {

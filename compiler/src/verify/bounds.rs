@@ -88,7 +88,7 @@ fn operand_problem(ctx: &Context, what: &str, op: Operand, count: u32) -> Option
         return Some(format!(
             "{what} {}[{}..{}] is outside `{}`, which has {} chunks",
             decl.name,
-            op.index,
+            { op.index },
             op.index as u64 + count as u64,
             decl.name,
             decl.chunks

@@ -169,12 +169,12 @@ fn explain(
     };
     let message = format!(
         "wrong result on rank {rank}: {name}[{}]{alias} must hold {}",
-        operand.index,
+        { operand.index },
         describe_expected(expected, sched.n_ranks)
     );
     let note = format!(
         "counterexample: rank {rank}, buffer {name}, chunk {}\n  expected: {}\n  got:      {got}",
-        operand.index,
+        { operand.index },
         describe_expected(expected, sched.n_ranks)
     );
     let help = "the schedule does not compute the collective's contract; check the chunk indices and peers of the transfers that feed this chunk";

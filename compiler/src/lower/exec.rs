@@ -310,7 +310,7 @@ impl Exec<'_> {
             );
             return Ok(None);
         }
-        if src.index % self.chunks != dst.index % self.chunks {
+        if src.index != dst.index && src.index % self.chunks != dst.index % self.chunks {
             let (a, b) = (src.index % self.chunks, dst.index % self.chunks);
             self.report(
                 "position",

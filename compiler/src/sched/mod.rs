@@ -170,6 +170,23 @@ impl Instr {
         self.reads().chain(self.dst.get()).map(move |o| o.index % chunks.max(1))
     }
 
+    /// Whether every operand sits at the same position in its block. Most instructions use one index for all their
+    /// operands, which settles it without dividing.
+    pub fn keeps_position(&self, chunks: u32) -> bool {
+        let mut indices = self.reads().chain(self.dst.get()).map(|o| o.index);
+        let Some(first) = indices.next() else { return true };
+        indices.all(|i| i == first) || {
+            let mut positions = self.positions(chunks);
+            let first = positions.next();
+            positions.all(|p| Some(p) == first)
+        }
+    }
+
+    /// The position in its block of the instruction's first operand, if it has one.
+    pub fn position(&self, chunks: u32) -> Option<u32> {
+        self.positions(chunks).next()
+    }
+
     pub fn send_peer(&self) -> Option<u32> {
         (self.send_peer != NO_RANK).then_some(self.send_peer)
     }
@@ -337,5 +354,34 @@ impl Schedule {
     pub fn line_of(&self, source: &str, span: u32) -> usize {
         let offset = self.spans.get(span as usize).map_or(0, |s| s.start as usize).min(source.len());
         source[..offset].bytes().filter(|&b| b == b'\n').count() + 1
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{BufId, Instr, Op, Operand, NO_RANK};
+
+    fn reduce(src: u32, acc: u32, dst: u32) -> Instr {
+        Instr {
+            op: Op::Reduce,
+            channel: 0,
+            count: 1,
+            src: Operand::new(BufId::IN, src),
+            acc: Operand::new(BufId::OUT, acc),
+            dst: Operand::new(BufId::OUT, dst),
+            send_peer: NO_RANK,
+            recv_peer: NO_RANK,
+            span: 0,
+        }
+    }
+
+    /// Equal indices settle it without dividing; different indices are compared modulo the chunks per block.
+    #[test]
+    fn keeps_position_compares_indices_modulo_the_block() {
+        assert!(reduce(3, 3, 3).keeps_position(4));
+        assert!(reduce(1, 5, 9).keeps_position(4));
+        assert!(!reduce(1, 5, 6).keeps_position(4));
+        assert!(!reduce(2, 2, 3).keeps_position(4));
+        assert_eq!(reduce(6, 2, 2).position(4), Some(2));
     }
 }

@@ -148,9 +148,7 @@ fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
     if instr.channel as u32 >= ctx.limits.max_channels {
         return Some(format!("channel {} is outside 0..{}", instr.channel, ctx.limits.max_channels));
     }
-    let mut positions = instr.positions(ctx.sched.chunks);
-    let first = positions.next();
-    if positions.any(|p| Some(p) != first) {
+    if !instr.keeps_position(ctx.sched.chunks) {
         let positions: Vec<u32> = instr.positions(ctx.sched.chunks).collect();
         return Some(format!(
             "its operands sit at different chunk positions of a block ({positions:?} modulo {} chunks), whose sizes \

@@ -62,7 +62,8 @@ struct Graph {
 impl Graph {
     fn place(&self, conn: u32, pos: u32) -> u32 {
         let (base, places, width) = self.rings[conn as usize];
-        base + pos % places * width
+        // `places` is a power of two: a mask, not a division, for every message.
+        base + (pos & (places - 1)) * width
     }
 }
 
@@ -245,7 +246,8 @@ fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
     let mut rings = Vec::with_capacity(conns.list.len());
     let mut n_messages = 0u32;
     for (c, &width) in conns.list.iter().zip(&widest) {
-        let places = slots.max(1).min(c.recvs.len() as u32);
+        // Rounded up to a power of two: more places than needed are harmless, and `place` can mask.
+        let places = slots.max(1).min(c.recvs.len() as u32).next_power_of_two();
         rings.push((n_messages, places, width));
         n_messages += places * width;
     }

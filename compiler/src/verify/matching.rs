@@ -4,7 +4,7 @@
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::NO_RANK;
+use crate::sched::{Instr, NO_RANK};
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -90,11 +90,15 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                     let (si, ri) =
                         (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
                     let chunks = ctx.sched.chunks;
-                    let (sent_at, received_at) = (si.positions(chunks).next(), ri.positions(chunks).next());
-                    if si.count == ri.count && sent_at == received_at {
+                    // The same index is the same position, without dividing (the common case).
+                    let first_index = |i: &Instr| i.reads().chain(i.dst.get()).next().map(|o| o.index);
+                    let same_index = first_index(si) == first_index(ri);
+                    let (sent_at, received_at) = (|| si.position(chunks), || ri.position(chunks));
+                    if si.count == ri.count && (same_index || sent_at() == received_at()) {
                         continue;
                     }
                     if si.count == ri.count {
+                        let (sent_at, received_at) = (sent_at(), received_at());
                         let message = format!(
                             "{} sends chunk position {} of a block into position {} on {}",
                             ctx.describe(c.from, s as usize),

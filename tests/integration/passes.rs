@@ -179,3 +179,50 @@ fn a_message_from_two_buffers_is_cut_alike_on_both_sides() {
         assert!(program.instrs.iter().all(|i| i.op != Op::Copy && i.count == 2), "{:?}", program.instrs);
     }
 }
+
+/// Lowering runs a loop whose body is one transfer in a batch (every expression over the whole range at once); any
+/// other body goes one iteration at a time. The two give the same transfers, and the same diagnostics when an
+/// iteration's rank is out of range or its arithmetic fails (the batch then falls back). `if 1 { }` around the
+/// transfer forces the one-at-a-time path.
+#[test]
+fn a_loop_of_one_transfer_lowers_alike_in_a_batch_and_one_iteration_at_a_time() {
+    let lowered = |transfer: &str, wrap: bool| {
+        // The same source offsets either way, so that spans compare equal.
+        let body = if wrap { format!("if 1 {{ {transfer} }}") } else { format!("       {transfer}  ") };
+        let source = format!(
+            "algorithm batch for allreduce {{
+                ranks p
+                chunks p
+                for s in 0..p - 1 {{
+                    step {{
+                        for r in 0..p by 1 {{
+                            {body}
+                        }}
+                    }}
+                }}
+                for r in 1..2 * p by 3 {{
+                    send in[r % p] from r % p to (r + 1) % p
+                }}
+            }}"
+        );
+        let file = collc_grammar::parse(&source, &Default::default()).expect("parses");
+        match lower(&file, &Bindings::ranks(12), &Limits::default()) {
+            Ok(program) => format!("{:?}", program.transfers),
+            Err(errors) => format!("{:?}", errors.0),
+        }
+    };
+    let cases = [
+        // Correct: the ring's reduce-scatter, with mathematical modulo of negative values, ranges and `as`.
+        "send in[(r - s) % p] from r to (r + 1) % p reduce",
+        "send in[(r + s) % p..(r + s) % p + 1] from (r + 5 * p - 1) % p to r as out[(r + s) % p]",
+        // Broken in some iterations only: a rank out of range, a division by zero, an overflow.
+        "send in[(r - s) % p] from r to r + 1",
+        "send in[r / (r - 7)] from r to (r + 1) % p",
+        "send in[(r * 9223372036854775807) % p] from r to (r + 1) % p",
+    ];
+    for transfer in cases {
+        let (batched, one_at_a_time) = (lowered(transfer, false), lowered(transfer, true));
+        assert_eq!(batched, one_at_a_time, "{transfer}");
+        assert!(batched.len() > 100, "{transfer}: {batched}");
+    }
+}

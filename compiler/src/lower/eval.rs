@@ -200,6 +200,109 @@ impl Machine<'_> {
     }
 }
 
+/// The loop variable of a batch: local `slot` takes `first`, `first + by`, ... (`n` values).
+#[derive(Clone, Copy)]
+pub(crate) struct Sweep {
+    pub slot: u32,
+    pub first: i64,
+    pub by: i64,
+    pub n: usize,
+}
+
+impl Machine<'_> {
+    /// The fuel `eval` charges for `expr` (one per interior node), or `None` when it calls a function or a builtin,
+    /// which batches leave to `eval`.
+    pub fn batch_cost(expr: &RExpr) -> Option<u64> {
+        match expr {
+            RExpr::Const(..) | RExpr::Local(..) | RExpr::Global(..) => Some(0),
+            RExpr::Unary(_, e, _) => Some(1 + Self::batch_cost(e)?),
+            RExpr::Binary(_, a, b, _) => Some(1 + Self::batch_cost(a)? + Self::batch_cost(b)?),
+            RExpr::If(..) | RExpr::Builtin(..) | RExpr::Call(..) => None,
+        }
+    }
+
+    /// `expr` for every value of the sweep's loop variable, into `out`: the values `eval` gives, or `None` when any
+    /// of them is an error (the caller then evaluates one iteration at a time, which reports it as always). It
+    /// charges no fuel: the caller charges `batch_cost` per iteration, as `eval` would.
+    pub fn eval_batch(&self, expr: &RExpr, frame: &[i64], sweep: Sweep, out: &mut Vec<i64>) -> Option<()> {
+        out.clear();
+        match expr {
+            RExpr::Const(v, _) => out.resize(sweep.n, *v),
+            // The loop's own range: no value overflows, as the last is below the loop's bound.
+            RExpr::Local(slot, _) if *slot == sweep.slot => {
+                out.extend((0..sweep.n as i64).map(|k| sweep.first + k * sweep.by));
+            }
+            RExpr::Local(slot, _) => out.resize(sweep.n, frame[*slot as usize]),
+            RExpr::Global(slot, _) => out.resize(sweep.n, self.globals[*slot as usize]),
+            RExpr::Unary(op, e, _) => {
+                self.eval_batch(e, frame, sweep, out)?;
+                for v in out.iter_mut() {
+                    *v = match op {
+                        UnOp::Neg => v.checked_neg()?,
+                        UnOp::Not => (*v == 0) as i64,
+                        UnOp::BitNot => !*v,
+                    };
+                }
+            }
+            RExpr::Binary(op, a, b, _) => {
+                let mut right = Vec::with_capacity(sweep.n);
+                self.eval_batch(a, frame, sweep, out)?;
+                self.eval_batch(b, frame, sweep, &mut right)?;
+                // One loop per operator, so the operator is not matched again for every element.
+                macro_rules! each_op {
+                    ($($op:ident),*) => {
+                        match op {
+                            $(BinOp::$op => zip_with(out, &right, |x, y| binary_value(BinOp::$op, x, y))?,)*
+                        }
+                    };
+                }
+                each_op!(
+                    Or, And, Eq, Ne, Lt, Le, Gt, Ge, BitOr, BitXor, BitAnd, Shl, Shr, Add, Sub, Mul, Div, Rem, Pow
+                );
+            }
+            RExpr::If(..) | RExpr::Builtin(..) | RExpr::Call(..) => return None,
+        }
+        Some(())
+    }
+}
+
+fn zip_with(out: &mut [i64], right: &[i64], f: impl Fn(i64, i64) -> Option<i64>) -> Option<()> {
+    for (x, &y) in out.iter_mut().zip(right) {
+        *x = f(*x, y)?;
+    }
+    Some(())
+}
+
+/// `x op y` as `Machine::binary` computes it, `None` where it reports an error.
+#[inline(always)]
+fn binary_value(op: BinOp, x: i64, y: i64) -> Option<i64> {
+    Some(match op {
+        BinOp::And => (x != 0 && y != 0) as i64,
+        BinOp::Or => (x != 0 || y != 0) as i64,
+        BinOp::Eq => (x == y) as i64,
+        BinOp::Ne => (x != y) as i64,
+        BinOp::Lt => (x < y) as i64,
+        BinOp::Le => (x <= y) as i64,
+        BinOp::Gt => (x > y) as i64,
+        BinOp::Ge => (x >= y) as i64,
+        BinOp::BitOr => x | y,
+        BinOp::BitXor => x ^ y,
+        BinOp::BitAnd => x & y,
+        BinOp::Add => x.checked_add(y)?,
+        BinOp::Sub => x.checked_sub(y)?,
+        BinOp::Mul => x.checked_mul(y)?,
+        BinOp::Div => x.checked_div_euclid(y)?,
+        BinOp::Rem if y > 0 && (0..y).contains(&x) => x,
+        BinOp::Rem if y > 0 && x < 0 && x >= -y => x + y,
+        BinOp::Rem if y > 0 && x >= y && x - y < y => x - y,
+        BinOp::Rem => x.checked_rem_euclid(y)?,
+        BinOp::Shl | BinOp::Shr if !(0..64).contains(&y) => return None,
+        BinOp::Shl => Some(x << y).filter(|s| s >> y == x)?,
+        BinOp::Shr => x >> y,
+        BinOp::Pow => x.checked_pow(u32::try_from(y).ok()?)?,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::Machine;

@@ -1,7 +1,7 @@
 //! Runs the resolved statements for one binding, emitting transfers; checks operands and races inside a step.
 
 use super::bind::Bound;
-use super::eval::Machine;
+use super::eval::{Machine, Sweep};
 use super::resolve::{RBufRef, RExpr, RStmt, RTransfer, Resolver};
 use crate::collective::Collective;
 use crate::diag::{Error, Errors};
@@ -30,11 +30,18 @@ struct Exec<'a> {
     scratch_base: Vec<u32>,
     /// A step's read and written slots, kept for the next step.
     step_keys: (Vec<u64>, Vec<u64>),
+    /// The per-expression values of a batched loop (`Exec::batch`), kept for the next one.
+    batch_values: [Vec<i64>; 7],
     /// Who touched each slot of a step with a race (a small table that stays in cache).
     step_access: HashMap<usize, StepAccess, FxBuildHasher>,
 }
 
 type Result<T> = std::result::Result<T, Error>;
+
+/// Loops of one transfer with at least this many iterations are lowered in a batch (`Exec::batch`); below, the
+/// batch's set-up costs more than it saves. At most this many, to bound the batch's memory.
+const BATCH_MIN: usize = 8;
+const BATCH_MAX: usize = 1 << 20;
 
 pub(crate) fn run(
     algo: &Algorithm,
@@ -75,6 +82,7 @@ pub(crate) fn run(
         slots_per_rank: 0,
         scratch_base: Vec::new(),
         step_keys: (Vec::new(), Vec::new()),
+        batch_values: Default::default(),
         step_access: HashMap::default(),
     };
     let mut next = in_chunks.max(out_chunks);
@@ -137,6 +145,15 @@ impl Exec<'_> {
                     )
                     .at(span, "this step is 0"));
                 }
+                if let ([RStmt::Transfer(t)], true) = (body.as_slice(), by_value > 0 && i < end_value) {
+                    let n = (end_value as i128 - i as i128 + by_value as i128 - 1) / by_value as i128;
+                    if (BATCH_MIN as i128..=BATCH_MAX as i128).contains(&n) {
+                        let sweep = Sweep { slot: *slot, first: i, by: by_value, n: n as usize };
+                        if self.batch(t, sweep, frame)? {
+                            return Ok(());
+                        }
+                    }
+                }
                 while (by_value > 0 && i < end_value) || (by_value < 0 && i > end_value) {
                     // Each iteration costs fuel, so an empty loop with a huge bound still ends.
                     self.machine.fuel = self.machine.fuel.checked_sub(1).ok_or_else(|| {
@@ -179,23 +196,87 @@ impl Exec<'_> {
                 }
             }
             RStmt::Transfer(t) => {
-                if let Some(transfer) = self.transfer(t, frame)? {
-                    if self.transfers.len() >= self.limits.max_transfers {
-                        return Err(Error::new(
-                            "collc::lower::limit",
-                            format!("the program emits more than {} transfers", self.limits.max_transfers),
-                            "check the loop bounds; raise the limit with --max-transfers",
-                        )
-                        .at(t.span, "emitted here"));
-                    }
-                    self.transfers.push(transfer);
-                    if !self.in_step {
-                        self.step += 1;
-                    }
-                }
+                let transfer = self.transfer(t, frame)?;
+                self.emit(t, transfer)?;
             }
         }
         Ok(())
+    }
+
+    fn emit(&mut self, t: &RTransfer, transfer: Option<Transfer>) -> Result<()> {
+        let Some(transfer) = transfer else { return Ok(()) };
+        if self.transfers.len() >= self.limits.max_transfers {
+            return Err(Error::new(
+                "collc::lower::limit",
+                format!("the program emits more than {} transfers", self.limits.max_transfers),
+                "check the loop bounds; raise the limit with --max-transfers",
+            )
+            .at(t.span, "emitted here"));
+        }
+        self.transfers.push(transfer);
+        if !self.in_step {
+            self.step += 1;
+        }
+        Ok(())
+    }
+
+    /// A loop whose body is one transfer, all iterations at once: each of its expressions is evaluated over the
+    /// loop's range in one pass (`Machine::eval_batch`), then each iteration's transfer is checked and emitted in
+    /// order, as the iteration-at-a-time path does; most of lowering's time went to walking the expressions again
+    /// for every iteration. `Ok(false)` (nothing done) when an expression has a call, a builtin or a conditional, when
+    /// some iteration's arithmetic fails, or when the fuel would run out: the caller then runs the loop one iteration at a
+    /// time, which reports errors exactly as always.
+    fn batch(&mut self, t: &RTransfer, sweep: Sweep, frame: &mut [i64]) -> Result<bool> {
+        let exprs: [Option<&RExpr>; 7] = [
+            Some(&t.from),
+            Some(&t.to),
+            t.channel.as_ref(),
+            Some(&t.src.start),
+            t.src.end.as_ref(),
+            t.dst.as_ref().map(|d| &d.start),
+            t.dst.as_ref().and_then(|d| d.end.as_ref()),
+        ];
+        let mut cost = 1u64;
+        for expr in exprs.iter().flatten() {
+            let Some(c) = Machine::batch_cost(expr) else { return Ok(false) };
+            cost += c;
+        }
+        let fuel = cost.checked_mul(sweep.n as u64);
+        if fuel.is_none_or(|f| f > self.machine.fuel) {
+            return Ok(false);
+        }
+        let mut values = std::mem::take(&mut self.batch_values);
+        for (expr, out) in exprs.iter().zip(values.iter_mut()) {
+            out.clear();
+            if let Some(expr) = expr {
+                if self.machine.eval_batch(expr, frame, sweep, out).is_none() {
+                    self.batch_values = values;
+                    return Ok(false);
+                }
+            }
+        }
+        self.machine.fuel -= fuel.unwrap_or(0);
+        let value = |k: usize, e: usize, default: i64| values[e].get(k).copied().unwrap_or(default);
+        for k in 0..sweep.n {
+            let is_send = matches!(t.kind, TransferKind::Send { .. });
+            let from = self.rank(value(k, 0, 0), &t.from, if is_send { "source" } else { "the" });
+            let to = self.rank(value(k, 1, 0), &t.to, "destination");
+            let src_start = value(k, 3, 0);
+            let src = self.check_range(&t.src, src_start, value(k, 4, src_start.saturating_add(1)));
+            let dst = match &t.dst {
+                Some(d) => {
+                    let dst_start = value(k, 5, 0);
+                    self.check_range(d, dst_start, value(k, 6, dst_start.saturating_add(1)))
+                }
+                None => src,
+            };
+            let transfer = self.finish_transfer(t, from, to, value(k, 2, 0), src, dst);
+            // (An error ends lowering, so the lists need not be put back.)
+            self.emit(t, transfer)?;
+        }
+        frame[sweep.slot as usize] = sweep.first + (sweep.n as i64 - 1) * sweep.by;
+        self.batch_values = values;
+        Ok(true)
     }
 
     /// Reports a problem with one transfer once per source location; the transfer is dropped.
@@ -247,6 +328,11 @@ impl Exec<'_> {
             Some(e) => self.machine.eval(e, frame)?,
             None => start.saturating_add(1),
         };
+        Ok(self.check_range(r, start, end))
+    }
+
+    /// `buf[start..end]` as a location and a count, if it lies inside the buffer (else reported).
+    fn check_range(&mut self, r: &RBufRef, start: i64, end: i64) -> Option<(Loc, u32)> {
         let size = self.buf_size(r.buf);
         if start < 0 || end > size as i64 || start >= end {
             let name = self.buf_name(r.buf).to_string();
@@ -263,9 +349,9 @@ impl Exec<'_> {
                 "chunk",
                 Error::new("collc::lower::bounds", what, help).at(r.span, format!("{name}[{start}..{end}]")),
             );
-            return Ok(None);
+            return None;
         }
-        Ok(Some((Loc { buf: r.buf, index: start as u32 }, (end - start) as u32)))
+        Some((Loc { buf: r.buf, index: start as u32 }, (end - start) as u32))
     }
 
     fn transfer(&mut self, t: &RTransfer, frame: &[i64]) -> Result<Option<Transfer>> {
@@ -283,8 +369,22 @@ impl Exec<'_> {
             Some(d) => self.chunk_range(d, frame)?,
             None => src,
         };
+        Ok(self.finish_transfer(t, from, to, channel, src, dst))
+    }
+
+    /// The checks of a transfer whose ranks and ranges are known (each `None` was reported), and the transfer.
+    fn finish_transfer(
+        &mut self,
+        t: &RTransfer,
+        from: Option<u32>,
+        to: Option<u32>,
+        channel: i64,
+        src: Option<(Loc, u32)>,
+        dst: Option<(Loc, u32)>,
+    ) -> Option<Transfer> {
+        let is_send = matches!(t.kind, TransferKind::Send { .. });
         let (Some(from), Some(to), Some((src, count)), Some((dst, dst_count))) = (from, to, src, dst) else {
-            return Ok(None);
+            return None;
         };
         if !(0..self.limits.max_channels as i64).contains(&channel) {
             self.report(
@@ -296,7 +396,7 @@ impl Exec<'_> {
                 )
                 .at(t.span, "this transfer"),
             );
-            return Ok(None);
+            return None;
         }
         if count != dst_count {
             self.report(
@@ -308,7 +408,7 @@ impl Exec<'_> {
                 )
                 .at(t.span, "this transfer"),
             );
-            return Ok(None);
+            return None;
         }
         if src.index != dst.index && src.index % self.chunks != dst.index % self.chunks {
             let (a, b) = (src.index % self.chunks, dst.index % self.chunks);
@@ -326,7 +426,7 @@ impl Exec<'_> {
                 )
                 .at(t.span, "this transfer"),
             );
-            return Ok(None);
+            return None;
         }
         if is_send && from == to {
             self.report(
@@ -338,7 +438,7 @@ impl Exec<'_> {
                 )
                 .at(t.span, "this send"),
             );
-            return Ok(None);
+            return None;
         }
         if !is_send && src.buf == dst.buf && src.index < dst.index + count && dst.index < src.index + count {
             self.report(
@@ -350,9 +450,9 @@ impl Exec<'_> {
                 )
                 .at(t.span, "this transfer"),
             );
-            return Ok(None);
+            return None;
         }
-        Ok(Some(Transfer {
+        Some(Transfer {
             kind: t.kind,
             src,
             dst,
@@ -362,7 +462,7 @@ impl Exec<'_> {
             channel: channel as u8,
             step: self.step,
             span: t.span_id,
-        }))
+        })
     }
 }
 

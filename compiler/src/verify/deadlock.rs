@@ -20,21 +20,11 @@ pub(crate) struct Finished<V> {
     pub base: Vec<u32>,
     pub slots_per_rank: u32,
     pub values: Vec<V>,
-    /// The instruction (global index, see `rank_start`) that last wrote each slot, `u32::MAX` if none.
-    last_writer: Vec<u32>,
-    /// Where each rank's instructions start in the global numbering.
-    rank_start: Vec<u32>,
 }
 
 impl<V> Finished<V> {
     pub fn slot(&self, rank: u32, op: Operand) -> usize {
         (rank * self.slots_per_rank + self.base[op.buf.0 as usize] + op.index) as usize
-    }
-
-    /// The rank-local index of the instruction that last wrote `slot` of `rank`, if any.
-    pub fn last_writer(&self, rank: u32, slot: usize) -> Option<u32> {
-        let writer = self.last_writer[slot];
-        (writer != NONE).then(|| writer - self.rank_start[rank as usize])
     }
 }
 
@@ -105,13 +95,13 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         if instr.count == 1 {
             // One chunk needs no scratch list: nothing it writes can be read after.
             let value = fire_one(&node, &state.values, &messages);
-            store(&node, g, 0, value, &mut state, &mut messages);
+            store(&node, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
             results.extend((0..instr.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
             for (k, value) in results.drain(..).enumerate() {
-                store(&node, g, k as u32, value, &mut state, &mut messages);
+                store(&node, k as u32, value, &mut state, &mut messages);
             }
         }
         // What this makes ready: other ranks' first and this rank's last, so they come off the (LIFO) stack first
@@ -159,7 +149,6 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Fi
         let done: Vec<bool> = graph.unmet.iter().map(|&u| u == FIRED).collect();
         return Err(Stuck::new(ctx, &conns, done).cycle_error());
     }
-    state.rank_start = conns.rank_start;
     Ok(state)
 }
 
@@ -190,12 +179,10 @@ fn fire_one<V: Value>(node: &Node, values: &[V], messages: &[V]) -> V {
     }
 }
 
-/// Writes chunk `k` of what node `g` produced to its destination (recording `g` as the slot's writer) and into its
-/// outgoing message.
-fn store<V: Value>(node: &Node, g: u32, k: u32, value: V, state: &mut Finished<V>, messages: &mut [V]) {
+/// Writes chunk `k` of what a node produced to its destination and into its outgoing message.
+fn store<V: Value>(node: &Node, k: u32, value: V, state: &mut Finished<V>, messages: &mut [V]) {
     if node.dst != NONE {
         state.values[(node.dst + k) as usize] = value.clone();
-        state.last_writer[(node.dst + k) as usize] = g;
     }
     if node.msg_out != NONE {
         messages[(node.msg_out + k) as usize] = value;
@@ -360,5 +347,5 @@ fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
             }
         }
     }
-    Finished { base, slots_per_rank: total, values, last_writer: vec![NONE; n], rank_start: Vec::new() }
+    Finished { base, slots_per_rank: total, values }
 }

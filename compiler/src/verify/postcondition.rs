@@ -178,7 +178,7 @@ fn explain(
         describe_expected(expected, sched.n_ranks)
     );
     let help = "the schedule does not compute the collective's contract; check the chunk indices and peers of the transfers that feed this chunk";
-    let error = match finished.last_writer(rank, slot) {
+    let error = match last_writer(sched, rank, operand) {
         None => Error::new("collc::verify::postcondition", message, help)
             .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk"),
         Some(writer) => {
@@ -196,4 +196,16 @@ fn explain(
         }
     };
     error.with_note(note)
+}
+
+/// The instruction of `rank` that last wrote the chunk at `operand`, if any: the last one in program order, since
+/// the race check has ordered every pair of writes to one chunk by dependencies, which point backwards.
+fn last_writer(sched: &crate::sched::Schedule, rank: u32, operand: Operand) -> Option<u32> {
+    let writes = |instr: &crate::sched::Instr| {
+        instr
+            .dst
+            .get()
+            .is_some_and(|d| d.buf == operand.buf && (d.index..d.index + instr.count).contains(&{ operand.index }))
+    };
+    sched.ranks[rank as usize].instrs.iter().rposition(writes).map(|i| i as u32)
 }

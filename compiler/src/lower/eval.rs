@@ -87,54 +87,7 @@ impl Machine<'_> {
             _ => {}
         }
         let y = self.operand(b, frame)?;
-        let overflow =
-            || arith(span, format!("`{x} {} {y}` overflows 64 bits", op.symbol()), "values are signed 64-bit");
-        Ok(match op {
-            BinOp::And | BinOp::Or => (y != 0) as i64,
-            BinOp::Eq => (x == y) as i64,
-            BinOp::Ne => (x != y) as i64,
-            BinOp::Lt => (x < y) as i64,
-            BinOp::Le => (x <= y) as i64,
-            BinOp::Gt => (x > y) as i64,
-            BinOp::Ge => (x >= y) as i64,
-            BinOp::BitOr => x | y,
-            BinOp::BitXor => x ^ y,
-            BinOp::BitAnd => x & y,
-            BinOp::Add => x.checked_add(y).ok_or_else(overflow)?,
-            BinOp::Sub => x.checked_sub(y).ok_or_else(overflow)?,
-            BinOp::Mul => x.checked_mul(y).ok_or_else(overflow)?,
-            BinOp::Div | BinOp::Rem if y == 0 => {
-                return Err(arith(
-                    span,
-                    format!("division by zero in `{x} {} 0`", op.symbol()),
-                    "guard the divisor with `if` or a `where` clause",
-                ))
-            }
-            BinOp::Div => x.checked_div_euclid(y).ok_or_else(overflow)?,
-            // Indices wrap by at most one period in most algorithms (`(r + 1) % p`, `(r - s) % p`): add or take the
-            // divisor once rather than divide, as a 64-bit division costs tens of cycles on every transfer.
-            BinOp::Rem if y > 0 && (0..y).contains(&x) => x,
-            BinOp::Rem if y > 0 && x < 0 && x >= -y => x + y,
-            BinOp::Rem if y > 0 && x >= y && x - y < y => x - y,
-            BinOp::Rem => x.checked_rem_euclid(y).ok_or_else(overflow)?,
-            BinOp::Shl | BinOp::Shr if !(0..64).contains(&y) => {
-                return Err(arith(span, format!("shift by {y} is outside 0..64"), "shift amounts must be 0 to 63"))
-            }
-            BinOp::Shl => {
-                let shifted = x << y;
-                if shifted >> y != x {
-                    return Err(overflow());
-                }
-                shifted
-            }
-            BinOp::Shr => x >> y,
-            BinOp::Pow => {
-                let exp = u32::try_from(y).map_err(|_| {
-                    arith(span, format!("exponent {y} is negative or too large"), "use a non-negative exponent")
-                })?;
-                x.checked_pow(exp).ok_or_else(overflow)?
-            }
-        })
+        binary_value(op, x, y).ok_or_else(|| binary_error(op, x, y, span))
     }
 
     fn builtin(&mut self, f: Builtin, args: &[RExpr], span: Span, frame: &[i64]) -> Result<i64> {
@@ -273,7 +226,26 @@ fn zip_with(out: &mut [i64], right: &[i64], f: impl Fn(i64, i64) -> Option<i64>)
     Some(())
 }
 
-/// `x op y` as `Machine::binary` computes it, `None` where it reports an error.
+/// The error `x op y` is, when `binary_value` has no value for it.
+fn binary_error(op: BinOp, x: i64, y: i64, span: Span) -> Box<Error> {
+    match op {
+        BinOp::Div | BinOp::Rem if y == 0 => arith(
+            span,
+            format!("division by zero in `{x} {} 0`", op.symbol()),
+            "guard the divisor with `if` or a `where` clause",
+        ),
+        BinOp::Shl | BinOp::Shr if !(0..64).contains(&y) => {
+            arith(span, format!("shift by {y} is outside 0..64"), "shift amounts must be 0 to 63")
+        }
+        BinOp::Pow if u32::try_from(y).is_err() => {
+            arith(span, format!("exponent {y} is negative or too large"), "use a non-negative exponent")
+        }
+        _ => arith(span, format!("`{x} {} {y}` overflows 64 bits", op.symbol()), "values are signed 64-bit"),
+    }
+}
+
+/// `x op y`, or `None` where it is an error (`binary_error` says which): the one definition of the operators, for
+/// `Machine::binary` and the batches alike. `&&` and `||` get both operands here; `binary` short-circuits before.
 #[inline(always)]
 fn binary_value(op: BinOp, x: i64, y: i64) -> Option<i64> {
     Some(match op {
@@ -292,6 +264,8 @@ fn binary_value(op: BinOp, x: i64, y: i64) -> Option<i64> {
         BinOp::Sub => x.checked_sub(y)?,
         BinOp::Mul => x.checked_mul(y)?,
         BinOp::Div => x.checked_div_euclid(y)?,
+        // Indices wrap by at most one period in most algorithms (`(r + 1) % p`, `(r - s) % p`): add or take the
+        // divisor once rather than divide, as a 64-bit division costs tens of cycles on every transfer.
         BinOp::Rem if y > 0 && (0..y).contains(&x) => x,
         BinOp::Rem if y > 0 && x < 0 && x >= -y => x + y,
         BinOp::Rem if y > 0 && x >= y && x - y < y => x - y,

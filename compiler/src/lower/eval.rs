@@ -162,6 +162,17 @@ pub(crate) struct Sweep {
     pub n: usize,
 }
 
+impl Sweep {
+    /// `for slot in first..end by by`, when it counts up and runs at least once.
+    pub fn up_to(slot: u32, first: i64, end: i64, by: i64) -> Option<Sweep> {
+        if by <= 0 || first >= end {
+            return None;
+        }
+        let n = (end as i128 - first as i128 + by as i128 - 1) / by as i128;
+        Some(Sweep { slot, first, by, n: usize::try_from(n).ok()? })
+    }
+}
+
 impl Machine<'_> {
     /// The fuel `eval` charges for `expr` (one per interior node), or `None` when it calls a function or a builtin,
     /// which batches leave to `eval`.

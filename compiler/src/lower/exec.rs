@@ -145,10 +145,9 @@ impl Exec<'_> {
                     )
                     .at(span, "this step is 0"));
                 }
-                if let ([RStmt::Transfer(t)], true) = (body.as_slice(), by_value > 0 && i < end_value) {
-                    let n = (end_value as i128 - i as i128 + by_value as i128 - 1) / by_value as i128;
-                    if (BATCH_MIN as i128..=BATCH_MAX as i128).contains(&n) {
-                        let sweep = Sweep { slot: *slot, first: i, by: by_value, n: n as usize };
+                if let [RStmt::Transfer(t)] = body.as_slice() {
+                    let sweep = Sweep::up_to(*slot, i, end_value, by_value);
+                    if let Some(sweep) = sweep.filter(|s| (BATCH_MIN..=BATCH_MAX).contains(&s.n)) {
                         if self.batch(t, sweep, frame)? {
                             return Ok(());
                         }
@@ -227,6 +226,14 @@ impl Exec<'_> {
     /// some iteration's arithmetic fails, or when the fuel would run out: the caller then runs the loop one iteration at a
     /// time, which reports errors exactly as always.
     fn batch(&mut self, t: &RTransfer, sweep: Sweep, frame: &mut [i64]) -> Result<bool> {
+        // Where each expression's values go in `batch_values`.
+        const FROM: usize = 0;
+        const TO: usize = 1;
+        const CHANNEL: usize = 2;
+        const SRC_START: usize = 3;
+        const SRC_END: usize = 4;
+        const DST_START: usize = 5;
+        const DST_END: usize = 6;
         let exprs: [Option<&RExpr>; 7] = [
             Some(&t.from),
             Some(&t.to),
@@ -256,21 +263,20 @@ impl Exec<'_> {
             }
         }
         self.machine.fuel -= fuel.unwrap_or(0);
+        // An absent expression has no values: the default stands in (channel 0, a one-chunk range).
         let value = |k: usize, e: usize, default: i64| values[e].get(k).copied().unwrap_or(default);
         for k in 0..sweep.n {
-            let is_send = matches!(t.kind, TransferKind::Send { .. });
-            let from = self.rank(value(k, 0, 0), &t.from, if is_send { "source" } else { "the" });
-            let to = self.rank(value(k, 1, 0), &t.to, "destination");
-            let src_start = value(k, 3, 0);
-            let src = self.check_range(&t.src, src_start, value(k, 4, src_start.saturating_add(1)));
+            let (from, to) = self.check_ranks(t, value(k, FROM, 0), value(k, TO, 0));
+            let src_start = value(k, SRC_START, 0);
+            let src = self.check_range(&t.src, src_start, value(k, SRC_END, src_start.saturating_add(1)));
             let dst = match &t.dst {
                 Some(d) => {
-                    let dst_start = value(k, 5, 0);
-                    self.check_range(d, dst_start, value(k, 6, dst_start.saturating_add(1)))
+                    let dst_start = value(k, DST_START, 0);
+                    self.check_range(d, dst_start, value(k, DST_END, dst_start.saturating_add(1)))
                 }
                 None => src,
             };
-            let transfer = self.finish_transfer(t, from, to, value(k, 2, 0), src, dst);
+            let transfer = self.finish_transfer(t, from, to, value(k, CHANNEL, 0), src, dst);
             // (An error ends lowering, so the lists need not be put back.)
             self.emit(t, transfer)?;
         }
@@ -361,15 +367,19 @@ impl Exec<'_> {
             Some(c) => self.machine.eval(c, frame)?,
             None => 0,
         };
-        let is_send = matches!(t.kind, TransferKind::Send { .. });
-        let (from, to) =
-            (self.rank(from, &t.from, if is_send { "source" } else { "the" }), self.rank(to, &t.to, "destination"));
+        let (from, to) = self.check_ranks(t, from, to);
         let src = self.chunk_range(&t.src, frame)?;
         let dst = match &t.dst {
             Some(d) => self.chunk_range(d, frame)?,
             None => src,
         };
         Ok(self.finish_transfer(t, from, to, channel, src, dst))
+    }
+
+    /// The transfer's two ranks, if inside 0..p (else reported).
+    fn check_ranks(&mut self, t: &RTransfer, from: i64, to: i64) -> (Option<u32>, Option<u32>) {
+        let is_send = matches!(t.kind, TransferKind::Send { .. });
+        (self.rank(from, &t.from, if is_send { "source" } else { "the" }), self.rank(to, &t.to, "destination"))
     }
 
     /// The checks of a transfer whose ranks and ranges are known (each `None` was reported), and the transfer.

@@ -175,16 +175,18 @@ impl Instr {
     pub fn keeps_position(&self, chunks: u32) -> bool {
         let mut indices = self.reads().chain(self.dst.get()).map(|o| o.index);
         let Some(first) = indices.next() else { return true };
-        indices.all(|i| i == first) || {
-            let mut positions = self.positions(chunks);
-            let first = positions.next();
-            positions.all(|p| Some(p) == first)
-        }
+        let chunks = chunks.max(1);
+        indices.all(|i| i == first || i % chunks == first % chunks)
+    }
+
+    /// The index of the instruction's first operand (what `positions` lists first), if it has one.
+    pub fn first_index(&self) -> Option<u32> {
+        self.reads().chain(self.dst.get()).next().map(|o| o.index)
     }
 
     /// The position in its block of the instruction's first operand, if it has one.
     pub fn position(&self, chunks: u32) -> Option<u32> {
-        self.positions(chunks).next()
+        self.first_index().map(|i| i % chunks.max(1))
     }
 
     pub fn send_peer(&self) -> Option<u32> {

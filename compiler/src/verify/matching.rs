@@ -4,7 +4,7 @@
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{Instr, NO_RANK};
+use crate::sched::NO_RANK;
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -35,9 +35,7 @@ impl Connections {
     pub fn of(&self, rank: u32, i: u32) -> (u32, u32) {
         self.of_instr[(self.rank_start[rank as usize] + i) as usize]
     }
-}
 
-impl Connections {
     pub fn build(ctx: &Context) -> Self {
         let mut index: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
         let mut list: Vec<Connection> = Vec::new();
@@ -91,14 +89,13 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                         (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
                     let chunks = ctx.sched.chunks;
                     // The same index is the same position, without dividing (the common case).
-                    let first_index = |i: &Instr| i.reads().chain(i.dst.get()).next().map(|o| o.index);
-                    let same_index = first_index(si) == first_index(ri);
-                    let (sent_at, received_at) = (|| si.position(chunks), || ri.position(chunks));
-                    if si.count == ri.count && (same_index || sent_at() == received_at()) {
+                    let same_position =
+                        si.first_index() == ri.first_index() || si.position(chunks) == ri.position(chunks);
+                    if si.count == ri.count && same_position {
                         continue;
                     }
                     if si.count == ri.count {
-                        let (sent_at, received_at) = (sent_at(), received_at());
+                        let (sent_at, received_at) = (si.position(chunks), ri.position(chunks));
                         let message = format!(
                             "{} sends chunk position {} of a block into position {} on {}",
                             ctx.describe(c.from, s as usize),

@@ -76,6 +76,34 @@ fn run_with_a_collective_says_what_it_selected_and_checks_it() {
     assert!(text(&env.stdout).contains("broadcast/chain"), "{}", text(&env.stdout));
 }
 
+/// `--compare` times every candidate at every size in one launch, checks each, and names the measured fastest
+/// beside the cost model's choice; in JSON exactly one row per size is the predicted one.
+#[test]
+fn run_compare_times_every_candidate_at_every_size() {
+    let base = ["run", "allreduce", "--ranks", "3", "--compare", "--algo", "ring,one_shot,tree", "-b", "8", "-e", "4K"];
+    let out = collc(&[&base[..], &["-f", "8", "-n", "2", "-w", "1"]].concat());
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    for algorithm in ["allreduce/ring", "allreduce/one_shot", "allreduce/tree"] {
+        let rows = stdout.lines().filter(|l| !l.starts_with('#') && l.ends_with(&format!("  {algorithm}"))).count();
+        assert_eq!(rows, 4, "{algorithm}: one row per size (8, 64, 512, 4096)\n{stdout}");
+    }
+    assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    assert_eq!(stdout.matches(" B  fastest allreduce/").count(), 4, "{stdout}");
+    assert!(stdout.contains("within 10% of the measured fastest at "), "{stdout}");
+    assert!(stdout.contains(" of 4 sizes"), "{stdout}");
+
+    let out = collc(&[&base[..], &["-f", "8", "-n", "2", "-w", "1", "--format", "json"]].concat());
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let rows = doc["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 12, "{doc}");
+    for size in [8, 64, 512, 4096] {
+        let predicted = rows.iter().filter(|r| r["size"] == size && r["predicted"] == true).count();
+        assert_eq!(predicted, 1, "size {size}: {doc}");
+    }
+}
+
 #[test]
 fn bad_input_is_a_usage_error_naming_what_is_wrong() {
     let zero = write_topology(
@@ -93,6 +121,7 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
         (vec!["tune", "allreduce", "--algo", "rign"], "`rign` is not an algorithm"),
         (vec!["run", "allreduce", "--algo", "tree,nope"], "`nope` is not an algorithm"),
         (vec!["run", "allreduce/ring", "--algo", "tree"], "already names one"),
+        (vec!["run", "allreduce/ring", "--compare"], "--compare times the candidates of a collective"),
         (vec!["run", "broadcast", "--algo", "ring"], "leaves no broadcast algorithm"),
         (vec!["tune", "broadcast", "--algo", "ring"], "leaves no broadcast algorithm"),
     ];

@@ -87,6 +87,11 @@ pub struct RunArgs {
     /// else one node with the built-in constants; `collc cost --calibrate` writes one for this host).
     #[arg(long)]
     pub topo: Option<String>,
+    /// With a collective instead of an algorithm: time every candidate at every size, in turn within this one
+    /// launch (so a slow spell of the machine hits them alike), and print per size the measured fastest beside the
+    /// cost model's choice.
+    #[arg(long)]
+    pub compare: bool,
 }
 
 /// One algorithm and the sizes it runs (up to `max_bytes`, after the previous choice's), with its bindings.
@@ -119,10 +124,18 @@ pub struct Job {
 }
 
 impl Job {
-    /// The algorithm that runs calls of `bytes`.
+    /// The algorithm that runs calls of `bytes`: the named one, or the cost model's choice.
     pub fn algorithm_for(&self, bytes: usize) -> &Choice {
         let choices = &self.algorithms.choices;
         choices.iter().find(|c| bytes <= c.max_bytes).unwrap_or(&choices[choices.len() - 1])
+    }
+
+    /// The algorithms timed at `bytes`, in turn: every candidate with `--compare`, else the one that runs.
+    pub fn timed_at(&self, bytes: usize) -> Vec<&Choice> {
+        match self.algorithms.compared.is_empty() {
+            true => vec![self.algorithm_for(bytes)],
+            false => self.algorithms.compared.iter().collect(),
+        }
     }
 }
 
@@ -166,6 +179,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     let selecting = fixed.is_err() && args.algorithm.parse::<Collective>().is_ok();
     if !selecting && args.algo.is_some() {
         return Err(usage(format!("--algo selects among algorithms; `{}` already names one", args.algorithm)));
+    }
+    if !selecting && args.compare {
+        return Err(usage(format!(
+            "--compare times the candidates of a collective; give one (`allreduce`), not `{}`",
+            args.algorithm
+        )));
     }
     let fixed = if selecting { None } else { Some(fixed.map_err(usage)?) };
     let min = parse_size(&args.min_bytes).map_err(|e| usage(format!("-b: {e}")))?;
@@ -234,6 +253,8 @@ pub struct Algorithms {
     pub choices: Vec<Choice>,
     /// Whether the cost model chose them (the command named a collective).
     pub selected: bool,
+    /// With `--compare`: every candidate, each timed at every size; empty otherwise.
+    pub compared: Vec<Choice>,
     /// Candidates of a selection that the rank count or node split does not admit, with why.
     pub not_admitted: Vec<(String, String)>,
 }
@@ -267,7 +288,9 @@ fn compile_fixed(
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params };
-    Ok((collective, Algorithms { choices: vec![choice], selected: false, not_admitted: Vec::new() }))
+    let algorithms =
+        Algorithms { choices: vec![choice], selected: false, compared: Vec::new(), not_admitted: Vec::new() };
+    Ok((collective, algorithms))
 }
 
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
@@ -293,21 +316,27 @@ fn select(
         pipeline: None,
     };
     let field = crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default())?;
+    let choice = |name: &str, max_bytes: usize| {
+        let name = format!("{collective}/{name}");
+        let source = collc_compiler::library::get(&name).expect("candidates come from the library");
+        let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
+        let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
+        Choice { max_bytes, name, source: source.to_string(), params }
+    };
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {
-        let best = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
-        let name = format!("{collective}/{}", field.candidates[best].name);
+        let best = &field.candidates
+            [collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty")];
         match selection.last_mut() {
-            Some(last) if last.name == name => last.max_bytes = bytes,
-            _ => {
-                let source = collc_compiler::library::get(&name).expect("candidates come from the library");
-                let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-                let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
-                selection.push(Choice { max_bytes: bytes, name, source: source.to_string(), params });
-            }
+            Some(last) if last.name == format!("{collective}/{}", best.name) => last.max_bytes = bytes,
+            _ => selection.push(choice(&best.name, bytes)),
         }
     }
-    Ok((collective, Algorithms { choices: selection, selected: true, not_admitted: field.not_admitted }))
+    let compared = match args.compare {
+        true => field.candidates.iter().map(|c| choice(&c.name, usize::MAX)).collect(),
+        false => Vec::new(),
+    };
+    Ok((collective, Algorithms { choices: selection, selected: true, compared, not_admitted: field.not_admitted }))
 }
 
 /// A communicator set up with the job's algorithm.

@@ -1,7 +1,7 @@
 //! One rank's part of `collc run`: for every size, data type and op, warm up, time `-n` back-to-back calls out of
 //! place and in place, check one call of each on crafted data, and report to rank 0.
 
-use super::Job;
+use super::{Choice, Job};
 use collc_compiler::Collective;
 use collc_kernels::{DataType, ReduceOp};
 use collc_runtime::{check, Buffers, CallShape, Communicator, RuntimeError};
@@ -36,10 +36,9 @@ pub fn size_factor(collective: Collective, n_ranks: u32) -> usize {
     }
 }
 
-/// Switches to the algorithm the job's selection picked for calls of `bytes` (a no-op for a fixed algorithm).
-fn use_algorithm_for(comm: &mut Communicator, job: &Job, bytes: usize) {
-    let choice = job.algorithm_for(bytes);
-    if job.algorithms.selected && comm.algorithm(job.collective) != choice.name {
+/// Switches to `choice` unless it already runs (a fixed algorithm always does).
+fn use_algorithm(comm: &mut Communicator, job: &Job, choice: &Choice) {
+    if comm.algorithm(job.collective) != choice.name {
         comm.set_algorithm(job.collective, &choice.name, &choice.source, choice.params.clone());
     }
 }
@@ -54,29 +53,11 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     for &dtype in &job.dtypes {
         for &op in &ops {
             for &bytes in &job.sizes {
-                use_algorithm_for(comm, job, bytes);
-                let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
-                let shape = CallShape {
-                    collective: job.collective,
-                    count,
-                    dtype,
-                    op: op.unwrap_or(ReduceOp::Sum),
-                    root: job.root,
-                    peer: job.peer,
-                };
-                let out_of_place = measure(comm, job, &shape, false, &mut buffers)?;
-                let in_place = measure(comm, job, &shape, true, &mut buffers)?;
-                if let (Some(oop), Some(ip)) = (out_of_place, in_place) {
-                    rows.push(Row {
-                        bytes: count * dtype.size_bytes() * size_factor(job.collective, job.n_ranks),
-                        count: count * size_factor(job.collective, job.n_ranks),
-                        dtype,
-                        op,
-                        root: job.collective.rooted().then_some(job.root),
-                        out_of_place: oop,
-                        in_place: ip,
-                        algorithm: job.algorithm_for(bytes).name.clone(),
-                    });
+                for choice in job.timed_at(bytes) {
+                    use_algorithm(comm, job, choice);
+                    if let Some(row) = measure_row(comm, job, bytes, dtype, op, &mut buffers)? {
+                        rows.push(Row { algorithm: choice.name.clone(), ..row });
+                    }
                 }
             }
         }
@@ -84,18 +65,64 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     Ok((comm.rank() == 0).then_some(rows))
 }
 
+/// One row: `bytes` of `dtype` timed out of place and in place (rank 0 gets it; `algorithm` left for the caller).
+fn measure_row(
+    comm: &mut Communicator,
+    job: &Job,
+    bytes: usize,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    buffers: &mut Scratch,
+) -> Result<Option<Row>, RuntimeError> {
+    let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
+    let shape = CallShape {
+        collective: job.collective,
+        count,
+        dtype,
+        op: op.unwrap_or(ReduceOp::Sum),
+        root: job.root,
+        peer: job.peer,
+    };
+    let out_of_place = measure(comm, job, &shape, false, buffers)?;
+    let in_place = measure(comm, job, &shape, true, buffers)?;
+    Ok(out_of_place.zip(in_place).map(|(out_of_place, in_place)| Row {
+        bytes: count * dtype.size_bytes() * size_factor(job.collective, job.n_ranks),
+        count: count * size_factor(job.collective, job.n_ranks),
+        dtype,
+        op,
+        root: job.collective.rooted().then_some(job.root),
+        out_of_place,
+        in_place,
+        algorithm: String::new(),
+    }))
+}
+
 /// As nccl-tests does before its sweep: `-w` calls at the largest size, then at the smallest, so the first row does
 /// not pay for first touches of the buffers and the FIFOs, nor for the ranks settling on their cores.
 fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<(), RuntimeError> {
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
-        use_algorithm_for(comm, job, bytes);
-        let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
-        let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
-        let windows = check::windows(&shape, job.n_ranks, comm.rank(), false);
-        for _ in 0..job.warmup {
-            scratch.call(comm, &shape, &windows, false)?;
+        for choice in job.timed_at(bytes) {
+            use_algorithm(comm, job, choice);
+            warm_up_at(comm, job, bytes, dtype, op, scratch)?;
         }
+    }
+    Ok(())
+}
+
+fn warm_up_at(
+    comm: &mut Communicator,
+    job: &Job,
+    bytes: usize,
+    dtype: DataType,
+    op: ReduceOp,
+    scratch: &mut Scratch,
+) -> Result<(), RuntimeError> {
+    let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
+    let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
+    let windows = check::windows(&shape, job.n_ranks, comm.rank(), false);
+    for _ in 0..job.warmup {
+        scratch.call(comm, &shape, &windows, false)?;
     }
     Ok(())
 }

@@ -28,7 +28,9 @@ pub fn print(job: &Job, header: &Header, rows: &[Row]) {
 
 /// What the header says ran: the algorithm, or that the cost model selected one per size (named per row).
 fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
-    if job.algorithms.selected {
+    if !job.algorithms.compared.is_empty() {
+        "every candidate at every size (--compare)"
+    } else if job.algorithms.selected {
         "selected per size"
     } else {
         &header.algorithm
@@ -83,6 +85,7 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
         "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
         "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
     );
+    let compare = !job.algorithms.compared.is_empty();
     let mut busbw_sum = 0.0;
     let mut wrong_total = 0u64;
     for row in rows {
@@ -101,12 +104,18 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
             let wrong = cell.wrong.map_or("N/A".to_string(), |w| w.to_string());
             line += &format!(" {:>8.2} {:>7.2} {:>7.2} {:>6}", cell.seconds * 1e6, algbw, busbw, wrong);
         }
+        if compare {
+            line += &format!("  {}", row.algorithm);
+        }
         println!("{line}");
     }
     println!("# Out of bounds values : {} {}", wrong_total, if wrong_total == 0 { "OK" } else { "FAILED" });
     let cells = (2 * rows.len()).max(1) as f64;
     println!("# Avg bus bandwidth    : {:.3}", busbw_sum / cells);
     println!("#");
+    if compare {
+        print_comparison(job, rows);
+    }
 }
 
 fn print_json(job: &Job, header: &Header, rows: &[Row]) {
@@ -120,6 +129,7 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
             json!({
                 "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
                 "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": r.algorithm,
+                "predicted": job.algorithms.selected.then(|| job.algorithm_for(r.bytes).name == r.algorithm),
                 "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
             })
         })
@@ -131,6 +141,35 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,
     });
     println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialise"));
+}
+
+/// `--compare`'s rows of one size, data type and op: each candidate once, in a row.
+fn comparisons<'r>(job: &Job, rows: &'r [Row]) -> impl Iterator<Item = &'r [Row]> {
+    rows.chunks(job.algorithms.compared.len().max(1))
+}
+
+/// Under a `--compare` table: per size, the measured fastest (out of place) and the cost model's choice beside it.
+fn print_comparison(job: &Job, rows: &[Row]) {
+    println!("# compared out of place: the measured fastest, and the cost model's choice");
+    let (mut close, mut total) = (0, 0);
+    for group in comparisons(job, rows) {
+        let time = |row: &Row| row.out_of_place.seconds;
+        let Some(fastest) = group.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else { continue };
+        let predicted = job.algorithm_for(fastest.bytes).name.as_str();
+        let Some(chosen) = group.iter().find(|r| r.algorithm == predicted) else { continue };
+        let ratio = time(chosen) / time(fastest).max(f64::MIN_POSITIVE);
+        close += usize::from(ratio <= 1.10);
+        total += 1;
+        println!(
+            "#   {:>12} B  fastest {} {:.2} us, predicted {} {:.2} us ({ratio:.2}x)",
+            fastest.bytes,
+            fastest.algorithm,
+            time(fastest) * 1e6,
+            chosen.algorithm,
+            time(chosen) * 1e6
+        );
+    }
+    println!("# the cost model's choice is within 10% of the measured fastest at {close} of {total} sizes");
 }
 
 /// Whether any checked cell found a wrong element: `collc run` then exits non-zero, as nccl-tests does.

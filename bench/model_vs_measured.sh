@@ -15,6 +15,9 @@
 #   TOPO []        a topology file to predict with instead of calibrating (`collc cost --calibrate` writes one)
 #   ALGOS []       allreduce algorithms to compare (default: every allreduce/* of `collc list`)
 #   KEEP [0]       1 keeps the work directory (raw JSON of every run) and prints its path
+#   REUSE []       a kept work directory: predict with the current build on its topology and score against its
+#                  measurements, measuring nothing (to see what a model change does to the same data; confirm with
+#                  a fresh run, as a change fitted to one run's data may not carry over)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -28,14 +31,19 @@ runs=${RUNS:-5}
 
 cargo build --release -p collc >/dev/null 2>&1
 bin=target/release/collc
-work=$(mktemp -d "${TMPDIR:-/tmp}/model_vs_measured.XXXXXX")
-if [ "${KEEP:-0}" = 1 ]; then
+reuse=${REUSE:-}
+if [ -n "$reuse" ]; then
+  work=$reuse
+  runs=$(ls "$work"/measured-"${ranks_list%% *}"-*.json | wc -l)
+  echo "# re-scoring the measurements kept in $work ($runs runs) with the current model"
+elif work=$(mktemp -d "${TMPDIR:-/tmp}/model_vs_measured.XXXXXX") && [ "${KEEP:-0}" = 1 ]; then
   echo "# work directory: $work"
 else
   trap 'rm -rf "$work"' EXIT
 fi
 
 topo=${TOPO:-}
+[ -n "$reuse" ] && topo=$work/calibrated.json
 if [ -z "$topo" ]; then
   topo=$work/calibrated.json
   "$bin" cost --calibrate --runs 5 -o "$topo" 2>&1 | grep '^# calibrated' || true
@@ -53,6 +61,7 @@ for p in $ranks_list; do
   "$bin" tune allreduce --ranks "$p" --topo "$topo" --sizes "$sizes_b..$sizes_e" -f "$factor" \
     --algo "$(echo $algos | tr ' ' ',')" --format json >"$work/selected-$p.json"
   for run in $(seq "$runs"); do
+    [ -n "$reuse" ] && break
     "$bin" run allreduce --compare --algo "$(echo $algos | tr ' ' ',')" --topo "$topo" --ranks "$p" \
       --transport shm -b "$sizes_b" -e "$sizes_e" -f "$factor" -n "$iters" -w "$warmup" -c 0 --format json \
       >"$work/measured-$p-$run.json"

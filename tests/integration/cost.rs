@@ -337,38 +337,3 @@ fn cached_rates_apply_up_to_their_size() {
     .unwrap_err();
     assert_eq!(error.field, "cached.bandwidth_gbps");
 }
-
-/// Ranks that share a core pass messages through that core's caches: a message between two of them travels at the
-/// cached rates whatever its size, and one between cores at the topology's own. At 4 ranks on 2 cores, rank 0
-/// shares its core with rank 2, not with rank 1.
-#[test]
-fn messages_between_ranks_of_one_core_take_the_cached_rates() {
-    use collc_compiler::cost::Cached;
-    const C: f64 = 2e-10; // copy: 5 GB/s
-    const C_CACHED: f64 = 2e-11; // cached copy: 50 GB/s
-    let cached = Cached { max_bytes: 65536, bandwidth_gbps: 100.0, reduce_gbps: 25.0, copy_gbps: 1e-9 / C_CACHED };
-    let topo = |cores: u32| Topology {
-        copy_gbps: Some(1e-9 / C),
-        cores_per_node: Some(cores),
-        cached: Some(cached),
-        ..uniform()
-    };
-    let sendrecv = |peer: u32, topo: &Topology| {
-        let source = library::get("sendrecv/direct").expect("in the library");
-        let file = collc_grammar::parse(source, &Default::default()).expect("parses");
-        let bindings = Bindings { peer: Some(peer), ..Bindings::ranks(4) };
-        let program = lower(&file, &bindings, &Limits::default()).expect("lowers");
-        // In place: out of place, every rank but the receiver also copies its input to its output.
-        let in_place = Options::placed(collc_compiler::Placement::InPlace);
-        analyse(&program, source, in_place, &Limits::default(), topo).expect("verifies")
-    };
-    let n = 1e8; // far above `cached.max_bytes`
-                 // Between cores: the send's and the receive's copy passes, each on its own core, bound the link's n x B.
-    assert_close("rank 0 -> 1, 2 cores", sendrecv(1, &topo(2)).seconds(n), n * C);
-    // On one core: both passes on that core, at the cached copy rate.
-    assert_close("rank 0 -> 2, 2 cores", sendrecv(2, &topo(2)).seconds(n), 2.0 * n * C_CACHED);
-    // With a core per rank nobody shares one: both peers cost the link's alpha and n x B.
-    for peer in [1, 2] {
-        assert_close(&format!("rank 0 -> {peer}, 4 cores"), sendrecv(peer, &topo(4)).seconds(n), A + n * B);
-    }
-}

@@ -10,12 +10,6 @@
 //! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
 //! Each step's alpha is then at least `shared_core_alpha_us`, the time a core takes to change hands.
 //!
-//! On such a core, a message between two of its own ranks is written and read by that core, through its caches: it
-//! travels at the cached link rate whatever its size (the FIFO slot it passes through is still in the core's cache
-//! when the receiver runs), and the copies and reductions of the instructions that move it run at the cached rates.
-//! The ranks of a ring, one core after the other, never meet on one core; recursive halving pairs them at its first
-//! step.
-//!
 //! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
 //! links, reductions and copies.
@@ -24,10 +18,6 @@ use super::topology::{LinkClass, Rates, Topology};
 use crate::ir::{Program, TransferKind};
 use crate::sched::{Op, Schedule};
 
-/// Port classes: the topology's two link classes, and messages between two ranks of one core.
-const PORTS: usize = 3;
-const SAME_CORE: usize = 2;
-
 /// What a program's cost depends on, with the message size factored out: per step, the chunk count of the busiest
 /// port of each link class and the compute seconds per chunk byte of the busiest rank.
 #[derive(Clone, Debug)]
@@ -35,10 +25,7 @@ pub struct Profile {
     steps: Vec<StepLoad>,
     /// The size S of nccl-tests' `size` column is this many chunks.
     whole_chunks: u32,
-    /// Per port class: intra-node, inter-node, same core.
-    alpha: [f64; PORTS],
-    /// Seconds per byte of a message between two ranks of one core (the cached intra-node rate).
-    same_core_beta: f64,
+    alpha: [f64; 2],
     /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
     cached_bytes: f64,
     regimes: [Regime; 2],
@@ -55,8 +42,8 @@ struct Regime {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct StepLoad {
-    /// Chunks through the busiest port, per port class (0 = no message of that class in the step).
-    port_chunks: [u32; PORTS],
+    /// Chunks through the busiest port, per link class (0 = no message of that class in the step).
+    port_chunks: [u32; 2],
     /// Seconds per chunk byte the busiest rank computes (reductions and local copies), per regime.
     compute: [f64; 2],
 }
@@ -70,8 +57,8 @@ fn class_index(class: LinkClass) -> usize {
 
 /// Per-rank tallies of one step, cleared in time proportional to what the step touched.
 struct Tally {
-    /// [port class][out=0 / in=1][rank]
-    ports: [[Vec<u32>; 2]; PORTS],
+    /// [class][out=0 / in=1][rank]
+    ports: [[Vec<u32>; 2]; 2],
     reduced: Vec<u32>,
     copied: Vec<u32>,
     touched: Vec<u32>,
@@ -81,7 +68,7 @@ impl Tally {
     fn new(n_ranks: usize) -> Self {
         let zeros = || vec![0u32; n_ranks];
         Tally {
-            ports: [[zeros(), zeros()], [zeros(), zeros()], [zeros(), zeros()]],
+            ports: [[zeros(), zeros()], [zeros(), zeros()]],
             reduced: zeros(),
             copied: zeros(),
             touched: Vec::new(),
@@ -107,14 +94,10 @@ impl Tally {
 pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
     let passes = shared_core_passes(sched, topo);
-    let cached = topo.rates(true);
-    let regimes = [false, true].map(|in_cache| {
-        let rates = topo.rates(in_cache);
-        Regime { rates, core: busiest_core(&passes, &rates, &cached) }
+    let regimes = [false, true].map(|cached| {
+        let rates = topo.rates(cached);
+        Regime { rates, core: busiest_core(&passes, &rates) }
     });
-    let n_ranks = program.n_ranks;
-    let same_core =
-        |a: u32, b: u32| topo.core_of(a, n_ranks).is_some_and(|core| topo.core_of(b, n_ranks) == Some(core));
     let mut tally = Tally::new(program.n_ranks as usize);
     let mut steps = Vec::with_capacity(program.n_steps as usize);
     let mut messages = 0u64;
@@ -125,10 +108,7 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
             match t.kind {
                 TransferKind::Send { reduce } => {
                     messages += 1;
-                    let c = match same_core(t.from, t.to) {
-                        true => SAME_CORE,
-                        false => class_index(topo.class(t.from, t.to)),
-                    };
+                    let c = class_index(topo.class(t.from, t.to));
                     let out = &mut tally.ports[c][0][t.from as usize];
                     *out += t.count;
                     load.port_chunks[c] = load.port_chunks[c].max(*out);
@@ -159,8 +139,7 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
-        alpha: [links[0].alpha().max(handover), links[1].alpha().max(handover), links[0].alpha().max(handover)],
-        same_core_beta: cached.beta[0],
+        alpha: [links[0].alpha().max(handover), links[1].alpha().max(handover)],
         cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
         regimes,
         messages,
@@ -180,54 +159,27 @@ fn core_passes(op: Op) -> (f64, f64) {
     }
 }
 
-/// Chunk passes of one core: copies and reductions over data in memory, and over data a rank of the same core
-/// has just written (a message between two of its ranks), which run at the cached rates.
-#[derive(Clone, Copy, Debug, Default)]
-struct CorePasses {
-    copies: f64,
-    reductions: f64,
-    cached_copies: f64,
-    cached_reductions: f64,
-}
-
-/// Per core, the chunk copies and reductions of the ranks it runs when a node has more ranks than cores
-/// (`Topology::core_of`); empty otherwise. Counted once, weighed per regime.
-fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<CorePasses> {
-    let n = sched.n_ranks;
-    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(n)) else { return Vec::new() };
-    let mut passes = vec![CorePasses::default(); (topo.nodes.max(1) * cores) as usize];
+/// Per core, the chunk copies and reductions of the ranks it runs when a node has more ranks than cores (ranks
+/// dealt to cores in turn, local rank l on core l mod cores); empty otherwise. Counted once, weighed per regime.
+fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<(f64, f64)> {
+    let per_node = topo.per_node(sched.n_ranks);
+    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return Vec::new() };
+    let mut passes = vec![(0.0f64, 0.0f64); (topo.nodes.max(1) * cores) as usize];
     for (rank, program) in sched.ranks.iter().enumerate() {
-        let home = topo.core_of(rank as u32, n);
-        let core = &mut passes[home.expect("ranks share cores") as usize];
+        let rank = rank as u32;
+        let core = &mut passes[(topo.node_of(rank) * cores + rank % per_node % cores) as usize];
         for instr in &program.instrs {
             let (copies, reductions) = core_passes(instr.op);
-            // A receive reads its peer's message; a send alone writes one for its peer.
-            let peer = if instr.recv_peer != crate::sched::NO_RANK { instr.recv_peer } else { instr.send_peer };
-            let count = instr.count as f64;
-            if peer != crate::sched::NO_RANK && topo.core_of(peer, n) == home {
-                core.cached_copies += count * copies;
-                core.cached_reductions += count * reductions;
-            } else {
-                core.copies += count * copies;
-                core.reductions += count * reductions;
-            }
+            core.0 += instr.count as f64 * copies;
+            core.1 += instr.count as f64 * reductions;
         }
     }
     passes
 }
 
-/// The busiest core's seconds per chunk byte at `rates` (and `cached` for data another rank of the core has just
-/// written); 0 when each rank has its own core.
-fn busiest_core(passes: &[CorePasses], rates: &Rates, cached: &Rates) -> f64 {
-    passes
-        .iter()
-        .map(|p| {
-            p.copies * rates.copy
-                + p.reductions * rates.gamma
-                + p.cached_copies * cached.copy
-                + p.cached_reductions * cached.gamma
-        })
-        .fold(0.0, f64::max)
+/// The busiest core's seconds per chunk byte at `rates`; 0 when each rank has its own core.
+fn busiest_core(passes: &[(f64, f64)], rates: &Rates) -> f64 {
+    passes.iter().map(|(copies, reductions)| copies * rates.copy + reductions * rates.gamma).fold(0.0, f64::max)
 }
 
 impl Profile {
@@ -239,10 +191,9 @@ impl Profile {
         self.steps
             .iter()
             .map(|s| {
-                let beta = [regime.rates.beta[0], regime.rates.beta[1], self.same_core_beta];
-                let comm = (0..PORTS)
+                let comm = (0..2)
                     .filter(|&c| s.port_chunks[c] > 0)
-                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * beta[c])
+                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c])
                     .fold(0.0, f64::max);
                 comm + s.compute[k] * chunk_bytes
             })

@@ -279,13 +279,6 @@ impl Topology {
         self.cores_per_node.is_some_and(|cores| cores < self.per_node(n_ranks))
     }
 
-    /// The core `rank` runs on (numbered across nodes) when ranks share cores: ranks are dealt to a node's cores in
-    /// turn, local rank l on core l mod cores, as `collc run` binds them. `None` when each rank has its own core.
-    pub fn core_of(&self, rank: u32, n_ranks: u32) -> Option<u32> {
-        let cores = self.cores_per_node.filter(|_| self.shares_cores(n_ranks))?;
-        Some(self.node_of(rank) * cores + rank % self.per_node(n_ranks) % cores)
-    }
-
     /// Ranks per node for `n_ranks` ranks in all.
     pub fn per_node(&self, n_ranks: u32) -> u32 {
         self.ranks_per_node.unwrap_or(n_ranks).max(1)

@@ -5,7 +5,10 @@
 # every algorithm at each size in turn, so a slow spell of this VM (seconds long) falls on all of them alike. Per
 # size it prints the selected algorithm (what `collc run allreduce` selects: `collc tune` on the same topology), the
 # measured winner, and how much slower the selected algorithm measured than the measured best. Each algorithm's
-# measured time is the fastest of its runs (a slow spell only adds time); the score with medians is printed too.
+# measured time is the fastest of its runs (a slow spell only adds time); the score with medians is printed too,
+# and one that pools algorithms whose schedules at that rank count are the same instructions up to the order of the
+# chunks (at 2 ranks the ring, two_shot, Rabenseifner and hierarchical are one schedule: which of them measures
+# fastest is noise, and the fastest of 20 samples beats the fastest of 5 of the same distribution).
 # Goal: the selected algorithm is the measured fastest or within 10% of it at >= 90% of sizes.
 #
 # Usage: bench/model_vs_measured.sh
@@ -57,6 +60,12 @@ for p in $ranks_list; do
     "$bin" cost "allreduce/$algo" --ranks "$p" --topo "$topo" --sizes "$sizes_b..$sizes_e" -f "$factor" \
       --format json >"$work/predicted-$p-$algo.json"
   done
+  # Each algorithm's fused schedule, to find algorithms that compile to the same instructions at this p.
+  for algo in $algos; do
+    # On one node (the hierarchical algorithms' `local g` is every rank, as `collc cost` binds it on this topology).
+    "$bin" build "allreduce/$algo" --ranks "$p" >"$work/schedule-$p-$algo.sched" 2>/dev/null ||
+      "$bin" build "allreduce/$algo" --ranks "$p" --set "g=$p" >"$work/schedule-$p-$algo.sched" 2>/dev/null || true
+  done
   # What `collc run allreduce` selects at each size (ties go to the collective's default, the ring).
   "$bin" tune allreduce --ranks "$p" --topo "$topo" --sizes "$sizes_b..$sizes_e" -f "$factor" \
     --algo "$(echo $algos | tr ' ' ',')" --format json >"$work/selected-$p.json"
@@ -69,12 +78,31 @@ for p in $ranks_list; do
 done
 
 python3 - "$work" "$ranks_list" "$algos" "$runs" <<'PY'
-import json, statistics, sys
+import json, os, re, statistics, sys
+
+
+def normalised(path):
+    """A schedule's instructions with chunk indices renamed in order of first use (one renaming for `in` and `out`,
+    whose chunk c is the same logical chunk; scratch buffers renamed too) and without source spans: two algorithms
+    with the same result compile to the same instructions up to which chunk goes first."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return None
+    chunks, scratch, lines = {}, {}, []
+    def rename(m):
+        buf, index = m.group(1), int(m.group(2))
+        if buf in ("in", "out"):
+            return f"{buf}[{chunks.setdefault(index, len(chunks))}]"
+        name = scratch.setdefault(buf, f"s{len(scratch)}")
+        return f"{name}[{index}]"
+    for line in open(path):
+        if line.startswith(("rank ", "  #")):
+            lines.append(re.sub(r"(\w+)\[(\d+)\]", rename, re.sub(r" @\d+$", "", line.rstrip())))
+    return tuple(lines)
 work, ranks, algos, runs = sys.argv[1], sys.argv[2].split(), sys.argv[3].split(), int(sys.argv[4])
 # The score takes each algorithm's fastest of the runs: this VM has slow spells of seconds (every algorithm measured
 # 2-4x slower for a few launches in a row), which only ever add time; a median of 5 follows them whenever three runs
 # of one algorithm fall into spells. The score with medians is printed too.
-scores = {"fastest": [0, 0], "median": [0, 0], "launch": [0, 0]}
+scores = {"fastest": [0, 0], "median": [0, 0], "launch": [0, 0], "twins": [0, 0]}
 for p in ranks:
     predicted = {a: {r["size"]: r["time_us"] for r in json.load(open(f"{work}/predicted-{p}-{a}.json"))["rows"]}
                  for a in algos}
@@ -111,6 +139,17 @@ for p in ranks:
                 print(f"  {size:>10}  {pick:<20} {predicted[pick][size]:>9.2f}  {best:<20} {measured[best][size]:>9.2f}  "
                       f"{measured[pick][size]:>16.2f}  {ratio:>8.2f}  {'yes' if ratio <= 1.10 else 'NO '}"
                       f"  ({med_best}, {med[pick] / med[med_best]:.2f})")
+    # Algorithms whose schedules are the same instructions are one candidate measured several times: pool them.
+    twins = {a: [b for b in algos if normalised(f"{work}/schedule-{p}-{b}.sched") is not None
+                 and normalised(f"{work}/schedule-{p}-{b}.sched") == normalised(f"{work}/schedule-{p}-{a}.sched")] or [a]
+             for a in algos}
+    groups = sorted({tuple(t) for t in twins.values() if len(t) > 1})
+    print(f"# {p} ranks: algorithms with the same instructions: {', '.join('=' .join(g) for g in groups) or 'none'}")
+    pooled = {a: {size: min(min(samples[b][size]) for b in twins[a]) for size in sizes} for a in algos}
+    for size in sizes:
+        best = min(pooled[a][size] for a in algos)
+        scores["twins"][0] += pooled[selected(size)][size] <= 1.10 * best
+        scores["twins"][1] += 1
     print("# every algorithm, measured (fastest of the runs) / predicted time at each size, and in brackets the "
           "slowest run / the fastest:")
     print("# " + f"{'size':>10}" + "".join(f" {a[:16]:>16}" for a in algos))
@@ -118,11 +157,12 @@ for p in ranks:
         print("  " + f"{size:>10}" + "".join(
             f" {min(samples[a][size]) / predicted[a][size]:>8.2f} ({max(samples[a][size]) / min(samples[a][size]):4.1f})"
             for a in algos))
-for stat in ("fastest", "median", "launch"):
+for stat in ("fastest", "median", "launch", "twins"):
     good, total = scores[stat]
     share = 100.0 * good / max(total, 1)
     label = {"fastest": f"the fastest of {runs} runs", "median": f"the median of {runs} runs",
-             "launch": f"each of the {runs} launches on its own (sizes x launches)"}[stat]
+             "launch": f"each of the {runs} launches on its own (sizes x launches)",
+             "twins": f"the fastest of {runs} runs, algorithms with the same instructions pooled"}[stat]
     print(f"# goal, with {label}: selected within 10% of the measured best at >= 90% of sizes: "
           f"{good}/{total} = {share:.0f}% ({'met' if share >= 90 else 'missed'})")
 PY

@@ -89,7 +89,7 @@ fn run_compare_times_every_candidate_at_every_size() {
         assert_eq!(rows, 4, "{algorithm}: one row per size (8, 64, 512, 4096)\n{stdout}");
     }
     assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
-    assert_eq!(stdout.matches(" B  fastest allreduce/").count(), 4, "{stdout}");
+    assert_eq!(stdout.matches(" B float sum  fastest allreduce/").count(), 4, "{stdout}");
     assert!(stdout.contains("within 10% of the measured fastest at "), "{stdout}");
     assert!(stdout.contains(" of 4 sizes"), "{stdout}");
 

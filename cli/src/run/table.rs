@@ -160,9 +160,11 @@ fn print_comparison(job: &Job, rows: &[Row]) {
         let ratio = time(chosen) / time(fastest).max(f64::MIN_POSITIVE);
         close += usize::from(ratio <= 1.10);
         total += 1;
+        let op = fastest.op.map_or(String::new(), |op| format!(" {op}"));
         println!(
-            "#   {:>12} B  fastest {} {:.2} us, predicted {} {:.2} us ({ratio:.2}x)",
+            "#   {:>12} B {}{op}  fastest {} {:.2} us, predicted {} {:.2} us ({ratio:.2}x)",
             fastest.bytes,
+            fastest.dtype,
             fastest.algorithm,
             time(fastest) * 1e6,
             chosen.algorithm,

@@ -325,11 +325,11 @@ fn select(
     };
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {
-        let best = &field.candidates
-            [collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty")];
+        let fastest = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
+        let best = &field.candidates[fastest].name;
         match selection.last_mut() {
-            Some(last) if last.name == format!("{collective}/{}", best.name) => last.max_bytes = bytes,
-            _ => selection.push(choice(&best.name, bytes)),
+            Some(last) if last.name == format!("{collective}/{best}") => last.max_bytes = bytes,
+            _ => selection.push(choice(best, bytes)),
         }
     }
     let compared = match args.compare {

@@ -55,9 +55,7 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
             for &bytes in &job.sizes {
                 for choice in job.timed_at(bytes) {
                     use_algorithm(comm, job, choice);
-                    if let Some(row) = measure_row(comm, job, bytes, dtype, op, &mut buffers)? {
-                        rows.push(Row { algorithm: choice.name.clone(), ..row });
-                    }
+                    rows.extend(measure_row(comm, job, bytes, (dtype, op), &choice.name, &mut buffers)?);
                 }
             }
         }
@@ -65,13 +63,14 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     Ok((comm.rank() == 0).then_some(rows))
 }
 
-/// One row: `bytes` of `dtype` timed out of place and in place (rank 0 gets it; `algorithm` left for the caller).
+/// One row: `bytes` of `dtype` timed out of place and in place with `algorithm`, which runs now (rank 0 gets the
+/// row, the other ranks `None`).
 fn measure_row(
     comm: &mut Communicator,
     job: &Job,
     bytes: usize,
-    dtype: DataType,
-    op: Option<ReduceOp>,
+    (dtype, op): (DataType, Option<ReduceOp>),
+    algorithm: &str,
     buffers: &mut Scratch,
 ) -> Result<Option<Row>, RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
@@ -93,7 +92,7 @@ fn measure_row(
         root: job.collective.rooted().then_some(job.root),
         out_of_place,
         in_place,
-        algorithm: String::new(),
+        algorithm: algorithm.to_string(),
     }))
 }
 
@@ -110,6 +109,7 @@ fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<
     Ok(())
 }
 
+/// `-w` untimed calls of `bytes` out of place with the algorithm that runs now.
 fn warm_up_at(
     comm: &mut Communicator,
     job: &Job,

@@ -25,6 +25,9 @@ pub struct Row {
     pub in_place: Cell,
     /// The algorithm that ran this row (the job's, or the one selected for its size).
     pub algorithm: String,
+    /// `Some(true)` when the cost model chose this row's algorithm for its size, `Some(false)` when `--compare` timed
+    /// another candidate, `None` when the job names its algorithm.
+    pub predicted: Option<bool>,
 }
 
 /// Elements of one call's `count` per byte of the size column: nccl-tests' S is count*size for allreduce,
@@ -53,9 +56,12 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     for &dtype in &job.dtypes {
         for &op in &ops {
             for &bytes in &job.sizes {
+                let model_choice = &job.algorithm_for(bytes).name;
                 for choice in job.timed_at(bytes) {
                     use_algorithm(comm, job, choice);
-                    rows.extend(measure_row(comm, job, bytes, (dtype, op), &choice.name, &mut buffers)?);
+                    let predicted = job.algorithms.selected.then(|| choice.name == *model_choice);
+                    let row = measure_row(comm, job, bytes, (dtype, op), (&choice.name, predicted), &mut buffers)?;
+                    rows.extend(row);
                 }
             }
         }
@@ -63,14 +69,14 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
     Ok((comm.rank() == 0).then_some(rows))
 }
 
-/// One row: `bytes` of `dtype` timed out of place and in place with `algorithm`, which runs now (rank 0 gets the
-/// row, the other ranks `None`).
+/// One row: `bytes` of `dtype` timed out of place and in place with `algorithm`, which runs now and which the cost
+/// model `predicted` or not (rank 0 gets the row, the other ranks `None`).
 fn measure_row(
     comm: &mut Communicator,
     job: &Job,
     bytes: usize,
     (dtype, op): (DataType, Option<ReduceOp>),
-    algorithm: &str,
+    (algorithm, predicted): (&str, Option<bool>),
     buffers: &mut Scratch,
 ) -> Result<Option<Row>, RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
@@ -93,6 +99,7 @@ fn measure_row(
         out_of_place,
         in_place,
         algorithm: algorithm.to_string(),
+        predicted,
     }))
 }
 

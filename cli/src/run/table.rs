@@ -129,7 +129,7 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
             json!({
                 "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
                 "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": r.algorithm,
-                "predicted": job.algorithms.selected.then(|| job.algorithm_for(r.bytes).name == r.algorithm),
+                "predicted": r.predicted,
                 "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
             })
         })
@@ -155,8 +155,7 @@ fn print_comparison(job: &Job, rows: &[Row]) {
     for group in comparisons(job, rows) {
         let time = |row: &Row| row.out_of_place.seconds;
         let Some(fastest) = group.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else { continue };
-        let predicted = job.algorithm_for(fastest.bytes).name.as_str();
-        let Some(chosen) = group.iter().find(|r| r.algorithm == predicted) else { continue };
+        let Some(chosen) = group.iter().find(|r| r.predicted == Some(true)) else { continue };
         let ratio = time(chosen) / time(fastest).max(f64::MIN_POSITIVE);
         close += usize::from(ratio <= 1.10);
         total += 1;

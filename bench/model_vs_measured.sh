@@ -140,9 +140,8 @@ for p in ranks:
                       f"{measured[pick][size]:>16.2f}  {ratio:>8.2f}  {'yes' if ratio <= 1.10 else 'NO '}"
                       f"  ({med_best}, {med[pick] / med[med_best]:.2f})")
     # Algorithms whose schedules are the same instructions are one candidate measured several times: pool them.
-    twins = {a: [b for b in algos if normalised(f"{work}/schedule-{p}-{b}.sched") is not None
-                 and normalised(f"{work}/schedule-{p}-{b}.sched") == normalised(f"{work}/schedule-{p}-{a}.sched")] or [a]
-             for a in algos}
+    schedule = {a: normalised(f"{work}/schedule-{p}-{a}.sched") for a in algos}
+    twins = {a: [b for b in algos if schedule[b] is not None and schedule[b] == schedule[a]] or [a] for a in algos}
     groups = sorted({tuple(t) for t in twins.values() if len(t) > 1})
     print(f"# {p} ranks: algorithms with the same instructions: {', '.join('=' .join(g) for g in groups) or 'none'}")
     pooled = {a: {size: min(min(samples[b][size]) for b in twins[a]) for size in sizes} for a in algos}

@@ -294,16 +294,37 @@ fn shared_cores_bound_the_time_by_the_busiest_core() {
     // win when the cores do the moving.
     assert!(predict("allreduce/two_shot", 4, n, None, &uniform()) < predict("allreduce/ring", 4, n, None, &uniform()));
     assert!(ring < two_shot);
-    // A core changing hands costs `shared_core_alpha_us` per step, in place of a smaller alpha: 6 steps of the ring
-    // at 8 bytes, where the bandwidth and core terms are negligible.
-    let handover = Topology { shared_core_alpha_us: Some(7.0), ..shared.clone() };
-    let eight = predict("allreduce/ring", 4, 8.0, None, &handover);
-    assert!((eight - 6.0 * 7e-6).abs() < 1e-8, "ring at 8 B: {eight} s");
-    let own_cores = Topology { cores_per_node: Some(4), ..handover };
+    let own_cores = Topology { cores_per_node: Some(4), shared_core_alpha_us: Some(7.0), ..shared };
     assert_eq!(
         predict("allreduce/ring", 4, 8.0, None, &own_cores),
         predict("allreduce/ring", 4, 8.0, None, &uniform())
     );
+}
+
+/// With fewer cores than ranks, a small call costs what playing its schedule out on the cores takes, worked out
+/// here by hand at 8 bytes (where the bandwidth and core terms are below a nanosecond).
+#[test]
+fn shared_cores_play_the_schedule_out_turn_by_turn() {
+    const H: f64 = 7e-6; // a core changing hands, longer than alpha (2 us)
+    let shared = |handover: Option<f64>| Topology {
+        cores_per_node: Some(2),
+        shared_core_alpha_us: handover.map(|h| h * 1e6),
+        ..uniform()
+    };
+    let near = |what: &str, got: f64, want: f64| assert!((got - want).abs() < 1e-8, "{what}: {got:e} s, want {want:e}");
+    // Changing hands for free, ranks wait only for messages: the longest chain of them, one alpha each. The ring's
+    // 6 dependent hops; one_shot's single hop (all sends first, then all receives).
+    near("ring, free hand-overs", predict("allreduce/ring", 4, 8.0, None, &shared(Some(0.0))), 6.0 * A);
+    near("one_shot, free hand-overs", predict("allreduce/one_shot", 4, 8.0, None, &shared(None)), A);
+    // one_shot with ranks 0 and 2 on core 0, 1 and 3 on core 1; each rank sends to the three others, then receives
+    // from them. At 0, ranks 0 and 1 send and wait (for ranks 2 and 3, which have not run). At H the cores pass to
+    // ranks 2 and 3, which send; each then has two of its three messages, the third (sent at H by the other rank
+    // of that turn) arrives at H + alpha. At 2H ranks 0 and 1 receive all three and finish; at 3H ranks 2 and 3
+    // do. The step model would charge one hand-over for its one step.
+    near("one_shot", predict("allreduce/one_shot", 4, 8.0, None, &shared(Some(H))), 3.0 * H);
+    // With a core per rank nothing is shared: the step model.
+    let two_cores = predict("allreduce/ring", 2, 8.0, None, &shared(Some(H)));
+    near("two ranks, two cores", two_cores, predict("allreduce/ring", 2, 8.0, None, &uniform()));
 }
 
 /// Calls of at most `cached.max_bytes` take the cached rates (intra-node beta, gamma, copy) and larger ones the

@@ -2,6 +2,7 @@
 //! `topology` reads machine descriptions, `model` turns a verified program into a per-step profile that predicts
 //! the time of any message size, `select` picks the predicted-fastest algorithm as NCCL's tuner does.
 
+mod cores;
 mod model;
 mod select;
 mod topology;
@@ -27,5 +28,5 @@ pub fn analyse(
     })?;
     let program = pipelined(program, options, limits)?;
     let verified = compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
-    Ok(model::profile(&program, &verified, topo))
+    Ok(model::profile(&program, &verified, topo, limits.channel_slots))
 }

@@ -8,7 +8,8 @@
 //! than ranks (`cores_per_node`) also bounds the time below by the busiest core. There the ports do not work in parallel:
 //! every byte moves through a core (written into a FIFO, copied or reduced out of it), the ranks that share a core
 //! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
-//! Each step's alpha is then at least `shared_core_alpha_us`, the time a core takes to change hands.
+//! There the alphas of the steps give way to the latency of the schedule played out on the cores (`cores.rs`): how
+//! often the cores change hands (`shared_core_alpha_us` each) on the way to the last instruction.
 //!
 //! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
@@ -29,6 +30,9 @@ pub struct Profile {
     /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
     cached_bytes: f64,
     regimes: [Regime; 2],
+    /// Ranks that share cores: the seconds a call of no bytes takes on the cores (`cores::latency`), in place of the
+    /// steps' alphas.
+    shared_core_latency: Option<f64>,
     pub messages: u64,
 }
 
@@ -90,8 +94,9 @@ impl Tally {
 }
 
 /// The cost profile of `program` on `topo` (which must describe `program.n_ranks` ranks); `sched` is its verified
-/// schedule, whose instructions the shared-core bound counts.
-pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile {
+/// schedule, whose instructions the shared-core refinements count and play out (with `slots` messages per
+/// connection).
+pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
     let passes = shared_core_passes(sched, topo);
     let regimes = [false, true].map(|cached| {
@@ -133,15 +138,13 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology) -> Profile 
         steps.push(load);
     }
     let links = [topo.link(LinkClass::Intra), topo.link(LinkClass::Inter)];
-    // Ranks that share a core hand it over at every step.
-    let handover =
-        if topo.shares_cores(program.n_ranks) { topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6 } else { 0.0 };
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
-        alpha: [links[0].alpha().max(handover), links[1].alpha().max(handover)],
+        alpha: [links[0].alpha(), links[1].alpha()],
         cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
         regimes,
+        shared_core_latency: topo.shares_cores(program.n_ranks).then(|| super::cores::latency(sched, topo, slots)),
         messages,
     }
 }
@@ -188,17 +191,19 @@ impl Profile {
         let chunk_bytes = bytes / self.whole_chunks as f64;
         let k = usize::from(bytes <= self.cached_bytes);
         let regime = &self.regimes[k];
-        self.steps
+        let alpha = |c: usize| if self.shared_core_latency.is_some() { 0.0 } else { self.alpha[c] };
+        let steps = self
+            .steps
             .iter()
             .map(|s| {
                 let comm = (0..2)
                     .filter(|&c| s.port_chunks[c] > 0)
-                    .map(|c| self.alpha[c] + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c])
+                    .map(|c| alpha(c) + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c])
                     .fold(0.0, f64::max);
                 comm + s.compute[k] * chunk_bytes
             })
-            .sum::<f64>()
-            .max(regime.core * chunk_bytes)
+            .sum::<f64>();
+        (steps + self.shared_core_latency.unwrap_or(0.0)).max(regime.core * chunk_bytes)
     }
 
     pub fn n_steps(&self) -> usize {

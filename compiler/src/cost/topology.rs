@@ -104,7 +104,7 @@ pub struct Topology {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cores_per_node: Option<u32>,
     /// Microseconds from a send to its receive between two ranks on one core: the core changing hands. With fewer
-    /// cores than ranks, a step's alpha is at least this.
+    /// cores than ranks, what each change of hands costs when the schedule is played out on the cores.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shared_core_alpha_us: Option<f64>,
     /// Rates of calls that stay in cache; absent means the same rates at every size.

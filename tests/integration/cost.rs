@@ -301,29 +301,29 @@ fn shared_cores_bound_the_time_by_the_busiest_core() {
     );
 }
 
-/// With fewer cores than ranks, a small call costs what playing its schedule out on the cores takes, worked out
-/// here by hand at 8 bytes (where the bandwidth and core terms are below a nanosecond).
+/// With fewer cores than ranks, a small call costs what playing its schedule out on the cores takes, calls back to
+/// back, worked out here by hand at 8 bytes (where the bandwidth and core terms are below a nanosecond).
 #[test]
 fn shared_cores_play_the_schedule_out_turn_by_turn() {
     const H: f64 = 7e-6; // a core changing hands, longer than alpha (2 us)
-    let shared = |handover: Option<f64>| Topology {
-        cores_per_node: Some(2),
+    let shared = |cores: u32, handover: Option<f64>| Topology {
+        cores_per_node: Some(cores),
         shared_core_alpha_us: handover.map(|h| h * 1e6),
         ..uniform()
     };
     let near = |what: &str, got: f64, want: f64| assert!((got - want).abs() < 1e-8, "{what}: {got:e} s, want {want:e}");
-    // Changing hands for free, ranks wait only for messages: the longest chain of them, one alpha each. The ring's
-    // 6 dependent hops; one_shot's single hop (all sends first, then all receives).
-    near("ring, free hand-overs", predict("allreduce/ring", 4, 8.0, None, &shared(Some(0.0))), 6.0 * A);
-    near("one_shot, free hand-overs", predict("allreduce/one_shot", 4, 8.0, None, &shared(None)), A);
-    // one_shot with ranks 0 and 2 on core 0, 1 and 3 on core 1; each rank sends to the three others, then receives
-    // from them. At 0, ranks 0 and 1 send and wait (for ranks 2 and 3, which have not run). At H the cores pass to
-    // ranks 2 and 3, which send; each then has two of its three messages, the third (sent at H by the other rank
-    // of that turn) arrives at H + alpha. At 2H ranks 0 and 1 receive all three and finish; at 3H ranks 2 and 3
-    // do. The step model would charge one hand-over for its one step.
-    near("one_shot", predict("allreduce/one_shot", 4, 8.0, None, &shared(Some(H))), 3.0 * H);
+    // Changing hands for free, ranks wait only for messages: the longest chain of them, one alpha each, and a rank
+    // starts its next call once it has finished this one. The ring's 6 dependent hops end on every rank at once;
+    // one_shot's single hop (all sends first, then all receives).
+    near("ring, free hand-overs", predict("allreduce/ring", 4, 8.0, None, &shared(2, Some(0.0))), 6.0 * A);
+    near("one_shot, free hand-overs", predict("allreduce/one_shot", 4, 8.0, None, &shared(2, None)), A);
+    // Recursive doubling at p = 2 on one core: each rank sends to the other, then receives. Rank 0 sends at 0 and
+    // yields; rank 1 gets the core at H, sends, receives, starts its next call (sends again) and yields; rank 0 at
+    // 2H receives, finishing its first call, sends its second, receives rank 1's second, sends its third and
+    // yields; and so on: one hand-over per call once the calls run back to back.
+    near("recursive doubling, one core", predict("allreduce/recursive_doubling", 2, 8.0, None, &shared(1, Some(H))), H);
     // With a core per rank nothing is shared: the step model.
-    let two_cores = predict("allreduce/ring", 2, 8.0, None, &shared(Some(H)));
+    let two_cores = predict("allreduce/ring", 2, 8.0, None, &shared(2, Some(H)));
     near("two ranks, two cores", two_cores, predict("allreduce/ring", 2, 8.0, None, &uniform()));
 }
 

@@ -13,8 +13,13 @@
 //!   spin when ranks outnumber cores), so the core passes from rank to rank in turn, each pass costing
 //!   `shared_core_alpha_us`, and a rank fires at its first turn after it can.
 //!
-//! Ranks are dealt to cores as `collc run` places them: local rank l on core l mod cores. The latency is when the
-//! last instruction fires.
+//! Ranks are dealt to cores as `collc run` places them: local rank l on core l mod cores. The cores of a node do not
+//! change hands in step with each other: core c starts c / cores of a hand-over late, so that a message from another
+//! core waits for its receiver's turn about as long as with phases at random (in step, every message would land
+//! just after its receiver had yielded and wait the longest). Calls run back to back, as nccl-tests and `collc run`
+//! time them (a rank starts the next call once it has finished its part of this one), and the latency is the time
+//! between the ends of the second and third calls: on shared cores, one call's last turns overlap the next call's
+//! first, so an isolated call would overstate what each costs.
 
 use super::topology::Topology;
 use crate::fxhash::FxBuildHasher;
@@ -49,16 +54,21 @@ struct Connection {
     alpha: f64,
 }
 
-/// The call as a graph over global instruction indices (rank by rank), as the verifier's deadlock check builds it.
+/// One call as a graph over global instruction indices (rank by rank), as the verifier's deadlock check builds it.
 struct Graph {
     rank_of: Vec<u32>,
     /// Per instruction: (send connection, receive connection), `NONE` when it has none.
     conns_of: Vec<(u32, u32)>,
+    /// Per instruction: its place among its connections' sends and receives, `NONE` when it has none.
+    positions: Vec<(u32, u32)>,
     conns: Vec<Connection>,
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
-    /// Conditions not yet met per instruction.
-    unmet: Vec<u32>,
+    deps: Vec<u32>,
+    /// Per rank, its instructions that depend on nothing: where its next call starts.
+    roots: Vec<Vec<u32>>,
+    /// Per rank, how many instructions it has.
+    lengths: Vec<u32>,
 }
 
 /// The connections met so far, numbered in order, by (sender, receiver, channel).
@@ -79,40 +89,75 @@ impl Connections {
     }
 }
 
-fn build(sched: &Schedule, topo: &Topology, slots: u32) -> Graph {
+fn build(sched: &Schedule, topo: &Topology) -> Graph {
     let total = sched.n_instrs();
     let mut conns = Connections::default();
-    let (mut rank_of, mut conns_of, mut unmet) =
-        (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
+    let (mut rank_of, mut conns_of, mut positions, mut deps) =
+        (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
     let (mut dependents_start, mut dependents) = (Vec::with_capacity(total + 1), Vec::new());
+    let (mut roots, mut lengths) = (Vec::new(), Vec::new());
     let mut first = 0u32;
     for (rank, program) in (0u32..).zip(&sched.ranks) {
         let rank_dependents = program.dependents();
+        let mut rank_roots = Vec::new();
         for (i, instr) in program.instrs.iter().enumerate() {
             let g = first + i as u32;
-            let mut conditions = program.deps_of(i).len() as u32;
             let send = instr.send_peer().map_or(NONE, |peer| conns.id(topo, rank, peer, instr.channel));
             let recv = instr.recv_peer().map_or(NONE, |peer| conns.id(topo, peer, rank, instr.channel));
+            let mut at = (NONE, NONE);
             if send != NONE {
                 let list = &mut conns.list[send as usize].sends;
-                conditions += u32::from(!list.is_empty()) + u32::from(list.len() as u32 >= slots);
+                at.0 = list.len() as u32;
                 list.push(g);
             }
             if recv != NONE {
                 let list = &mut conns.list[recv as usize].recvs;
-                conditions += 1 + u32::from(!list.is_empty());
+                at.1 = list.len() as u32;
                 list.push(g);
+            }
+            if program.deps_of(i).is_empty() {
+                rank_roots.push(g);
             }
             rank_of.push(rank);
             conns_of.push((send, recv));
-            unmet.push(conditions);
+            positions.push(at);
+            deps.push(program.deps_of(i).len() as u32);
             dependents_start.push(dependents.len() as u32);
             dependents.extend(rank_dependents.of(i).iter().map(|&d| first + d));
         }
+        roots.push(rank_roots);
+        lengths.push(program.len() as u32);
         first += program.len() as u32;
     }
     dependents_start.push(dependents.len() as u32);
-    Graph { rank_of, conns_of, conns: conns.list, dependents_start, dependents, unmet }
+    Graph { rank_of, conns_of, positions, conns: conns.list, dependents_start, dependents, deps, roots, lengths }
+}
+
+/// How many calls are played back to back: the latency is the time between the ends of the last two.
+const CALLS: u32 = 3;
+
+/// The conditions each instruction of each call waits for (call-major): its dependencies, the previous send or
+/// receive on its connections (across calls too), its message, the room `slots` receives back, and for an
+/// instruction that depends on nothing, its rank having finished the previous call.
+fn conditions(graph: &Graph, calls: u32, slots: u32) -> Vec<u32> {
+    let mut unmet = Vec::with_capacity(graph.deps.len() * calls as usize);
+    for call in 0..calls {
+        for (b, &deps) in graph.deps.iter().enumerate() {
+            let (send, recv) = graph.conns_of[b];
+            let (send_at, recv_at) = graph.positions[b];
+            let mut n = deps + u32::from(call > 0 && deps == 0);
+            if send != NONE {
+                let at = call * graph.conns[send as usize].sends.len() as u32 + send_at;
+                n += u32::from(at > 0) + u32::from(at >= slots);
+            }
+            if recv != NONE {
+                let at = call * graph.conns[recv as usize].recvs.len() as u32 + recv_at;
+                n += 1 + u32::from(at > 0);
+            }
+            unmet.push(n);
+        }
+    }
+    unmet
 }
 
 /// The instructions a rank may fire, earliest first (then in program order), and when each may.
@@ -132,10 +177,18 @@ struct Core {
 
 struct Run {
     graph: Graph,
+    /// Instructions of one call; instruction g of the run is instruction g % total of call g / total.
+    total: u32,
+    calls: u32,
     slots: u32,
     handover: f64,
+    /// Conditions not yet met per instruction of each call.
+    unmet: Vec<u32>,
     /// When each instruction's last met condition allows it to fire.
     allowed_at: Vec<f64>,
+    /// Per call and rank, its instructions not yet fired; per call, when its last one fired.
+    remaining: Vec<u32>,
+    finished: Vec<f64>,
     ready: Vec<Ready>,
     cores: Vec<Core>,
     core_of: Vec<u32>,
@@ -145,8 +198,6 @@ struct Run {
     received: Vec<u32>,
     /// The core whose turn is being played (its next turn is worked out when the turn ends).
     acting: u32,
-    /// When the last instruction so far fired.
-    last_fired: f64,
 }
 
 impl Run {
@@ -178,12 +229,12 @@ impl Run {
     fn meet(&mut self, g: u32, at: f64) {
         let allowed = &mut self.allowed_at[g as usize];
         *allowed = allowed.max(at);
-        let unmet = &mut self.graph.unmet[g as usize];
+        let unmet = &mut self.unmet[g as usize];
         *unmet -= 1;
         if *unmet > 0 {
             return;
         }
-        let (rank, allowed) = (self.graph.rank_of[g as usize], *allowed);
+        let (rank, allowed) = (self.graph.rank_of[(g % self.total) as usize], *allowed);
         self.ready[rank as usize].push(Reverse((Time(allowed), g)));
         let core = self.core_of[rank as usize];
         self.cores[core as usize].with_ready.insert(self.turn_of[rank as usize]);
@@ -196,34 +247,59 @@ impl Run {
         }
     }
 
+    /// The instruction at place `at` of a connection's sends or receives (`list`, one call's), counting across
+    /// calls, if the run has it.
+    fn nth(&self, list: &[u32], at: u32) -> u32 {
+        let n = list.len() as u32;
+        let call = at / n;
+        if call < self.calls {
+            call * self.total + list[(at % n) as usize]
+        } else {
+            NONE
+        }
+    }
+
     fn fire(&mut self, g: u32, at: f64) {
-        let (send, recv) = self.graph.conns_of[g as usize];
+        let (call, b) = (g / self.total, (g % self.total) as usize);
+        let (send, recv) = self.graph.conns_of[b];
         // (instruction, when) pairs this one meets a condition of, besides its dependents: the receive its message
         // reaches, the send its receive makes room for, and the next send and receive of the same connections.
         let mut met = [(NONE, 0.0); 4];
         if send != NONE {
-            let pos = self.sent[send as usize] as usize;
+            let pos = self.sent[send as usize];
             self.sent[send as usize] += 1;
             let c = &self.graph.conns[send as usize];
-            met[0] = (c.recvs.get(pos).copied().unwrap_or(NONE), at + c.alpha);
-            met[1] = (c.sends.get(pos + 1).copied().unwrap_or(NONE), at);
+            met[0] = (self.nth(&c.recvs, pos), at + c.alpha);
+            met[1] = (self.nth(&c.sends, pos + 1), at);
         }
         if recv != NONE {
-            let pos = self.received[recv as usize] as usize;
+            let pos = self.received[recv as usize];
             self.received[recv as usize] += 1;
             let c = &self.graph.conns[recv as usize];
-            met[2] = (c.sends.get(pos + self.slots as usize).copied().unwrap_or(NONE), at + c.alpha);
-            met[3] = (c.recvs.get(pos + 1).copied().unwrap_or(NONE), at);
+            met[2] = (self.nth(&c.sends, pos + self.slots), at + c.alpha);
+            met[3] = (self.nth(&c.recvs, pos + 1), at);
         }
         for (other, when) in met {
             if other != NONE {
                 self.meet(other, when);
             }
         }
-        let (from, to) = (self.graph.dependents_start[g as usize], self.graph.dependents_start[g as usize + 1]);
+        let (from, to) = (self.graph.dependents_start[b], self.graph.dependents_start[b + 1]);
         for k in from..to {
-            let d = self.graph.dependents[k as usize];
+            let d = call * self.total + self.graph.dependents[k as usize];
             self.meet(d, at);
+        }
+        let rank = self.graph.rank_of[b];
+        let left = &mut self.remaining[(call * self.graph.lengths.len() as u32 + rank) as usize];
+        *left -= 1;
+        if *left == 0 {
+            self.finished[call as usize] = self.finished[call as usize].max(at);
+            if call + 1 < self.calls {
+                for k in 0..self.graph.roots[rank as usize].len() {
+                    let root = (call + 1) * self.total + self.graph.roots[rank as usize][k];
+                    self.meet(root, at);
+                }
+            }
         }
     }
 
@@ -242,7 +318,6 @@ impl Run {
             }
             self.ready[rank as usize].pop();
             self.fire(g, at);
-            self.last_fired = at;
         }
         if self.ready[rank as usize].is_empty() {
             self.cores[core as usize].with_ready.remove(&self.turn_of[rank as usize]);
@@ -284,8 +359,61 @@ impl Run {
 /// Seconds from the start of a call of no bytes until its last instruction fires, with ranks dealt to cores as
 /// `collc run` binds them (`shared_core_alpha_us` for each change of hands) and `slots` messages per connection.
 pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
-    let graph = build(sched, topo, slots.max(1));
-    let n_ranks = sched.n_ranks;
+    let graph = build(sched, topo);
+    let total = graph.deps.len() as u32;
+    // Instruction numbers of the whole run must fit in a u32 (they do, by far, within the compiler's limits).
+    let calls = if total as u64 * CALLS as u64 <= u32::MAX as u64 { CALLS } else { 1 };
+    let slots = slots.max(1);
+    let (cores, core_of, turn_of) = deal(topo, sched.n_ranks);
+    let n = (total * calls) as usize;
+    let mut run = Run {
+        total,
+        calls,
+        slots,
+        handover: topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
+        unmet: conditions(&graph, calls, slots),
+        allowed_at: vec![0.0; n],
+        remaining: (0..calls).flat_map(|_| graph.lengths.iter().copied()).collect(),
+        finished: vec![0.0; calls as usize],
+        ready: (0..sched.n_ranks).map(|_| Ready::new()).collect(),
+        cores,
+        core_of,
+        turn_of,
+        sent: vec![0; graph.conns.len()],
+        received: vec![0; graph.conns.len()],
+        acting: NONE,
+        graph,
+    };
+    for g in 0..total {
+        if run.unmet[g as usize] == 0 {
+            let rank = run.graph.rank_of[g as usize];
+            run.ready[rank as usize].push(Reverse((Time(0.0), g)));
+            run.cores[run.core_of[rank as usize] as usize].with_ready.insert(run.turn_of[rank as usize]);
+        }
+    }
+    // The core whose turn comes first plays it: whatever another core does later takes effect no sooner than it
+    // happens, so nothing can still change what this turn finds.
+    while let Some((core, at)) = run
+        .cores
+        .iter()
+        .enumerate()
+        .filter(|(_, c)| c.next_at.is_finite())
+        .map(|(i, c)| (i as u32, c.next_at))
+        .min_by(|a, b| a.1.total_cmp(&b.1))
+    {
+        let rank = run.cores[core as usize].next_rank;
+        run.play_turn(core, rank, at);
+    }
+    match run.finished.as_slice() {
+        [.., before, last] => last - before,
+        [only] => *only,
+        [] => 0.0,
+    }
+}
+
+/// The cores of the node's ranks and who is on which (each core starting with its first rank): the cores, each
+/// rank's core and its place in that core's turn order.
+fn deal(topo: &Topology, n_ranks: u32) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
     let per_node = topo.per_node(n_ranks);
     let cores_per_node = topo.cores_per_node.unwrap_or(per_node).clamp(1, per_node);
     let core_of: Vec<u32> =
@@ -307,44 +435,11 @@ pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
         turn_of[rank] = core.ranks.len() as u32;
         core.ranks.push(rank as u32);
     }
-    // Each core starts with its first rank.
-    for core in &mut cores {
+    let handover = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
+    for (c, core) in cores.iter_mut().enumerate() {
         core.next_rank = core.ranks[0];
+        core.next_at = (c as u32 % cores_per_node) as f64 * handover / cores_per_node as f64;
+        core.since = core.next_at;
     }
-    let total = graph.unmet.len();
-    let mut run = Run {
-        slots: slots.max(1),
-        handover: topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
-        allowed_at: vec![0.0; total],
-        ready: (0..n_ranks).map(|_| Ready::new()).collect(),
-        cores,
-        core_of,
-        turn_of,
-        sent: vec![0; graph.conns.len()],
-        received: vec![0; graph.conns.len()],
-        acting: NONE,
-        last_fired: 0.0,
-        graph,
-    };
-    for g in 0..total as u32 {
-        if run.graph.unmet[g as usize] == 0 {
-            let rank = run.graph.rank_of[g as usize];
-            run.ready[rank as usize].push(Reverse((Time(0.0), g)));
-            run.cores[run.core_of[rank as usize] as usize].with_ready.insert(run.turn_of[rank as usize]);
-        }
-    }
-    // The core whose turn comes first plays it: whatever another core does later takes effect no sooner than it
-    // happens, so nothing can still change what this turn finds.
-    while let Some((core, at)) = run
-        .cores
-        .iter()
-        .enumerate()
-        .filter(|(_, c)| c.next_at.is_finite())
-        .map(|(i, c)| (i as u32, c.next_at))
-        .min_by(|a, b| a.1.total_cmp(&b.1))
-    {
-        let rank = run.cores[core as usize].next_rank;
-        run.play_turn(core, rank, at);
-    }
-    run.last_fired
+    (cores, core_of, turn_of)
 }

@@ -13,10 +13,11 @@
 //!   spin when ranks outnumber cores), so the core passes from rank to rank in turn, each pass costing
 //!   `shared_core_alpha_us`, and a rank fires at its first turn after it can.
 //!
-//! Ranks are dealt to cores as `collc run` places them: local rank l on core l mod cores. The cores of a node do not
-//! change hands in step with each other: core c starts c / cores of a hand-over late, so that a message from another
-//! core waits for its receiver's turn about as long as with phases at random (in step, every message would land
-//! just after its receiver had yielded and wait the longest). Calls run back to back, as nccl-tests and `collc run`
+//! Ranks are dealt to cores as `collc run` places them: local rank l on core l mod cores. When a message from another
+//! core reaches its receiver depends on how the cores' turns line up, which nothing fixes: in step, every message
+//! lands just after its receiver has yielded and waits the longest; evenly out of step (core c starting c / cores of
+//! a hand-over late), it waits about half as long. The latency is the mean of the two, for phases at random.
+//! Calls run back to back, as nccl-tests and `collc run`
 //! time them (a rank starts the next call once it has finished its part of this one), and the latency is the time
 //! between the ends of the second and third calls: on shared cores, one call's last turns overlap the next call's
 //! first, so an isolated call would overstate what each costs.
@@ -175,8 +176,8 @@ struct Core {
     next_rank: u32,
 }
 
-struct Run {
-    graph: Graph,
+struct Run<'a> {
+    graph: &'a Graph,
     /// Instructions of one call; instruction g of the run is instruction g % total of call g / total.
     total: u32,
     calls: u32,
@@ -194,13 +195,11 @@ struct Run {
     core_of: Vec<u32>,
     /// Each rank's place in its core's turn order.
     turn_of: Vec<u32>,
-    sent: Vec<u32>,
-    received: Vec<u32>,
     /// The core whose turn is being played (its next turn is worked out when the turn ends).
     acting: u32,
 }
 
-impl Run {
+impl Run<'_> {
     fn earliest(&self, rank: u32) -> Option<f64> {
         self.ready[rank as usize].peek().map(|Reverse((t, _))| t.0)
     }
@@ -234,7 +233,8 @@ impl Run {
         if *unmet > 0 {
             return;
         }
-        let (rank, allowed) = (self.graph.rank_of[(g % self.total) as usize], *allowed);
+        let allowed = *allowed;
+        let rank = self.graph.rank_of[self.split(g).1 as usize];
         self.ready[rank as usize].push(Reverse((Time(allowed), g)));
         let core = self.core_of[rank as usize];
         self.cores[core as usize].with_ready.insert(self.turn_of[rank as usize]);
@@ -247,37 +247,49 @@ impl Run {
         }
     }
 
-    /// The instruction at place `at` of a connection's sends or receives (`list`, one call's), counting across
-    /// calls, if the run has it.
-    fn nth(&self, list: &[u32], at: u32) -> u32 {
+    /// Instruction `g` of the run as (call, instruction of one call), without dividing (there are few calls).
+    fn split(&self, g: u32) -> (u32, u32) {
+        let (mut call, mut b) = (0, g);
+        while b >= self.total {
+            b -= self.total;
+            call += 1;
+        }
+        (call, b)
+    }
+
+    /// The instruction `ahead` places after place `at` of call `call` among a connection's sends or receives
+    /// (`list`, one call's), counting across calls, if the run has it.
+    fn nth(&self, list: &[u32], call: u32, at: u32, ahead: u32) -> u32 {
         let n = list.len() as u32;
-        let call = at / n;
+        let (mut call, mut at) = (call, at + ahead);
+        while at >= n {
+            at -= n;
+            call += 1;
+        }
         if call < self.calls {
-            call * self.total + list[(at % n) as usize]
+            call * self.total + list[at as usize]
         } else {
             NONE
         }
     }
 
     fn fire(&mut self, g: u32, at: f64) {
-        let (call, b) = (g / self.total, (g % self.total) as usize);
+        let (call, b) = self.split(g);
+        let b = b as usize;
         let (send, recv) = self.graph.conns_of[b];
+        let (send_at, recv_at) = self.graph.positions[b];
         // (instruction, when) pairs this one meets a condition of, besides its dependents: the receive its message
         // reaches, the send its receive makes room for, and the next send and receive of the same connections.
         let mut met = [(NONE, 0.0); 4];
         if send != NONE {
-            let pos = self.sent[send as usize];
-            self.sent[send as usize] += 1;
             let c = &self.graph.conns[send as usize];
-            met[0] = (self.nth(&c.recvs, pos), at + c.alpha);
-            met[1] = (self.nth(&c.sends, pos + 1), at);
+            met[0] = (self.nth(&c.recvs, call, send_at, 0), at + c.alpha);
+            met[1] = (self.nth(&c.sends, call, send_at, 1), at);
         }
         if recv != NONE {
-            let pos = self.received[recv as usize];
-            self.received[recv as usize] += 1;
             let c = &self.graph.conns[recv as usize];
-            met[2] = (self.nth(&c.sends, pos + self.slots), at + c.alpha);
-            met[3] = (self.nth(&c.recvs, pos + 1), at);
+            met[2] = (self.nth(&c.sends, call, recv_at, self.slots), at + c.alpha);
+            met[3] = (self.nth(&c.recvs, call, recv_at, 1), at);
         }
         for (other, when) in met {
             if other != NONE {
@@ -360,27 +372,31 @@ impl Run {
 /// `collc run` binds them (`shared_core_alpha_us` for each change of hands) and `slots` messages per connection.
 pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
     let graph = build(sched, topo);
+    (play(&graph, sched.n_ranks, topo, slots, false) + play(&graph, sched.n_ranks, topo, slots, true)) / 2.0
+}
+
+/// The latency with the cores changing hands in step (`spread` false) or evenly out of step (core c of a node
+/// starting c / cores of a hand-over late).
+fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) -> f64 {
     let total = graph.deps.len() as u32;
     // Instruction numbers of the whole run must fit in a u32 (they do, by far, within the compiler's limits).
     let calls = if total as u64 * CALLS as u64 <= u32::MAX as u64 { CALLS } else { 1 };
     let slots = slots.max(1);
-    let (cores, core_of, turn_of) = deal(topo, sched.n_ranks);
+    let (cores, core_of, turn_of) = deal(topo, n_ranks, spread);
     let n = (total * calls) as usize;
     let mut run = Run {
         total,
         calls,
         slots,
         handover: topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
-        unmet: conditions(&graph, calls, slots),
+        unmet: conditions(graph, calls, slots),
         allowed_at: vec![0.0; n],
         remaining: (0..calls).flat_map(|_| graph.lengths.iter().copied()).collect(),
         finished: vec![0.0; calls as usize],
-        ready: (0..sched.n_ranks).map(|_| Ready::new()).collect(),
+        ready: (0..n_ranks).map(|_| Ready::new()).collect(),
         cores,
         core_of,
         turn_of,
-        sent: vec![0; graph.conns.len()],
-        received: vec![0; graph.conns.len()],
         acting: NONE,
         graph,
     };
@@ -413,7 +429,7 @@ pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
 
 /// The cores of the node's ranks and who is on which (each core starting with its first rank): the cores, each
 /// rank's core and its place in that core's turn order.
-fn deal(topo: &Topology, n_ranks: u32) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
+fn deal(topo: &Topology, n_ranks: u32, spread: bool) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
     let per_node = topo.per_node(n_ranks);
     let cores_per_node = topo.cores_per_node.unwrap_or(per_node).clamp(1, per_node);
     let core_of: Vec<u32> =
@@ -435,7 +451,7 @@ fn deal(topo: &Topology, n_ranks: u32) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
         turn_of[rank] = core.ranks.len() as u32;
         core.ranks.push(rank as u32);
     }
-    let handover = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
+    let handover = if spread { topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6 } else { 0.0 };
     for (c, core) in cores.iter_mut().enumerate() {
         core.next_rank = core.ranks[0];
         core.next_at = (c as u32 % cores_per_node) as f64 * handover / cores_per_node as f64;

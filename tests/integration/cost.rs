@@ -322,6 +322,19 @@ fn shared_cores_play_the_schedule_out_turn_by_turn() {
     // 2H receives, finishing its first call, sends its second, receives rank 1's second, sends its third and
     // yields; and so on: one hand-over per call once the calls run back to back.
     near("recursive doubling, one core", predict("allreduce/recursive_doubling", 2, 8.0, None, &shared(1, Some(H))), H);
+    // Sharing cores only adds time. SendRecv's sender runs ahead (8 messages of room) and its receiver takes them all
+    // in one turn, so back to back the calls cost no hand-over; they still cost what they do with a core per rank.
+    let own = predict("sendrecv/direct", 2, 8.0, None, &uniform());
+    near("sendrecv, one core", predict("sendrecv/direct", 2, 8.0, None, &shared(1, Some(H))), own);
+    // Cores with unequal numbers of ranks (3 ranks on 2 cores): each algorithm costs at least the step model.
+    for name in ["allreduce/ring", "allgather/bruck", "alltoall/pairwise", "broadcast/chain"] {
+        let (sharing, own) =
+            (predict(name, 3, 8.0, None, &shared(2, Some(H))), predict(name, 3, 8.0, None, &uniform()));
+        assert!(
+            sharing.is_finite() && sharing >= own,
+            "{name} at 3 ranks on 2 cores: {sharing:e} s, own cores {own:e} s"
+        );
+    }
     // With a core per rank nothing is shared: the step model.
     let two_cores = predict("allreduce/ring", 2, 8.0, None, &shared(2, Some(H)));
     near("two ranks, two cores", two_cores, predict("allreduce/ring", 2, 8.0, None, &uniform()));

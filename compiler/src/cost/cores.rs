@@ -324,13 +324,17 @@ impl Run<'_> {
             core.current = self.turn_of[rank as usize] as usize;
             core.since = at;
         }
+        let mut fired = 0;
         while let Some(Reverse((allowed, g))) = self.ready[rank as usize].peek().copied() {
             if allowed.0 > at {
                 break;
             }
             self.ready[rank as usize].pop();
             self.fire(g, at);
+            fired += 1;
         }
+        // A turn goes only to a rank that can fire by then (`next_turn`, `meet`), so every turn fires.
+        debug_assert!(fired > 0, "rank {rank}'s turn at {at:e} s fired nothing");
         if self.ready[rank as usize].is_empty() {
             self.cores[core as usize].with_ready.remove(&self.turn_of[rank as usize]);
         }
@@ -357,7 +361,7 @@ impl Run<'_> {
                 p => p,
             };
             if e <= c.since + passes as f64 * self.handover {
-                return (self.turn(rank, c.since), rank);
+                return (self.turn(rank, e), rank);
             }
             let turn = self.turn(rank, e);
             if turn < next.0 {
@@ -409,6 +413,18 @@ fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) 
     }
     // The core whose turn comes first plays it: whatever another core does later takes effect no sooner than it
     // happens, so nothing can still change what this turn finds.
+    // Each core starts with its first rank if that one can fire at once, else passes the core on as any turn does.
+    for core in 0..run.cores.len() {
+        let (first, since) = (run.cores[core].ranks[0], run.cores[core].since);
+        let next = match run.earliest(first) {
+            Some(e) if e <= since => (since, first),
+            _ => run.next_turn(core as u32),
+        };
+        (run.cores[core].next_at, run.cores[core].next_rank) = next;
+    }
+    // Every turn fires an instruction, so there are at most as many turns as instructions; the bound keeps a turn
+    // that broke that rule from looping for ever.
+    let mut turns_left = n as u64 + 1;
     while let Some((core, at)) = run
         .cores
         .iter()
@@ -417,6 +433,10 @@ fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) 
         .map(|(i, c)| (i as u32, c.next_at))
         .min_by(|a, b| a.1.total_cmp(&b.1))
     {
+        if turns_left == 0 {
+            break;
+        }
+        turns_left -= 1;
         let rank = run.cores[core as usize].next_rank;
         run.play_turn(core, rank, at);
     }
@@ -441,7 +461,7 @@ fn deal(topo: &Topology, n_ranks: u32, spread: bool) -> (Vec<Core>, Vec<u32>, Ve
             with_ready: BTreeSet::new(),
             current: 0,
             since: 0.0,
-            next_at: 0.0,
+            next_at: f64::INFINITY,
             next_rank: NONE,
         })
         .collect();
@@ -453,9 +473,7 @@ fn deal(topo: &Topology, n_ranks: u32, spread: bool) -> (Vec<Core>, Vec<u32>, Ve
     }
     let handover = if spread { topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6 } else { 0.0 };
     for (c, core) in cores.iter_mut().enumerate() {
-        core.next_rank = core.ranks[0];
-        core.next_at = (c as u32 % cores_per_node) as f64 * handover / cores_per_node as f64;
-        core.since = core.next_at;
+        core.since = (c as u32 % cores_per_node) as f64 * handover / cores_per_node as f64;
     }
     (cores, core_of, turn_of)
 }

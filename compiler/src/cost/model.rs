@@ -9,7 +9,8 @@
 //! every byte moves through a core (written into a FIFO, copied or reduced out of it), the ranks that share a core
 //! take turns, and the fused instructions of the final schedule decide how many passes over the data each rank makes.
 //! There the alphas of the steps give way to the latency of the schedule played out on the cores (`cores.rs`): how
-//! often the cores change hands (`shared_core_alpha_us` each) on the way to the last instruction.
+//! often the cores change hands (`shared_core_alpha_us` each) per call, calls back to back; and as sharing cores
+//! only adds time, the prediction is at least the one with a core per rank.
 //!
 //! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
@@ -191,19 +192,26 @@ impl Profile {
         let chunk_bytes = bytes / self.whole_chunks as f64;
         let k = usize::from(bytes <= self.cached_bytes);
         let regime = &self.regimes[k];
-        let alpha = |c: usize| if self.shared_core_latency.is_some() { 0.0 } else { self.alpha[c] };
-        let steps = self
-            .steps
-            .iter()
-            .map(|s| {
-                let comm = (0..2)
-                    .filter(|&c| s.port_chunks[c] > 0)
-                    .map(|c| alpha(c) + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c])
-                    .fold(0.0, f64::max);
-                comm + s.compute[k] * chunk_bytes
-            })
-            .sum::<f64>();
-        (steps + self.shared_core_latency.unwrap_or(0.0)).max(regime.core * chunk_bytes)
+        // The steps with their alphas (ports that work in parallel, a core per rank) or without (`alphas` false).
+        let steps = |alphas: bool| {
+            self.steps
+                .iter()
+                .map(|s| {
+                    let comm = (0..2)
+                        .filter(|&c| s.port_chunks[c] > 0)
+                        .map(|c| {
+                            let alpha = if alphas { self.alpha[c] } else { 0.0 };
+                            alpha + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c]
+                        })
+                        .fold(0.0, f64::max);
+                    comm + s.compute[k] * chunk_bytes
+                })
+                .sum::<f64>()
+        };
+        let own_cores = steps(true);
+        // Sharing cores only adds time: at least what the call takes with a core per rank.
+        let shared = self.shared_core_latency.map_or(0.0, |latency| steps(false) + latency);
+        own_cores.max(shared).max(regime.core * chunk_bytes)
     }
 
     pub fn n_steps(&self) -> usize {

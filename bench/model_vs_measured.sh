@@ -18,6 +18,8 @@
 #   TOPO []        a topology file to predict with instead of calibrating (`collc cost --calibrate` writes one)
 #   ALGOS []       allreduce algorithms to compare (default: every allreduce/* of `collc list`)
 #   KEEP [0]       1 keeps the work directory (raw JSON of every run) and prints its path
+#   BIN []         a collc binary to predict (and measure) with instead of building this checkout (with REUSE, to
+#                  score kept runs with an older model)
 #   REUSE []       a kept work directory: predict with the current build on its topology and score against its
 #                  measurements, measuring nothing (to see what a model change does to the same data; confirm with
 #                  a fresh run, as a change fitted to one run's data may not carry over)
@@ -32,8 +34,11 @@ iters=${ITERS:-50}
 warmup=${WARMUP:-5}
 runs=${RUNS:-5}
 
-cargo build --release -p collc >/dev/null 2>&1
-bin=target/release/collc
+bin=${BIN:-}
+if [ -z "$bin" ]; then
+  cargo build --release -p collc >/dev/null 2>&1
+  bin=target/release/collc
+fi
 reuse=${REUSE:-}
 if [ -n "$reuse" ]; then
   work=$reuse

@@ -17,16 +17,17 @@
 //! core reaches its receiver depends on how the cores' turns line up, which nothing fixes: in step, every message
 //! lands just after its receiver has yielded and waits the longest; evenly out of step (core c starting c / cores of
 //! a hand-over late), it waits about half as long. The latency is the mean of the two, for phases at random.
-//! Calls run back to back, as nccl-tests and `collc run`
-//! time them (a rank starts the next call once it has finished its part of this one), and the latency is the time
-//! between the ends of the second and third calls: on shared cores, one call's last turns overlap the next call's
-//! first, so an isolated call would overstate what each costs.
+//! Calls run back to back, as nccl-tests and `collc run` time them (a rank starts the next call once it has finished
+//! its part of this one), and the latency is the time between the ends of the second and third calls: on shared
+//! cores, one call's last turns overlap the next call's first, so an isolated call would overstate what each costs.
+//!
+//! The connections are the verifier's table (`verify::Connections`).
 
 use super::topology::Topology;
-use crate::fxhash::FxBuildHasher;
 use crate::sched::Schedule;
+use crate::verify::{Connection, Connections};
 use std::cmp::Reverse;
-use std::collections::{BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeSet, BinaryHeap};
 
 /// Seconds, ordered for the heaps (times are finite and non-negative).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -48,90 +49,57 @@ impl Ord for Time {
 
 const NONE: u32 = u32::MAX;
 
-/// One directed connection: the global indices of its sends and receives, in order, and its link's alpha.
-struct Connection {
-    sends: Vec<u32>,
-    recvs: Vec<u32>,
-    alpha: f64,
-}
-
-/// One call as a graph over global instruction indices (rank by rank), as the verifier's deadlock check builds it.
+/// One call as a graph over global instruction indices (rank by rank): the verifier's connection table, and per
+/// instruction what playing it out needs.
 struct Graph {
+    conns: Connections,
+    /// Per connection: its link's alpha.
+    alpha: Vec<f64>,
     rank_of: Vec<u32>,
-    /// Per instruction: (send connection, receive connection), `NONE` when it has none.
-    conns_of: Vec<(u32, u32)>,
     /// Per instruction: its place among its connections' sends and receives, `NONE` when it has none.
     positions: Vec<(u32, u32)>,
-    conns: Vec<Connection>,
+    /// Per instruction: how many dependencies it has, and (global indices) the instructions that depend on it.
+    deps: Vec<u32>,
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
-    deps: Vec<u32>,
     /// Per rank, its instructions that depend on nothing: where its next call starts.
     roots: Vec<Vec<u32>>,
-    /// Per rank, how many instructions it has.
-    lengths: Vec<u32>,
-}
-
-/// The connections met so far, numbered in order, by (sender, receiver, channel).
-#[derive(Default)]
-struct Connections {
-    index: HashMap<(u32, u32, u8), u32, FxBuildHasher>,
-    list: Vec<Connection>,
-}
-
-impl Connections {
-    fn id(&mut self, topo: &Topology, from: u32, to: u32, channel: u8) -> u32 {
-        let list = &mut self.list;
-        *self.index.entry((from, to, channel)).or_insert_with(|| {
-            let alpha = topo.link(topo.class(from, to)).alpha();
-            list.push(Connection { sends: Vec::new(), recvs: Vec::new(), alpha });
-            (list.len() - 1) as u32
-        })
-    }
 }
 
 fn build(sched: &Schedule, topo: &Topology) -> Graph {
-    let total = sched.n_instrs();
-    let mut conns = Connections::default();
-    let (mut rank_of, mut conns_of, mut positions, mut deps) =
-        (Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total), Vec::with_capacity(total));
+    let conns = Connections::build(sched);
+    let total = conns.of_instr.len();
+    let alpha = conns.list.iter().map(|c| topo.link(topo.class(c.from, c.to)).alpha()).collect();
+    let mut positions = vec![(NONE, NONE); total];
+    for c in &conns.list {
+        for (k, &s) in (0u32..).zip(&c.sends) {
+            positions[(conns.rank_start[c.from as usize] + s) as usize].0 = k;
+        }
+        for (k, &r) in (0u32..).zip(&c.recvs) {
+            positions[(conns.rank_start[c.to as usize] + r) as usize].1 = k;
+        }
+    }
+    let (mut rank_of, mut deps) = (Vec::with_capacity(total), Vec::with_capacity(total));
     let (mut dependents_start, mut dependents) = (Vec::with_capacity(total + 1), Vec::new());
-    let (mut roots, mut lengths) = (Vec::new(), Vec::new());
-    let mut first = 0u32;
+    let mut roots = Vec::with_capacity(sched.ranks.len());
     for (rank, program) in (0u32..).zip(&sched.ranks) {
+        let first = conns.rank_start[rank as usize];
         let rank_dependents = program.dependents();
         let mut rank_roots = Vec::new();
-        for (i, instr) in program.instrs.iter().enumerate() {
-            let g = first + i as u32;
-            let send = instr.send_peer().map_or(NONE, |peer| conns.id(topo, rank, peer, instr.channel));
-            let recv = instr.recv_peer().map_or(NONE, |peer| conns.id(topo, peer, rank, instr.channel));
-            let mut at = (NONE, NONE);
-            if send != NONE {
-                let list = &mut conns.list[send as usize].sends;
-                at.0 = list.len() as u32;
-                list.push(g);
-            }
-            if recv != NONE {
-                let list = &mut conns.list[recv as usize].recvs;
-                at.1 = list.len() as u32;
-                list.push(g);
-            }
-            if program.deps_of(i).is_empty() {
-                rank_roots.push(g);
+        for i in 0..program.len() {
+            let n_deps = program.deps_of(i).len() as u32;
+            if n_deps == 0 {
+                rank_roots.push(first + i as u32);
             }
             rank_of.push(rank);
-            conns_of.push((send, recv));
-            positions.push(at);
-            deps.push(program.deps_of(i).len() as u32);
+            deps.push(n_deps);
             dependents_start.push(dependents.len() as u32);
             dependents.extend(rank_dependents.of(i).iter().map(|&d| first + d));
         }
         roots.push(rank_roots);
-        lengths.push(program.len() as u32);
-        first += program.len() as u32;
     }
     dependents_start.push(dependents.len() as u32);
-    Graph { rank_of, conns_of, positions, conns: conns.list, dependents_start, dependents, deps, roots, lengths }
+    Graph { conns, alpha, rank_of, positions, deps, dependents_start, dependents, roots }
 }
 
 /// How many calls are played back to back: the latency is the time between the ends of the last two.
@@ -144,15 +112,15 @@ fn conditions(graph: &Graph, calls: u32, slots: u32) -> Vec<u32> {
     let mut unmet = Vec::with_capacity(graph.deps.len() * calls as usize);
     for call in 0..calls {
         for (b, &deps) in graph.deps.iter().enumerate() {
-            let (send, recv) = graph.conns_of[b];
+            let (send, recv) = graph.conns.of_instr[b];
             let (send_at, recv_at) = graph.positions[b];
             let mut n = deps + u32::from(call > 0 && deps == 0);
             if send != NONE {
-                let at = call * graph.conns[send as usize].sends.len() as u32 + send_at;
+                let at = call * graph.conns.list[send as usize].sends.len() as u32 + send_at;
                 n += u32::from(at > 0) + u32::from(at >= slots);
             }
             if recv != NONE {
-                let at = call * graph.conns[recv as usize].recvs.len() as u32 + recv_at;
+                let at = call * graph.conns.list[recv as usize].recvs.len() as u32 + recv_at;
                 n += 1 + u32::from(at > 0);
             }
             unmet.push(n);
@@ -234,10 +202,8 @@ impl Run<'_> {
             return;
         }
         let allowed = *allowed;
-        let rank = self.graph.rank_of[self.split(g).1 as usize];
-        self.ready[rank as usize].push(Reverse((Time(allowed), g)));
+        let rank = self.make_ready(g, allowed);
         let core = self.core_of[rank as usize];
-        self.cores[core as usize].with_ready.insert(self.turn_of[rank as usize]);
         if core != self.acting {
             let turn = self.turn(rank, allowed);
             let core = &mut self.cores[core as usize];
@@ -245,6 +211,14 @@ impl Run<'_> {
                 (core.next_at, core.next_rank) = (turn, rank);
             }
         }
+    }
+
+    /// Puts `g` among what its rank may fire from `allowed` on; returns the rank.
+    fn make_ready(&mut self, g: u32, allowed: f64) -> u32 {
+        let rank = self.graph.rank_of[self.split(g).1 as usize];
+        self.ready[rank as usize].push(Reverse((Time(allowed), g)));
+        self.cores[self.core_of[rank as usize] as usize].with_ready.insert(self.turn_of[rank as usize]);
+        rank
     }
 
     /// Instruction `g` of the run as (call, instruction of one call), without dividing (there are few calls).
@@ -258,8 +232,9 @@ impl Run<'_> {
     }
 
     /// The instruction `ahead` places after place `at` of call `call` among a connection's sends or receives
-    /// (`list`, one call's), counting across calls, if the run has it.
-    fn nth(&self, list: &[u32], call: u32, at: u32, ahead: u32) -> u32 {
+    /// (`list`, one call's, indices on the rank whose instructions start at `first`), counting across calls, if the
+    /// run has it.
+    fn nth(&self, list: &[u32], first: u32, call: u32, at: u32, ahead: u32) -> u32 {
         let n = list.len() as u32;
         // A verified schedule has as many receives as sends on each connection, so neither list is empty here.
         if n == 0 {
@@ -271,7 +246,7 @@ impl Run<'_> {
             call += 1;
         }
         if call < self.calls {
-            call * self.total + list[at as usize]
+            call * self.total + first + list[at as usize]
         } else {
             NONE
         }
@@ -280,20 +255,24 @@ impl Run<'_> {
     fn fire(&mut self, g: u32, at: f64) {
         let (call, b) = self.split(g);
         let b = b as usize;
-        let (send, recv) = self.graph.conns_of[b];
-        let (send_at, recv_at) = self.graph.positions[b];
+        let graph = self.graph;
+        let (send, recv) = graph.conns.of_instr[b];
+        let (send_at, recv_at) = graph.positions[b];
         // (instruction, when) pairs this one meets a condition of, besides its dependents: the receive its message
         // reaches, the send its receive makes room for, and the next send and receive of the same connections.
         let mut met = [(NONE, 0.0); 4];
+        let starts = |c: &Connection| (graph.conns.rank_start[c.from as usize], graph.conns.rank_start[c.to as usize]);
         if send != NONE {
-            let c = &self.graph.conns[send as usize];
-            met[0] = (self.nth(&c.recvs, call, send_at, 0), at + c.alpha);
-            met[1] = (self.nth(&c.sends, call, send_at, 1), at);
+            let c = &graph.conns.list[send as usize];
+            let ((from, to), alpha) = (starts(c), graph.alpha[send as usize]);
+            met[0] = (self.nth(&c.recvs, to, call, send_at, 0), at + alpha);
+            met[1] = (self.nth(&c.sends, from, call, send_at, 1), at);
         }
         if recv != NONE {
-            let c = &self.graph.conns[recv as usize];
-            met[2] = (self.nth(&c.sends, call, recv_at, self.slots), at + c.alpha);
-            met[3] = (self.nth(&c.recvs, call, recv_at, 1), at);
+            let c = &graph.conns.list[recv as usize];
+            let ((from, to), alpha) = (starts(c), graph.alpha[recv as usize]);
+            met[2] = (self.nth(&c.sends, from, call, recv_at, self.slots), at + alpha);
+            met[3] = (self.nth(&c.recvs, to, call, recv_at, 1), at);
         }
         for (other, when) in met {
             if other != NONE {
@@ -306,7 +285,7 @@ impl Run<'_> {
             self.meet(d, at);
         }
         let rank = self.graph.rank_of[b];
-        let left = &mut self.remaining[(call * self.graph.lengths.len() as u32 + rank) as usize];
+        let left = &mut self.remaining[(call * self.graph.roots.len() as u32 + rank) as usize];
         *left -= 1;
         if *left == 0 {
             self.finished[call as usize] = self.finished[call as usize].max(at);
@@ -364,10 +343,10 @@ impl Run<'_> {
                 0 => m,
                 p => p,
             };
-            if e <= c.since + passes as f64 * self.handover {
-                return (self.turn(rank, e), rank);
-            }
             let turn = self.turn(rank, e);
+            if e <= c.since + passes as f64 * self.handover {
+                return (turn, rank);
+            }
             if turn < next.0 {
                 next = (turn, rank);
             }
@@ -376,30 +355,33 @@ impl Run<'_> {
     }
 }
 
-/// Seconds from the start of a call of no bytes until its last instruction fires, with ranks dealt to cores as
-/// `collc run` binds them (`shared_core_alpha_us` for each change of hands) and `slots` messages per connection.
+/// Seconds per call of no bytes, calls back to back, with ranks dealt to cores as `collc run` binds them
+/// (`shared_core_alpha_us` for each change of hands) and `slots` messages per connection.
 pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
     let graph = build(sched, topo);
-    (play(&graph, sched.n_ranks, topo, slots, false) + play(&graph, sched.n_ranks, topo, slots, true)) / 2.0
+    let handover = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
+    let in_step = play(&graph, sched.n_ranks, topo, slots, handover, 0.0);
+    let out_of_step = play(&graph, sched.n_ranks, topo, slots, handover, handover);
+    (in_step + out_of_step) / 2.0
 }
 
-/// The latency with the cores changing hands in step (`spread` false) or evenly out of step (core c of a node
-/// starting c / cores of a hand-over late).
-fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) -> f64 {
+/// The latency with core c of a node starting c / cores of `lag` late (0: the cores change hands in step).
+fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, handover: f64, lag: f64) -> f64 {
     let total = graph.deps.len() as u32;
     // Instruction numbers of the whole run must fit in a u32 (they do, by far, within the compiler's limits).
     let calls = if total as u64 * CALLS as u64 <= u32::MAX as u64 { CALLS } else { 1 };
     let slots = slots.max(1);
-    let (cores, core_of, turn_of) = deal(topo, n_ranks, spread);
+    let (cores, core_of, turn_of) = deal(topo, n_ranks, lag);
     let n = (total * calls) as usize;
+    let lengths = graph.conns.rank_start.windows(2).map(|w| w[1] - w[0]);
     let mut run = Run {
         total,
         calls,
         slots,
-        handover: topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6,
+        handover,
         unmet: conditions(graph, calls, slots),
         allowed_at: vec![0.0; n],
-        remaining: (0..calls).flat_map(|_| graph.lengths.iter().copied()).collect(),
+        remaining: (0..calls).flat_map(|_| lengths.clone()).collect(),
         finished: vec![0.0; calls as usize],
         ready: (0..n_ranks).map(|_| Ready::new()).collect(),
         cores,
@@ -410,13 +392,9 @@ fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) 
     };
     for g in 0..total {
         if run.unmet[g as usize] == 0 {
-            let rank = run.graph.rank_of[g as usize];
-            run.ready[rank as usize].push(Reverse((Time(0.0), g)));
-            run.cores[run.core_of[rank as usize] as usize].with_ready.insert(run.turn_of[rank as usize]);
+            run.make_ready(g, 0.0);
         }
     }
-    // The core whose turn comes first plays it: whatever another core does later takes effect no sooner than it
-    // happens, so nothing can still change what this turn finds.
     // Each core starts with its first rank if that one can fire at once, else passes the core on as any turn does.
     for core in 0..run.cores.len() {
         let (first, since) = (run.cores[core].ranks[0], run.cores[core].since);
@@ -426,8 +404,9 @@ fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) 
         };
         (run.cores[core].next_at, run.cores[core].next_rank) = next;
     }
-    // Every turn fires an instruction, so there are at most as many turns as instructions; the bound keeps a turn
-    // that broke that rule from looping for ever.
+    // The core whose turn comes first plays it: whatever another core does later takes effect no sooner than it
+    // happens, so nothing can still change what this turn finds. Every turn fires an instruction, so there are at
+    // most as many turns as instructions; the bound keeps a turn that broke that rule from looping for ever.
     let mut turns_left = n as u64 + 1;
     while let Some((core, at)) = run
         .cores
@@ -451,20 +430,18 @@ fn play(graph: &Graph, n_ranks: u32, topo: &Topology, slots: u32, spread: bool) 
     }
 }
 
-/// The cores of the node's ranks and who is on which (each core starting with its first rank): the cores, each
-/// rank's core and its place in that core's turn order.
-fn deal(topo: &Topology, n_ranks: u32, spread: bool) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
-    let per_node = topo.per_node(n_ranks);
-    let cores_per_node = topo.cores_per_node.unwrap_or(per_node).clamp(1, per_node);
-    let core_of: Vec<u32> =
-        (0..n_ranks).map(|r| topo.node_of(r) * cores_per_node + r % per_node % cores_per_node).collect();
+/// The cores of the ranks (`Topology::core_of`), core c of a node starting c / cores of `lag` late, each with its
+/// first rank: the cores, each rank's core and its place in that core's turn order.
+fn deal(topo: &Topology, n_ranks: u32, lag: f64) -> (Vec<Core>, Vec<u32>, Vec<u32>) {
+    let core_of: Vec<u32> = (0..n_ranks).map(|r| topo.core_of(r, n_ranks)).collect();
     let n_cores = core_of.iter().max().map_or(0, |&c| c as usize + 1);
-    let mut cores: Vec<Core> = (0..n_cores)
-        .map(|_| Core {
+    let cores_per_node = topo.cores_used(n_ranks);
+    let mut cores: Vec<Core> = (0..n_cores as u32)
+        .map(|c| Core {
             ranks: Vec::new(),
             with_ready: BTreeSet::new(),
             current: 0,
-            since: 0.0,
+            since: (c % cores_per_node) as f64 * lag / cores_per_node as f64,
             next_at: f64::INFINITY,
             next_rank: NONE,
         })
@@ -474,10 +451,6 @@ fn deal(topo: &Topology, n_ranks: u32, spread: bool) -> (Vec<Core>, Vec<u32>, Ve
         let core = &mut cores[core as usize];
         turn_of[rank] = core.ranks.len() as u32;
         core.ranks.push(rank as u32);
-    }
-    let handover = if spread { topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6 } else { 0.0 };
-    for (c, core) in cores.iter_mut().enumerate() {
-        core.since = (c as u32 % cores_per_node) as f64 * handover / cores_per_node as f64;
     }
     (cores, core_of, turn_of)
 }

@@ -163,15 +163,16 @@ fn core_passes(op: Op) -> (f64, f64) {
     }
 }
 
-/// Per core, the chunk copies and reductions of the ranks it runs when a node has more ranks than cores (ranks
-/// dealt to cores in turn, local rank l on core l mod cores); empty otherwise. Counted once, weighed per regime.
+/// Per core, the chunk copies and reductions of the ranks it runs (`Topology::core_of`) when a node has more ranks
+/// than cores; empty otherwise. Counted once, weighed per regime.
 fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<(f64, f64)> {
-    let per_node = topo.per_node(sched.n_ranks);
-    let Some(cores) = topo.cores_per_node.filter(|_| topo.shares_cores(sched.n_ranks)) else { return Vec::new() };
-    let mut passes = vec![(0.0f64, 0.0f64); (topo.nodes.max(1) * cores) as usize];
-    for (rank, program) in sched.ranks.iter().enumerate() {
-        let rank = rank as u32;
-        let core = &mut passes[(topo.node_of(rank) * cores + rank % per_node % cores) as usize];
+    let n = sched.n_ranks;
+    if !topo.shares_cores(n) {
+        return Vec::new();
+    }
+    let mut passes = vec![(0.0f64, 0.0f64); (topo.nodes.max(1) * topo.cores_used(n)) as usize];
+    for (rank, program) in (0u32..).zip(&sched.ranks) {
+        let core = &mut passes[topo.core_of(rank, n) as usize];
         for instr in &program.instrs {
             let (copies, reductions) = core_passes(instr.op);
             core.0 += instr.count as f64 * copies;

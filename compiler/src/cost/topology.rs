@@ -279,6 +279,19 @@ impl Topology {
         self.cores_per_node.is_some_and(|cores| cores < self.per_node(n_ranks))
     }
 
+    /// The cores a node's ranks run on: `cores_per_node`, at most one per rank (one per rank when not given).
+    pub fn cores_used(&self, n_ranks: u32) -> u32 {
+        let per_node = self.per_node(n_ranks);
+        self.cores_per_node.unwrap_or(per_node).clamp(1, per_node)
+    }
+
+    /// The core `rank` runs on, numbered across nodes: a node's ranks are dealt to its cores in turn, local rank l on
+    /// core l mod cores, as `collc run` binds them.
+    pub fn core_of(&self, rank: u32, n_ranks: u32) -> u32 {
+        let cores = self.cores_used(n_ranks);
+        self.node_of(rank) * cores + rank % self.per_node(n_ranks) % cores
+    }
+
     /// Ranks per node for `n_ranks` ranks in all.
     pub fn per_node(&self, n_ranks: u32) -> u32 {
         self.ranks_per_node.unwrap_or(n_ranks).max(1)

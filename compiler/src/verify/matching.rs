@@ -1,10 +1,11 @@
 //! Matching: on every connection (sender, receiver, channel) the i-th send and the i-th receive exist and carry
-//! the same number of chunks. Also builds the connection table the deadlock simulation runs on.
+//! the same number of chunks. Also builds the connection table the deadlock simulation runs on (and the cost model's
+//! play of a schedule on shared cores, `cost/cores.rs`).
 
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::NO_RANK;
+use crate::sched::{Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -36,22 +37,22 @@ impl Connections {
         self.of_instr[(self.rank_start[rank as usize] + i) as usize]
     }
 
-    pub fn build(ctx: &Context) -> Self {
+    pub fn build(sched: &Schedule) -> Self {
         let mut index: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
         let mut list: Vec<Connection> = Vec::new();
-        let mut rank_start = Vec::with_capacity(ctx.sched.ranks.len() + 1);
+        let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
         rank_start.push(0u32);
-        for program in &ctx.sched.ranks {
+        for program in &sched.ranks {
             rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
         }
-        let mut of_instr = Vec::with_capacity(ctx.sched.n_instrs());
+        let mut of_instr = Vec::with_capacity(sched.n_instrs());
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
                 list.push(Connection { from, to, channel, ..Default::default() });
                 (list.len() - 1) as u32
             })
         };
-        for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        for (rank, program) in sched.ranks.iter().enumerate() {
             let rank = rank as u32;
             // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
             let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));

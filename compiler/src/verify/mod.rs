@@ -16,6 +16,8 @@ mod postcondition;
 mod races;
 mod value;
 
+pub(crate) use matching::{Connection, Connections};
+
 use crate::diag::{Error, Errors};
 use crate::sched::{Instr, Schedule};
 use crate::Limits;
@@ -48,7 +50,7 @@ pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<Verified
     let ctx = Context { sched: &sched, source, limits };
     let mut errors = Vec::new();
     bounds::check(&ctx, &mut errors);
-    let connections = errors.is_empty().then(|| matching::Connections::build(&ctx));
+    let connections = errors.is_empty().then(|| matching::Connections::build(ctx.sched));
     if let Some(connections) = &connections {
         matching::check(&ctx, connections, &mut errors);
         races::check(&ctx, &mut errors);

@@ -53,7 +53,7 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
         return;
     }
     let exact = (sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT)
-        .then(|| simulate::<Exact>(ctx, Connections::build(ctx)).ok())
+        .then(|| simulate::<Exact>(ctx, Connections::build(ctx.sched)).ok())
         .flatten();
     for (rank, operand, expected) in wrong {
         errors.push(explain(ctx, finished, exact.as_ref(), rank, operand, expected));

@@ -119,7 +119,7 @@ pub fn compile_program(
     if !options.fuse {
         return verify(schedule(program, options.placement), source, limits);
     }
-    let fused = sched::schedule_with(program, options.placement, optimise::fuse_rank);
+    let fused = sched::schedule_with(program, options.placement, optimise::fuse_new_rank);
     match verify(fused, source, limits) {
         Err(_) => verify(schedule(program, options.placement), source, limits),
         outcome => outcome,

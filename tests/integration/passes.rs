@@ -68,7 +68,7 @@ fn fused_verifies(source: &str, n_ranks: u32) -> Result<(), String> {
         let mut sched = schedule(&program, placement);
         optimise::fuse(&mut sched);
         // `compile_program` fuses each rank inside scheduling: the same schedule as fusing afterwards.
-        let fused_while_scheduling = collc_compiler::sched::schedule_with(&program, placement, optimise::fuse_rank);
+        let fused_while_scheduling = collc_compiler::sched::schedule_with(&program, placement, optimise::fuse_new_rank);
         if fused_while_scheduling != sched {
             return Err(format!("{placement}: fusing while scheduling differs from fusing afterwards"));
         }

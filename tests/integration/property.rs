@@ -55,6 +55,9 @@ fn run_pipeline(source: &str) {
         for placement in Placement::BOTH {
             let mut sched = schedule(&program, placement);
             optimise::fuse(&mut sched);
+            // What `compile_program` runs: dependencies and fusion in one walk per rank, the same schedule.
+            let one_walk = collc_compiler::sched::schedule_with(&program, placement, optimise::fuse_new_rank);
+            assert!(one_walk == sched, "{placement} at {n_ranks} ranks: one-walk fusion differs from the two passes");
             if let Err(errors) = verify(sched, source, &limits) {
                 render(&errors, source);
             }

@@ -136,7 +136,7 @@ fn rebuild(rank: &mut RankProgram, scratch: &mut Scratch) {
 }
 
 /// Whether `later` must wait for `earlier`: one writes a chunk the other reads or writes.
-fn hazard(earlier: &Instr, later: &Instr) -> bool {
+pub(super) fn hazard(earlier: &Instr, later: &Instr) -> bool {
     let meets = |a: Operand, b: Operand| overlaps(a, earlier.count, b, later.count);
     let earlier_write = earlier.dst.get();
     let later_write = later.dst.get();
@@ -144,7 +144,7 @@ fn hazard(earlier: &Instr, later: &Instr) -> bool {
         || later_write.is_some_and(|lw| earlier.reads().any(|r| meets(r, lw)))
 }
 
-fn fused(recv: Instr, send: Instr) -> Instr {
+pub(super) fn fused(recv: Instr, send: Instr) -> Instr {
     let op = if recv.op == Op::Recv { Op::RecvCopySend } else { Op::RecvReduceCopySend };
     Instr { op, send_peer: send.send_peer, ..recv }
 }

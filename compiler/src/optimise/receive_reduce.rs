@@ -45,7 +45,7 @@ fn pairs(rank: &RankProgram) -> Vec<u32> {
     into
 }
 
-fn reduces_scratch(instr: &Instr) -> bool {
+pub(super) fn reduces_scratch(instr: &Instr) -> bool {
     instr.op == Op::Reduce && instr.src.buf.is_scratch()
 }
 

@@ -14,11 +14,12 @@ use crate::ir::{Buf, Loc, Program, Transfer, TransferKind};
 
 /// Builds the per-rank schedule of `program` for `placement`.
 pub fn schedule(program: &Program, placement: Placement) -> Schedule {
-    schedule_with(program, placement, |_, _| {})
+    schedule_with(program, placement, add_dependencies)
 }
 
-/// `schedule`, running `pass` on each rank as soon as its dependencies are known (while its instructions are in
-/// cache).
+/// `schedule` with `pass` in place of `add_dependencies`: each rank's instructions go to `pass` as soon as they are
+/// mapped (while they are in cache), without dependencies, and `pass` must derive them (`optimise::fuse_new_rank`
+/// derives them and fuses in one go).
 pub fn schedule_with(
     program: &Program,
     placement: Placement,
@@ -49,7 +50,6 @@ pub fn schedule_with(
                 work.instrs.append(&mut receives);
             }
             mapper.final_copies(rank, &mut work.instrs);
-            add_dependencies(&mut work, &buffers);
             pass(&mut work, &buffers);
             work.clone()
         })
@@ -419,9 +419,9 @@ fn base_instr(t: &Transfer, count: u32) -> Instr {
 }
 
 /// Per-slot hazard state of one rank, reused across ranks.
-struct Hazards {
+pub(crate) struct Hazards {
     base: Vec<u32>,
-    history: SlotHistory,
+    pub history: SlotHistory,
 }
 
 impl Hazards {
@@ -430,7 +430,8 @@ impl Hazards {
         Hazards { base, history: SlotHistory::new(total as usize) }
     }
 
-    fn slots(&self, op: Operand, count: u32) -> std::ops::Range<usize> {
+    /// The slots (indices into `history`) of `count` chunks from `op`.
+    pub fn slots(&self, op: Operand, count: u32) -> std::ops::Range<usize> {
         let start = (self.base[op.buf.0 as usize] + op.index) as usize;
         start..start + count as usize
     }
@@ -444,7 +445,12 @@ pub(crate) fn with_dependencies(instrs: Vec<Instr>, buffers: &[BufferDecl]) -> R
 }
 
 /// Replaces `rank`'s dependencies (keeping the room its lists have) with those its instructions' hazards require.
-fn add_dependencies(rank: &mut RankProgram, buffers: &[BufferDecl]) {
+pub fn add_dependencies(rank: &mut RankProgram, buffers: &[BufferDecl]) {
+    with_hazards(buffers, |hazards| dependencies_with(rank, hazards));
+}
+
+/// Runs `f` on this thread's hazard state for `buffers` (kept from rank to rank, cleared after `f`).
+pub(crate) fn with_hazards<R>(buffers: &[BufferDecl], f: impl FnOnce(&mut Hazards) -> R) -> R {
     thread_local! {
         static STATE: std::cell::RefCell<Option<(Vec<BufferDecl>, Hazards)>> = const { std::cell::RefCell::new(None) };
     }
@@ -454,8 +460,9 @@ fn add_dependencies(rank: &mut RankProgram, buffers: &[BufferDecl]) {
             *cell = Some((buffers.to_vec(), Hazards::new(buffers)));
         }
         let hazards = &mut cell.as_mut().expect("just set").1;
-        dependencies_with(rank, hazards);
+        let result = f(hazards);
         hazards.history.reset();
+        result
     })
 }
 

@@ -1,0 +1,204 @@
+//! Dependencies and fusion of a rank as scheduling makes it, in one walk: the result of `sched::add_dependencies`
+//! then `fuse_rank`, without the second walk over the rank, the renumbering and the turned-around dependencies
+//! that fusing a finished rank needs.
+//!
+//! The walk derives dependencies from hazards, as `add_dependencies` does, but numbers instructions as they will
+//! stand after fusion: a Send that joins the receive it forwards never gets a number of its own, and its read is
+//! recorded as the receive's. Whether a receive-reduce's write is dead once it forwards (RecvReduceSend) depends on
+//! what later instructions do, so the walk notes, for each receive-reduce, whether an instruction that depends on
+//! it reads what it wrote and which of its chunks such instructions overwrite; the verdicts come at the end.
+
+use super::fuse::{fuse_rank, fused, hazard, overlaps};
+use super::receive_reduce::reduces_scratch;
+use crate::fxhash::FxBuildHasher;
+use crate::sched::build::{add_dependencies, with_hazards, Hazards};
+use crate::sched::slots::NONE;
+use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram};
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+/// Chunks a receive-reduce may have for the walk to track its coverage in a bit mask; a rank with a larger one
+/// takes the two-pass way.
+const MASK_CHUNKS: u32 = 64;
+
+/// Derives the dependencies of a rank fresh from scheduling (instructions only) and fuses it: the same rank as
+/// `sched::add_dependencies` followed by `fuse_rank` (`tests/integration/passes.rs` compares them over the library).
+/// A rank with a reduction out of scratch (the receive-reduce pass renumbers it first) or a receive-reduce of more
+/// than 64 chunks takes those two passes.
+pub fn fuse_new_rank(rank: &mut RankProgram, buffers: &[BufferDecl]) {
+    let two_pass =
+        rank.instrs.iter().any(|i| reduces_scratch(i) || (i.op == Op::RecvReduceCopy && i.count > MASK_CHUNKS));
+    if two_pass {
+        add_dependencies(rank, buffers);
+        fuse_rank(rank, buffers);
+        return;
+    }
+    thread_local! {
+        static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+    }
+    SCRATCH.with(|scratch| with_hazards(buffers, |hazards| walk(rank, hazards, &mut scratch.borrow_mut())));
+}
+
+/// The walk's working lists, kept from rank to rank.
+#[derive(Default)]
+struct Scratch {
+    /// Per instruction (fused numbering): `RECEIVE_REDUCE`, `READ`, `DROPPED`.
+    flags: Vec<u8>,
+    /// Per receive-reduce: which of its chunks instructions that depend on it overwrite.
+    covered: Vec<u64>,
+    deps: Vec<u32>,
+    /// The position of the last send per (peer, channel).
+    last_send: HashMap<(u32, u8), u32, FxBuildHasher>,
+}
+
+/// Was a RecvReduceCopy before fusion: if it forwards, its write may be dead.
+const RECEIVE_REDUCE: u8 = 1;
+/// An instruction that depends on it reads what it wrote: the write is live.
+const READ: u8 = 2;
+/// Its write was dropped (now a RecvReduceSend).
+const DROPPED: u8 = 4;
+
+fn walk(rank: &mut RankProgram, h: &mut Hazards, s: &mut Scratch) {
+    let RankProgram { instrs, dep_ranges, deps: all_deps } = rank;
+    dep_ranges.clear();
+    all_deps.clear();
+    let n = instrs.len();
+    s.flags.clear();
+    s.flags.resize(n, 0);
+    s.covered.clear();
+    s.covered.resize(n, 0);
+    s.last_send.clear();
+    let mut next = 0usize;
+    let mut forwarded_reduce = false;
+    for k in 0..n {
+        let instr = instrs[k];
+        if instr.op.sends() {
+            let key = (instr.send_peer, instr.channel);
+            // A Send depends only on the last writer of what it reads: it joins that receive when it is its one
+            // dependency, forwards exactly what it received on the same channel, and moving it up to the receive
+            // keeps the order of sends on its connection.
+            if let Some(o) = (instr.op == Op::Send).then(|| sole_writer(h, instr.src, instr.count)).flatten() {
+                let recv = instrs[o as usize];
+                let joinable = matches!(recv.op, Op::Recv | Op::RecvReduceCopy)
+                    && recv.dst == instr.src
+                    && recv.count == instr.count
+                    && recv.channel == instr.channel
+                    && s.last_send.get(&key).is_none_or(|&prev| prev < o);
+                if joinable {
+                    instrs[o as usize] = fused(recv, instr);
+                    for slot in h.slots(instr.src, instr.count) {
+                        h.history.read(slot, o);
+                    }
+                    s.last_send.insert(key, o);
+                    forwarded_reduce |= recv.op == Op::RecvReduceCopy;
+                    continue;
+                }
+            }
+            s.last_send.insert(key, next as u32);
+        }
+        let at = next as u32;
+        s.deps.clear();
+        for read in instr.reads() {
+            for slot in h.slots(read, instr.count) {
+                s.deps.push(h.history.last_writer(slot));
+            }
+        }
+        if let Some(dst) = instr.dst.get() {
+            for slot in h.slots(dst, instr.count) {
+                s.deps.push(h.history.last_writer(slot));
+                s.deps.extend(h.history.readers(slot).filter(|&r| r != at));
+            }
+        }
+        s.deps.retain(|&d| d != NONE);
+        s.deps.sort_unstable();
+        s.deps.dedup();
+        for &d in &s.deps {
+            if s.flags[d as usize] & (RECEIVE_REDUCE | READ) == RECEIVE_REDUCE {
+                note_dependent(&instrs[d as usize], &instr, &mut s.flags[d as usize], &mut s.covered[d as usize]);
+            }
+        }
+        for read in instr.reads() {
+            for slot in h.slots(read, instr.count) {
+                h.history.read(slot, at);
+            }
+        }
+        if let Some(dst) = instr.dst.get() {
+            for slot in h.slots(dst, instr.count) {
+                h.history.write(slot, at);
+            }
+        }
+        instrs[next] = instr;
+        if instr.op == Op::RecvReduceCopy {
+            s.flags[next] = RECEIVE_REDUCE;
+        }
+        let start = all_deps.len() as u32;
+        all_deps.extend_from_slice(&s.deps);
+        dep_ranges.push((start, all_deps.len() as u32));
+        next += 1;
+    }
+    instrs.truncate(next);
+    if forwarded_reduce && drop_dead_writes(instrs, s) {
+        prune_stale_dependencies(rank, &s.flags);
+    }
+}
+
+/// The one instruction that last wrote every chunk of `count` from `src`, if there is one.
+fn sole_writer(h: &Hazards, src: Operand, count: u32) -> Option<u32> {
+    let mut slots = h.slots(src, count);
+    let first = h.history.last_writer(slots.next()?);
+    (first != NONE && slots.all(|slot| h.history.last_writer(slot) == first)).then_some(first)
+}
+
+/// What `later`, which depends on the receive-reduce `written`, tells of its write: read (live) or overwritten in
+/// part. As `fuse::write_is_dead` judges it from the dependents.
+fn note_dependent(written: &Instr, later: &Instr, flags: &mut u8, covered: &mut u64) {
+    let dst = written.dst;
+    if later.reads().any(|r| overlaps(r, later.count, dst, written.count)) {
+        *flags |= READ;
+    } else if let Some(w) = later.dst.get().filter(|w| overlaps(*w, later.count, dst, written.count)) {
+        let from = w.index.saturating_sub(dst.index);
+        let to = (w.index + later.count - dst.index).min(written.count);
+        for c in from..to {
+            *covered |= 1 << c;
+        }
+    }
+}
+
+/// Turns each forwarding receive-reduce whose write nothing reads before it is overwritten in full (or, for
+/// scratch, ever) into a RecvReduceSend. Whether any was.
+fn drop_dead_writes(instrs: &mut [Instr], s: &mut Scratch) -> bool {
+    let mut any = false;
+    for (o, instr) in instrs.iter_mut().enumerate() {
+        if instr.op != Op::RecvReduceCopySend || s.flags[o] & READ != 0 {
+            continue;
+        }
+        let full = if instr.count == MASK_CHUNKS { u64::MAX } else { (1u64 << instr.count) - 1 };
+        if instr.dst.buf.is_scratch() || s.covered[o] == full {
+            *instr = Instr { op: Op::RecvReduceSend, dst: Operand::NONE, ..*instr };
+            s.flags[o] |= DROPPED;
+            any = true;
+        }
+    }
+    any
+}
+
+/// A dependency on, or of, an instruction whose write was dropped may no longer stand for a hazard: keep only those
+/// that do (every other dependency joins two instructions that each still touch what they touched unfused).
+fn prune_stale_dependencies(rank: &mut RankProgram, flags: &[u8]) {
+    let RankProgram { instrs, dep_ranges, deps } = rank;
+    let mut kept = 0usize;
+    for (at, range) in dep_ranges.iter_mut().enumerate() {
+        let (start, end) = (range.0 as usize, range.1 as usize);
+        let check_all = flags[at] & DROPPED != 0;
+        let from = kept;
+        for x in start..end {
+            let d = deps[x];
+            if (!check_all && flags[d as usize] & DROPPED == 0) || hazard(&instrs[d as usize], &instrs[at]) {
+                deps[kept] = d;
+                kept += 1;
+            }
+        }
+        *range = (from as u32, kept as u32);
+    }
+    deps.truncate(kept);
+}

@@ -3,43 +3,44 @@
 
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{BufId, Instr, Op, Operand, Placement};
+use crate::sched::{BufId, Instr, Op, Operand, Placement, RankProgram};
 
-pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
-    if let Some(problem) = header_problem(ctx) {
-        errors.push(Error::new(
-            "collc::verify::bounds",
-            problem,
-            "the schedule's header disagrees with its body; rebuild it with `collc build --emit sched`",
-        ));
-        return;
-    }
-    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
-        for (i, instr) in program.instrs.iter().enumerate() {
-            if let Some(problem) = instr_problem(ctx, rank as u32, instr) {
-                let message = format!("{}: {problem}", ctx.describe(rank as u32, i));
-                errors.push(ctx.error(
-                    "collc::verify::bounds",
-                    message,
-                    "the schedule is malformed; rebuild it from the .coll source",
-                    instr,
-                    "emitted by this transfer",
-                ));
-            }
-            if let Some(&bad) = program.deps_of(i).iter().find(|&&d| d as usize >= i) {
-                let message =
-                    format!("{} depends on #{bad}, which does not come before it", ctx.describe(rank as u32, i));
-                errors.push(ctx.error(
-                    "collc::verify::order",
-                    message,
-                    "dependencies must point to earlier instructions of the same rank",
-                    instr,
-                    "this instruction",
-                ));
-            }
-            if errors.len() >= ctx.limits.max_errors {
-                return;
-            }
+/// The header's checks: whether the ranks can be checked at all.
+pub(crate) fn check_header(ctx: &Context, errors: &mut Vec<Error>) -> bool {
+    let Some(problem) = header_problem(ctx) else { return true };
+    errors.push(Error::new(
+        "collc::verify::bounds",
+        problem,
+        "the schedule's header disagrees with its body; rebuild it with `collc build --emit sched`",
+    ));
+    false
+}
+
+/// Every instruction of one rank, until `errors` holds `Limits::max_errors`.
+pub(crate) fn check_rank(ctx: &Context, rank: u32, program: &RankProgram, errors: &mut Vec<Error>) {
+    for (i, instr) in program.instrs.iter().enumerate() {
+        if let Some(problem) = instr_problem(ctx, rank, instr) {
+            let message = format!("{}: {problem}", ctx.describe(rank, i));
+            errors.push(ctx.error(
+                "collc::verify::bounds",
+                message,
+                "the schedule is malformed; rebuild it from the .coll source",
+                instr,
+                "emitted by this transfer",
+            ));
+        }
+        if let Some(&bad) = program.deps_of(i).iter().find(|&&d| d as usize >= i) {
+            let message = format!("{} depends on #{bad}, which does not come before it", ctx.describe(rank, i));
+            errors.push(ctx.error(
+                "collc::verify::order",
+                message,
+                "dependencies must point to earlier instructions of the same rank",
+                instr,
+                "this instruction",
+            ));
+        }
+        if errors.len() >= ctx.limits.max_errors {
+            return;
         }
     }
 }

@@ -5,7 +5,7 @@
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{Schedule, NO_RANK};
+use crate::sched::{RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -38,44 +38,69 @@ impl Connections {
     }
 
     pub fn build(sched: &Schedule) -> Self {
-        let mut index: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
-        let mut list: Vec<Connection> = Vec::new();
+        let mut builder = ConnectionsBuilder::new(sched);
+        for (rank, program) in sched.ranks.iter().enumerate() {
+            builder.add_rank(rank as u32, program);
+        }
+        builder.finish()
+    }
+}
+
+/// `Connections` built rank by rank, in rank order (the verifier adds each rank while its other per-rank checks
+/// have it in cache).
+pub(crate) struct ConnectionsBuilder {
+    index: HashMap<(u32, u32, u8), u32, FxBuildHasher>,
+    connections: Connections,
+}
+
+impl ConnectionsBuilder {
+    pub fn new(sched: &Schedule) -> Self {
         let mut rank_start = Vec::with_capacity(sched.ranks.len() + 1);
         rank_start.push(0u32);
         for program in &sched.ranks {
             rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
         }
-        let mut of_instr = Vec::with_capacity(sched.n_instrs());
+        let of_instr = Vec::with_capacity(sched.n_instrs());
+        ConnectionsBuilder {
+            index: HashMap::default(),
+            connections: Connections { list: Vec::new(), of_instr, rank_start },
+        }
+    }
+
+    /// Adds the instructions of `rank`, the rank after the last one added.
+    pub fn add_rank(&mut self, rank: u32, program: &RankProgram) {
+        let Connections { list, of_instr, .. } = &mut self.connections;
+        let index = &mut self.index;
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
                 list.push(Connection { from, to, channel, ..Default::default() });
                 (list.len() - 1) as u32
             })
         };
-        for (rank, program) in sched.ranks.iter().enumerate() {
-            let rank = rank as u32;
-            // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
-            let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
-            for (i, instr) in program.instrs.iter().enumerate() {
-                let mut pair = (u32::MAX, u32::MAX);
-                if let Some(peer) = instr.send_peer() {
-                    if (last_send.0, last_send.1) != (peer, instr.channel) {
-                        last_send = (peer, instr.channel, conn(rank, peer, instr.channel, &mut list));
-                    }
-                    pair.0 = last_send.2;
-                    list[pair.0 as usize].sends.push(i as u32);
+        // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
+        let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let mut pair = (u32::MAX, u32::MAX);
+            if let Some(peer) = instr.send_peer() {
+                if (last_send.0, last_send.1) != (peer, instr.channel) {
+                    last_send = (peer, instr.channel, conn(rank, peer, instr.channel, list));
                 }
-                if let Some(peer) = instr.recv_peer() {
-                    if (last_recv.0, last_recv.1) != (peer, instr.channel) {
-                        last_recv = (peer, instr.channel, conn(peer, rank, instr.channel, &mut list));
-                    }
-                    pair.1 = last_recv.2;
-                    list[pair.1 as usize].recvs.push(i as u32);
-                }
-                of_instr.push(pair);
+                pair.0 = last_send.2;
+                list[pair.0 as usize].sends.push(i as u32);
             }
+            if let Some(peer) = instr.recv_peer() {
+                if (last_recv.0, last_recv.1) != (peer, instr.channel) {
+                    last_recv = (peer, instr.channel, conn(peer, rank, instr.channel, list));
+                }
+                pair.1 = last_recv.2;
+                list[pair.1 as usize].recvs.push(i as u32);
+            }
+            of_instr.push(pair);
         }
-        Connections { list, of_instr, rank_start }
+    }
+
+    pub fn finish(self) -> Connections {
+        self.connections
     }
 }
 

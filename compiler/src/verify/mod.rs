@@ -49,12 +49,7 @@ impl Deref for VerifiedSchedule {
 pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
     let ctx = Context { sched: &sched, source, limits };
     let mut errors = Vec::new();
-    bounds::check(&ctx, &mut errors);
-    let connections = errors.is_empty().then(|| matching::Connections::build(ctx.sched));
-    if let Some(connections) = &connections {
-        matching::check(&ctx, connections, &mut errors);
-        races::check(&ctx, &mut errors);
-    }
+    let connections = per_rank_checks(&ctx, &mut errors);
     if let (true, Some(connections)) = (errors.is_empty(), connections) {
         match deadlock::simulate::<value::Hashed>(&ctx, connections) {
             Err(error) => errors.push(error),
@@ -67,6 +62,39 @@ pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<Verified
     } else {
         Err(Errors(errors))
     }
+}
+
+/// Bounds, the connection table and races, rank by rank: each rank's instructions are read from memory once for
+/// the three. Then matching, which needs every connection. Races and the table only look at ranks whose operands,
+/// and those of every rank before, are in bounds; the table is returned only when all are, and race errors are
+/// reported only then too, after matching's (as if each check ran over the whole schedule in turn).
+fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<Connections> {
+    if !bounds::check_header(ctx, errors) {
+        return None;
+    }
+    let mut connections = matching::ConnectionsBuilder::new(ctx.sched);
+    let mut races = races::Races::new(ctx);
+    let mut race_errors = Vec::new();
+    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+        let rank = rank as u32;
+        bounds::check_rank(ctx, rank, program, errors);
+        if errors.len() >= ctx.limits.max_errors {
+            return None;
+        }
+        if errors.is_empty() {
+            connections.add_rank(rank, program);
+            if race_errors.len() < ctx.limits.max_errors {
+                races.check_rank(ctx, rank, program, &mut race_errors);
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return None;
+    }
+    let connections = connections.finish();
+    matching::check(ctx, &connections, errors);
+    errors.extend(race_errors);
+    Some(connections)
 }
 
 /// What every check reads.

@@ -6,12 +6,25 @@ use crate::diag::Error;
 use crate::sched::slots::SlotHistory;
 use crate::sched::{Operand, RankProgram};
 
-pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
-    let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
-    let mut history = SlotHistory::new(total as usize);
-    let mut seen = Vec::new();
-    let mut conflicts = Vec::new();
-    for (rank, program) in ctx.sched.ranks.iter().enumerate() {
+/// The check's per-slot state, kept from rank to rank.
+pub(crate) struct Races {
+    base: Vec<u32>,
+    history: SlotHistory,
+    seen: Vec<u32>,
+    conflicts: Vec<u32>,
+}
+
+impl Races {
+    pub fn new(ctx: &Context) -> Self {
+        let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
+        Races { base, history: SlotHistory::new(total as usize), seen: Vec::new(), conflicts: Vec::new() }
+    }
+
+    /// Checks one rank (whose operands `bounds` found inside their buffers), until `errors` holds
+    /// `Limits::max_errors`.
+    pub fn check_rank(&mut self, ctx: &Context, rank: u32, program: &RankProgram, errors: &mut Vec<Error>) {
+        let Races { base, history, seen, conflicts } = self;
+        let rank = rank as usize;
         history.reset();
         seen.clear();
         seen.resize(program.len(), u32::MAX);
@@ -36,7 +49,7 @@ pub(crate) fn check(ctx: &Context, errors: &mut Vec<Error>) {
             conflicts.sort_unstable();
             conflicts.dedup();
             for &earlier in conflicts.iter().filter(|&&e| e != u32::MAX) {
-                if !ordered(program, earlier, i, &mut seen) {
+                if !ordered(program, earlier, i, seen) {
                     let message = format!("race on rank {rank}: {} and {} touch the same chunk, one writes it, and no dependency orders them", ctx.describe(rank as u32, earlier as usize), ctx.describe(rank as u32, i as usize));
                     let first = &program.instrs[earlier as usize];
                     errors.push(

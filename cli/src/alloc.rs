@@ -1,20 +1,118 @@
-//! The binary's allocator: the system allocator, except that blocks of 1 MiB or more get their own mapping with
-//! transparent huge pages and grow in place with `mremap`.
+//! The binary's allocator: the system allocator, except for two kinds of block.
 //!
-//! Why: verifying thousands of ranks builds arrays of hundreds of megabytes, one after another. With 4 KiB pages the
-//! kernel's page-fault path took about a fifth of `collc check allreduce/ring --ranks 1024` (perf), and glibc hands
-//! such blocks back to the kernel on free, so every stage faults its pages in again. Huge pages fault 512 times
-//! less often. Where the kernel does not give them (THP off), the mapping still works with small pages.
+//! - Blocks of 1 MiB or more get their own mapping with transparent huge pages and grow in place with `mremap`.
+//! - Blocks of 64 KiB up to 1 MiB come from huge-page slabs, in classes of 64 KiB steps; a freed one waits on its
+//!   class's free list for the next block of that class and is never handed back to the kernel.
+//!
+//! Why: verifying thousands of ranks builds arrays of hundreds of megabytes, one after another, and tens of
+//! thousands of per-rank lists of a few hundred kilobytes. With 4 KiB pages the kernel's page-fault path took about
+//! a fifth of `collc check allreduce/ring --ranks 1024` (perf), and glibc hands such blocks back to the kernel on
+//! free, so every stage faults its pages in again. At p = 4096 glibc maps each per-rank list of 128 KiB or more on
+//! its own with 4 KiB pages: 880 000 page faults per run, where the slabs leave 288 000 (bench/README.md). Huge
+//! pages fault 512 times less often. Where the kernel does not give them (THP off), the mappings still work with
+//! small pages. Mid-size blocks are kept for reuse until the process ends: what a process holds is at most the
+//! most it ever had live in each class.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::Mutex;
 
 pub struct HugeBlocks;
 
 const BIG: usize = 1 << 20;
 const PAGE: usize = 4096;
+/// Mid-size blocks: from `MID` (glibc's threshold for mapping a block on its own) up to `BIG`, in classes 1/8 of a
+/// power of two apart, so a block wastes at most an eighth of its size: untouched tails of huge pages still cost
+/// the kernel's clearing.
+const MID: usize = 128 << 10;
+const MID_LOG2: usize = 17;
+const CLASSES: usize = 3 * 8 + 1;
+/// A slab: 16 huge pages, carved into mid-size blocks as they are first asked for.
+const SLAB: usize = 32 << 20;
+const HUGE_PAGE: usize = 2 << 20;
 
 fn is_big(size: usize, align: usize) -> bool {
     size >= BIG && align <= PAGE
+}
+
+fn is_mid(size: usize, align: usize) -> bool {
+    (MID..BIG).contains(&size) && align <= PAGE
+}
+
+/// The class of a mid-size block: its size rounded up to a multiple of an eighth of the power of two below it;
+/// class `8 * r + k` holds blocks of `(8 + k) << (MID_LOG2 - 3 + r)` bytes.
+fn class(size: usize) -> usize {
+    let top = (usize::BITS - 1 - size.leading_zeros()) as usize;
+    let step = top - 3;
+    8 * (top - MID_LOG2) + size.div_ceil(1 << step) - 8
+}
+
+fn class_bytes(class: usize) -> usize {
+    (8 + class % 8) << (MID_LOG2 - 3 + class / 8)
+}
+
+/// The mid-size pool: per class, the freed blocks (each holds the address of the next in its first word); and the
+/// current slab's unused end.
+struct Pool {
+    free: [usize; CLASSES],
+    next: usize,
+    end: usize,
+}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool { free: [0; CLASSES], next: 0, end: 0 });
+
+/// A mid-size block of `size` bytes, and whether it is fresh (zeroed) memory; null when the kernel has no more.
+fn mid_alloc(size: usize) -> (*mut u8, bool) {
+    let c = class(size);
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    if pool.free[c] != 0 {
+        let block = pool.free[c] as *mut usize;
+        // SAFETY: a free block was handed back by `mid_free` with its first word holding the next free one.
+        pool.free[c] = unsafe { block.read() };
+        return (block.cast(), false);
+    }
+    let bytes = class_bytes(c);
+    if pool.end - pool.next < bytes {
+        let slab = map_aligned(SLAB);
+        if slab.is_null() {
+            return (slab, false);
+        }
+        (pool.next, pool.end) = (slab as usize, slab as usize + SLAB);
+    }
+    let block = pool.next;
+    pool.next += bytes;
+    (block as *mut u8, true)
+}
+
+/// Puts a mid-size block of `size` bytes on its class's free list.
+fn mid_free(ptr: *mut u8, size: usize) {
+    let c = class(size);
+    let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: the block is at least `MID` bytes, page-aligned (slab blocks are multiples of 16 KiB), and no longer
+    // in use.
+    unsafe { ptr.cast::<usize>().write(pool.free[c]) };
+    pool.free[c] = ptr as usize;
+}
+
+/// A fresh mapping of `size` bytes (a multiple of `HUGE_PAGE`) starting on a huge-page boundary, advised to use huge
+/// pages: the kernel backs only aligned 2 MiB ranges with them. Null on failure.
+fn map_aligned(size: usize) -> *mut u8 {
+    let raw = map(size + HUGE_PAGE);
+    if raw.is_null() {
+        return raw;
+    }
+    let start = (raw as usize).next_multiple_of(HUGE_PAGE);
+    let (head, tail) = (start - raw as usize, HUGE_PAGE - (start - raw as usize));
+    // SAFETY: both pieces lie inside the mapping just made and are not used; what is left is `size` bytes at `start`.
+    unsafe {
+        if head > 0 {
+            libc::munmap(raw.cast(), head);
+        }
+        if tail > 0 {
+            libc::munmap((start + size) as *mut libc::c_void, tail);
+        }
+        libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
+    }
+    start as *mut u8
 }
 
 fn rounded(size: usize) -> usize {
@@ -42,11 +140,15 @@ fn map(size: usize) -> *mut u8 {
     p.cast()
 }
 
-// SAFETY: big blocks are whole mappings of at least their size, page-aligned (so any align up to PAGE); everything
-// else goes to `System`. A block's layout decides its path, and callers pass the same layout back to free it.
+// SAFETY: big blocks are whole mappings of at least their size, page-aligned (so any align up to PAGE); mid-size
+// blocks are pieces of a slab, a multiple of `MID` long and page-aligned, each handed out once until it is freed;
+// everything else goes to `System`. A block's layout decides its path, and callers pass the same layout back to free
+// it (a mid-size block's class, which `realloc` may keep, follows from its size).
 unsafe impl GlobalAlloc for HugeBlocks {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if is_big(layout.size(), layout.align()) {
+        if is_mid(layout.size(), layout.align()) {
+            mid_alloc(layout.size()).0
+        } else if is_big(layout.size(), layout.align()) {
             map(layout.size())
         } else {
             // SAFETY: forwarded with the caller's guarantees.
@@ -55,7 +157,14 @@ unsafe impl GlobalAlloc for HugeBlocks {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if is_big(layout.size(), layout.align()) {
+        if is_mid(layout.size(), layout.align()) {
+            let (ptr, fresh) = mid_alloc(layout.size());
+            if !ptr.is_null() && !fresh {
+                // SAFETY: the block holds at least `layout.size()` bytes and is the caller's now.
+                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
+            }
+            ptr
+        } else if is_big(layout.size(), layout.align()) {
             map(layout.size())
         } else {
             // SAFETY: forwarded with the caller's guarantees.
@@ -64,7 +173,9 @@ unsafe impl GlobalAlloc for HugeBlocks {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        if is_big(layout.size(), layout.align()) {
+        if is_mid(layout.size(), layout.align()) {
+            mid_free(ptr, layout.size());
+        } else if is_big(layout.size(), layout.align()) {
             // SAFETY: `ptr` is a mapping of `rounded(size)` bytes made by `map` or `realloc`.
             unsafe { libc::munmap(ptr.cast(), rounded(layout.size())) };
         } else {
@@ -75,7 +186,11 @@ unsafe impl GlobalAlloc for HugeBlocks {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         let (old_big, new_big) = (is_big(layout.size(), layout.align()), is_big(new_size, layout.align()));
-        if !old_big && !new_big {
+        let (old_mid, new_mid) = (is_mid(layout.size(), layout.align()), is_mid(new_size, layout.align()));
+        if old_mid && new_mid && class(layout.size()) == class(new_size) {
+            return ptr;
+        }
+        if !old_big && !new_big && !old_mid && !new_mid {
             // SAFETY: forwarded with the caller's guarantees.
             return unsafe { System.realloc(ptr, layout, new_size) };
         }
@@ -90,7 +205,7 @@ unsafe impl GlobalAlloc for HugeBlocks {
             unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
             return moved.cast();
         }
-        // Crossing the threshold: a block of the other kind, the bytes both hold, then free the old one.
+        // Another kind of block, or another class: a new block, the bytes both hold, then free the old one.
         // SAFETY: the new layout is valid (same align, the size the caller asked for).
         let new_layout = unsafe { Layout::from_size_align_unchecked(new_size, layout.align()) };
         // SAFETY: as for `alloc`.
@@ -108,8 +223,12 @@ unsafe impl GlobalAlloc for HugeBlocks {
 
 #[cfg(test)]
 mod tests {
-    use super::{HugeBlocks, BIG};
+    use super::{class, class_bytes, HugeBlocks, BIG, CLASSES, MID};
     use std::alloc::{GlobalAlloc, Layout};
+    use std::sync::Mutex;
+
+    /// The tests of mid-size blocks share one pool: one at a time, so that a freed block is still there to reuse.
+    static MID_TESTS: Mutex<()> = Mutex::new(());
 
     /// Fills `len` bytes at `ptr` with a pattern that depends on `seed`.
     fn fill(ptr: *mut u8, len: usize, seed: u8) {
@@ -145,6 +264,89 @@ mod tests {
                 fill(ptr, new, 7);
             }
             HugeBlocks.dealloc(ptr, layout(sizes[sizes.len() - 1]));
+        }
+    }
+
+    /// Mid-size blocks: `realloc` within a class keeps the block, across classes and kinds it keeps the bytes; a
+    /// freed block is handed out again for its class, and zeroed when asked for zeroed memory.
+    #[test]
+    fn mid_size_blocks_are_reused_per_class_and_zeroed_on_demand() {
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+        // SAFETY: each block is used within its size and freed once with the layout it has.
+        unsafe {
+            let a = HugeBlocks.alloc(layout(MID + 100));
+            assert!(!a.is_null());
+            assert_eq!(a as usize % 4096, 0);
+            fill(a, MID + 100, 3);
+            // MID + 100 is in the class of MID * 9 / 8 bytes.
+            let grown = HugeBlocks.realloc(a, layout(MID + 100), MID * 9 / 8);
+            assert_eq!(grown, a, "the same class grows in place");
+            assert!(holds(grown, MID + 100, 3));
+            let moved = HugeBlocks.realloc(grown, layout(MID * 9 / 8), 5 * MID);
+            assert!(holds(moved, MID + 100, 3), "another class keeps the bytes");
+            fill(moved, 5 * MID, 4);
+            HugeBlocks.dealloc(moved, layout(5 * MID));
+            // Freed, the block is the next one of its class, and zeroed when asked.
+            let again = HugeBlocks.alloc_zeroed(layout(5 * MID - 1000));
+            assert_eq!(again, moved, "a freed block is reused for its class");
+            assert!(std::slice::from_raw_parts(again, 5 * MID - 1000).iter().all(|&b| b == 0));
+            HugeBlocks.dealloc(again, layout(5 * MID - 1000));
+        }
+    }
+
+    /// Threads allocating and freeing mid-size blocks at once never get overlapping blocks: each fills its block with
+    /// its own pattern and finds it intact before freeing it.
+    #[test]
+    fn mid_size_blocks_are_private_to_their_owner_across_threads() {
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let workers: Vec<_> = (0..4u8)
+            .map(|t| {
+                std::thread::spawn(move || {
+                    let mut held = Vec::new();
+                    for round in 0..200usize {
+                        let size = MID + (round * 7919 + t as usize * 104_729) % (BIG - MID);
+                        let layout = Layout::from_size_align(size, 8).expect("valid layout");
+                        // SAFETY: each block is used within its size and freed once with its layout.
+                        unsafe {
+                            let ptr = HugeBlocks.alloc(layout);
+                            assert!(!ptr.is_null());
+                            fill(ptr, size, t);
+                            held.push((ptr as usize, layout));
+                            if round % 3 == 0 {
+                                let (old, old_layout) = held.swap_remove(round % held.len());
+                                assert!(holds(old as *const u8, old_layout.size(), t), "thread {t} lost its block");
+                                HugeBlocks.dealloc(old as *mut u8, old_layout);
+                            }
+                        }
+                    }
+                    for (ptr, layout) in held {
+                        // SAFETY: as above.
+                        unsafe {
+                            assert!(holds(ptr as *const u8, layout.size(), t), "thread {t} lost its block");
+                            HugeBlocks.dealloc(ptr as *mut u8, layout);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for worker in workers {
+            worker.join().expect("no worker panics");
+        }
+    }
+
+    /// Every mid size has a class whose blocks hold it and waste at most an eighth of it; classes grow with size.
+    #[test]
+    fn mid_size_classes_hold_their_sizes_with_little_waste() {
+        let mut last = 0;
+        for size in (MID..BIG).step_by(1021).chain([BIG - 1]) {
+            let c = class(size);
+            assert!(c < CLASSES, "{size} bytes: class {c}");
+            let bytes = class_bytes(c);
+            assert!(bytes >= size && bytes - size <= size / 8, "{size} bytes in a block of {bytes}");
+            assert_eq!(bytes % 4096, 0, "{size} bytes: blocks of {bytes} keep page alignment");
+            assert!(c >= last, "classes grow with size");
+            last = c;
         }
     }
 

@@ -303,3 +303,27 @@ fn verifier_rejects_every_broken_mutant() {
     let shown: Vec<&String> = escaped.iter().take(3).collect();
     assert!(escaped.is_empty(), "{} broken mutants passed verification; first ones:\n{shown:#?}", escaped.len());
 }
+
+/// A wrong result in a schedule too large to re-run exactly (over 200 000 instructions) is described by a second
+/// run that counts contributions: rank 0's last receive of the ring at 330 ranks turned into a receive-reduce onto
+/// its destination adds the chunk's old, undefined, contents to the full sum.
+#[test]
+fn a_wrong_result_of_a_large_schedule_is_described_by_its_contribution_count() {
+    let source = collc_compiler::library::get("allreduce/ring").expect("in the library");
+    let limits = Limits::default();
+    let options = collc_compiler::Options::placed(Placement::OutOfPlace);
+    let verified = collc_compiler::compile(source, &Bindings::ranks(330), options, &limits).expect("the ring verifies");
+    assert!(verified.n_instrs() > 200_000, "{} instructions", verified.n_instrs());
+    let mut sched = verified.into_schedule();
+    let rank0 = &mut sched.ranks[0];
+    let last = rank0.instrs.iter().rposition(|i| i.op == Op::Recv).expect("the ring ends with a receive");
+    let recv = &mut rank0.instrs[last];
+    *recv = Instr { op: Op::RecvReduceCopy, acc: recv.dst, ..*recv };
+    let errors = verify(sched, source, &limits).expect_err("the sum now holds undefined data");
+    assert_eq!(errors.0.len(), 1, "{errors:?}");
+    let note = errors.0[0].note.clone().unwrap_or_default();
+    assert!(
+        note.contains("got:      a different combination of 330 contributions mixed with undefined data"),
+        "{note}"
+    );
+}

@@ -4,7 +4,7 @@
 
 use super::deadlock::{simulate, Finished};
 use super::matching::Connections;
-use super::value::{contribution_hash, Exact, Hashed, Value};
+use super::value::{contribution_hash, Counted, Exact, Hashed, Value};
 use super::Context;
 use crate::collective::Expected;
 use crate::diag::Error;
@@ -23,8 +23,14 @@ pub(crate) fn initial_value<V: Value>(sched: &Schedule, rank: u32, buf: BufId, i
 }
 
 /// Exact re-runs for counterexamples are skipped above this many instructions or chunk slots: exact values list
-/// their contributions, so they cost far more than hashed ones.
+/// their contributions, so they cost far more than hashed ones. Larger schedules are re-run counting contributions.
 const EXACT_RERUN_LIMIT: usize = 200_000;
+
+/// A second run of a failed schedule, to describe what a wrong chunk holds.
+enum Rerun {
+    Exact(Finished<Exact>),
+    Counted(Finished<Counted>),
+}
 
 pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec<Error>) {
     let sched = ctx.sched;
@@ -52,11 +58,14 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     if wrong.is_empty() {
         return;
     }
-    let exact = (sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT)
-        .then(|| simulate::<Exact>(ctx, Connections::build(ctx.sched)).ok())
-        .flatten();
+    let small = sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT;
+    // The first run completed, so a second one of the same schedule does too.
+    let rerun = match small {
+        true => simulate::<Exact>(ctx, Connections::build(ctx.sched)).ok().map(Rerun::Exact),
+        false => simulate::<Counted>(ctx, Connections::build(ctx.sched)).ok().map(Rerun::Counted),
+    };
     for (rank, operand, expected) in wrong {
-        errors.push(explain(ctx, finished, exact.as_ref(), rank, operand, expected));
+        errors.push(explain(ctx, finished, rerun.as_ref(), rank, operand, expected));
     }
 }
 
@@ -65,10 +74,9 @@ fn sum_over_ranks(sched: &Schedule, chunk: u32, cache: &mut Vec<Option<Hashed>>)
         cache.resize(chunk as usize + 1, None);
     }
     *cache[chunk as usize].get_or_insert_with(|| {
-        let mut sum = Hashed { hash: 0, count: 0, undefined: false };
+        let mut sum = Hashed(0);
         for q in 0..sched.n_ranks {
-            sum.hash = sum.hash.wrapping_add(contribution_hash(q, chunk));
-            sum.count += 1;
+            sum.0 = sum.0.wrapping_add(contribution_hash(q, chunk));
         }
         sum
     })
@@ -113,25 +121,27 @@ fn difference(a: &[(u32, u32)], b: &[(u32, u32)]) -> Vec<(u32, u32)> {
     out
 }
 
-fn describe_got(
-    finished: &Finished<Hashed>,
-    exact: Option<&Finished<Exact>>,
-    slot: usize,
-    expected: Expected,
-    n_ranks: u32,
-) -> String {
-    let got = finished.values[slot];
-    if got.undefined && got.count == 0 {
-        return "nothing: the slot was never written (or only with undefined data)".to_string();
-    }
-    let Some(exact) = exact else {
-        return format!(
-            "a different combination of {} contributions{}",
-            got.count,
-            if got.undefined { " mixed with undefined data" } else { "" }
-        );
+fn describe_got(rerun: Option<&Rerun>, slot: usize, expected: Expected, n_ranks: u32) -> String {
+    const NOTHING: &str = "nothing: the slot was never written (or only with undefined data)";
+    let exact = match rerun {
+        None => return "a different combination of contributions".to_string(),
+        Some(Rerun::Counted(counted)) => {
+            let got = counted.values[slot];
+            if got.undefined && got.count == 0 {
+                return NOTHING.to_string();
+            }
+            return format!(
+                "a different combination of {} contributions{}",
+                got.count,
+                if got.undefined { " mixed with undefined data" } else { "" }
+            );
+        }
+        Some(Rerun::Exact(exact)) => exact,
     };
     let value = &exact.values[slot];
+    if value.undefined && value.items.is_empty() {
+        return NOTHING.to_string();
+    }
     let want = expected_items(expected, n_ranks);
     let (missing, extra) = (difference(&want, &value.items), difference(&value.items, &want));
     let mut text = list(&value.items);
@@ -150,14 +160,14 @@ fn describe_got(
 fn explain(
     ctx: &Context,
     finished: &Finished<Hashed>,
-    exact: Option<&Finished<Exact>>,
+    rerun: Option<&Rerun>,
     rank: u32,
     operand: Operand,
     expected: Expected,
 ) -> Error {
     let sched = ctx.sched;
     let slot = finished.slot(rank, operand);
-    let got = describe_got(finished, exact, slot, expected, sched.n_ranks);
+    let got = describe_got(rerun, slot, expected, sched.n_ranks);
     let name = &sched.buffer(operand.buf).name;
     // In place the output window may sit inside `in` or at an offset of `out`: say which output chunk it is.
     let (_, out_offset) = sched.output_window(rank);

@@ -104,7 +104,11 @@ fn rebuild(rank: &mut RankProgram, scratch: &mut Scratch) {
         rank.dependents_into(dependents);
     }
     let mut deps_len = 0usize;
+    // Where instruction i's dependencies started before the rewrite (`dep_ends[i - 1]` may be rewritten already).
+    let mut old_start = 0usize;
     for i in 0..n {
+        let old = old_start..rank.dep_ends[i] as usize;
+        old_start = old.end;
         if merged_into[i] != NO_RANK {
             continue;
         }
@@ -117,7 +121,7 @@ fn rebuild(rank: &mut RankProgram, scratch: &mut Scratch) {
             }
         }
         deps.clear();
-        deps.extend(rank.deps_of(i).iter().map(|&d| new_index[d as usize]));
+        deps.extend(rank.deps[old].iter().map(|&d| new_index[d as usize]));
         if deps.len() > 1 {
             deps.sort_unstable();
             deps.dedup();
@@ -127,11 +131,11 @@ fn rebuild(rank: &mut RankProgram, scratch: &mut Scratch) {
         let at = new_index[i] as usize;
         rank.instrs[at] = instr;
         rank.deps[deps_len..deps_len + deps.len()].copy_from_slice(deps);
-        rank.dep_ranges[at] = (deps_len as u32, (deps_len + deps.len()) as u32);
         deps_len += deps.len();
+        rank.dep_ends[at] = deps_len as u32;
     }
     rank.instrs.truncate(next as usize);
-    rank.dep_ranges.truncate(next as usize);
+    rank.dep_ends.truncate(next as usize);
     rank.deps.truncate(deps_len);
 }
 

@@ -96,8 +96,8 @@ const READ: u8 = 2;
 const DROPPED: u8 = 4;
 
 fn walk(rank: &mut RankProgram, h: &mut Hazards, s: &mut Scratch) {
-    let RankProgram { instrs, dep_ranges, deps: all_deps } = rank;
-    dep_ranges.clear();
+    let RankProgram { instrs, dep_ends, deps: all_deps } = rank;
+    dep_ends.clear();
     all_deps.clear();
     let n = instrs.len();
     s.flags.clear();
@@ -168,9 +168,8 @@ fn walk(rank: &mut RankProgram, h: &mut Hazards, s: &mut Scratch) {
         if instr.op == Op::RecvReduceCopy {
             s.flags[next] = RECEIVE_REDUCE;
         }
-        let start = all_deps.len() as u32;
         all_deps.extend_from_slice(&s.deps);
-        dep_ranges.push((start, all_deps.len() as u32));
+        dep_ends.push(all_deps.len() as u32);
         next += 1;
     }
     instrs.truncate(next);
@@ -222,20 +221,20 @@ fn drop_dead_writes(instrs: &mut [Instr], s: &mut Scratch) -> bool {
 /// A dependency on, or of, an instruction whose write was dropped may no longer stand for a hazard: keep only those
 /// that do (every other dependency joins two instructions that each still touch what they touched unfused).
 fn prune_stale_dependencies(rank: &mut RankProgram, flags: &[u8]) {
-    let RankProgram { instrs, dep_ranges, deps } = rank;
-    let mut kept = 0usize;
-    for (at, range) in dep_ranges.iter_mut().enumerate() {
-        let (start, end) = (range.0 as usize, range.1 as usize);
+    let RankProgram { instrs, dep_ends, deps } = rank;
+    let (mut kept, mut start) = (0usize, 0usize);
+    for (at, end) in dep_ends.iter_mut().enumerate() {
+        let old = start..*end as usize;
+        start = *end as usize;
         let check_all = flags[at] & DROPPED != 0;
-        let from = kept;
-        for x in start..end {
+        for x in old {
             let d = deps[x];
             if (!check_all && flags[d as usize] & DROPPED == 0) || hazard(&instrs[d as usize], &instrs[at]) {
                 deps[kept] = d;
                 kept += 1;
             }
         }
-        *range = (from as u32, kept as u32);
+        *end = kept as u32;
     }
     deps.truncate(kept);
 }

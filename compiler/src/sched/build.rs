@@ -467,8 +467,8 @@ pub(crate) fn with_hazards<R>(buffers: &[BufferDecl], f: impl FnOnce(&mut Hazard
 }
 
 fn dependencies_with(rank: &mut RankProgram, h: &mut Hazards) {
-    let RankProgram { instrs, dep_ranges, deps: all_deps } = rank;
-    dep_ranges.clear();
+    let RankProgram { instrs, dep_ends, deps: all_deps } = rank;
+    dep_ends.clear();
     all_deps.clear();
     let mut deps = Vec::new();
     for (i, instr) in instrs.iter().enumerate() {
@@ -498,8 +498,7 @@ fn dependencies_with(rank: &mut RankProgram, h: &mut Hazards) {
                 h.history.write(slot, i);
             }
         }
-        let start = all_deps.len() as u32;
         all_deps.extend_from_slice(&deps);
-        dep_ranges.push((start, all_deps.len() as u32));
+        dep_ends.push(all_deps.len() as u32);
     }
 }

@@ -5,7 +5,7 @@ use crate::library;
 use crate::report;
 use clap::Args;
 use collc_compiler::lower::node_split;
-use collc_compiler::{compile_program, lower, verify, Bindings, Error, Errors, Placement};
+use collc_compiler::{compile_placements, lower, verify, Bindings, Error, Errors, Join, Placement};
 use collc_grammar::ast;
 
 #[derive(Args)]
@@ -55,19 +55,34 @@ fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bind
         }
         Err(errors) => return vec![(Placement::OutOfPlace, Outcome::Failed(errors))],
     };
-    // The placements are independent: verify them on two threads (the compiler itself starts none).
-    let verify_one = |placement: Placement| {
-        let outcome = match compile_program(&program, text, args.bind.options(placement), &limits) {
-            Ok(verified) => Outcome::Verified(verified.n_instrs()),
-            Err(errors) => Outcome::Failed(errors),
-        };
-        (placement, outcome)
-    };
-    std::thread::scope(|scope| {
-        let handles: Vec<_> =
-            Placement::BOTH.into_iter().map(|placement| scope.spawn(move || verify_one(placement))).collect();
-        handles.into_iter().map(|h| h.join().expect("verification does not panic")).collect()
-    })
+    // Two threads (the compiler itself starts none): the two halves of the ranks for both placements, then the two
+    // placements' verifications.
+    let options = Placement::BOTH.map(|placement| args.bind.options(placement));
+    let results = compile_placements(&program, text, options, &limits, &Threads);
+    Placement::BOTH
+        .into_iter()
+        .zip(results)
+        .map(|(placement, result)| {
+            let outcome = match result {
+                Ok(verified) => Outcome::Verified(verified.n_instrs()),
+                Err(errors) => Outcome::Failed(errors),
+            };
+            (placement, outcome)
+        })
+        .collect()
+}
+
+/// Runs the second piece of a `Join` on a thread of its own.
+struct Threads;
+
+impl Join for Threads {
+    fn join<A: Send, B: Send>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+        std::thread::scope(|scope| {
+            let second = scope.spawn(b);
+            let first = a();
+            (first, second.join().expect("compilation does not panic"))
+        })
+    }
 }
 
 /// A `.sched` file (as `collc build --emit sched` writes it, or by hand) is verified as it stands: its header fixes

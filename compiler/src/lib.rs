@@ -125,3 +125,66 @@ pub fn compile_program(
         outcome => outcome,
     }
 }
+
+/// Runs two pieces of work and returns both results: in turn, or at once where the caller has threads to spare.
+/// The compiler starts no threads itself; `compile_placements` takes one of these.
+pub trait Join {
+    fn join<A: Send, B: Send>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B);
+}
+
+/// `Join` that runs the two pieces one after the other.
+pub struct InTurn;
+
+impl Join for InTurn {
+    fn join<A: Send, B: Send>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+        (a(), b())
+    }
+}
+
+/// `compile_program` for two placements of one program, the same schedules and outcomes, with the work split in
+/// two halves that `join` may run at once: first the ranks (the lower half and the upper half of the ranks, each
+/// rank's transfers gathered once for both placements), then the verification of each placement. `options` must
+/// differ in placement only; otherwise each placement is compiled on its own, the two in one `join`.
+pub fn compile_placements(
+    program: &ir::Program,
+    source: &str,
+    options: [Options; 2],
+    limits: &Limits,
+    join: &impl Join,
+) -> [Result<VerifiedSchedule, Errors>; 2] {
+    let [first, second] = options;
+    let alike = first.fuse && second.fuse && first.pipeline == second.pipeline && first.placement != second.placement;
+    if !alike {
+        let (a, b) = join.join(
+            || compile_program(program, source, first, limits),
+            || compile_program(program, source, second, limits),
+        );
+        return [a, b];
+    }
+    let program = match pipelined(program, first, limits) {
+        Ok(program) => program,
+        Err(errors) => return [Err(errors.clone()), Err(errors)],
+    };
+    let program = &*program;
+    let layouts = [sched::Layout::new(program, first.placement), sched::Layout::new(program, second.placement)];
+    let middle = program.n_ranks / 2;
+    let (low, high) = join.join(
+        || sched::schedule_ranks(program, &layouts, 0..middle, optimise::fuse_new_rank),
+        || sched::schedule_ranks(program, &layouts, middle..program.n_ranks, optimise::fuse_new_rank),
+    );
+    let mut schedules = layouts.iter().zip(low.into_iter().zip(high)).map(|(layout, (mut ranks, upper))| {
+        ranks.extend(upper);
+        layout.assemble(program, ranks)
+    });
+    let (a, b) = (schedules.next().expect("two layouts"), schedules.next().expect("two layouts"));
+    // As `compile_program`: a fused schedule that fails to verify gives way to the unfused one.
+    let check = |fused: Schedule| {
+        let placement = fused.placement;
+        match verify(fused, source, limits) {
+            Err(_) => verify(schedule(program, placement), source, limits),
+            outcome => outcome,
+        }
+    };
+    let (a, b) = join.join(|| check(a), || check(b));
+    [a, b]
+}

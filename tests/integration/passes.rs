@@ -4,7 +4,8 @@
 
 use collc_compiler::sched::Op;
 use collc_compiler::{
-    compile, library, lower, optimise, pipelined, schedule, verify, Bindings, Limits, Options, Placement,
+    compile, compile_placements, compile_program, library, lower, optimise, pipelined, schedule, verify, Bindings,
+    Errors, InTurn, Join, Limits, Options, Placement, Schedule,
 };
 
 fn ops(source: &str, n_ranks: u32) -> Vec<Vec<Op>> {
@@ -224,5 +225,43 @@ fn a_loop_of_one_transfer_lowers_alike_in_a_batch_and_one_iteration_at_a_time() 
         let (batched, one_at_a_time) = (lowered(transfer, false), lowered(transfer, true));
         assert_eq!(batched, one_at_a_time, "{transfer}");
         assert!(batched.len() > 100, "{transfer}: {batched}");
+    }
+}
+
+/// `compile_placements` (ranks built in two halves, each rank's transfers gathered once for both placements, as
+/// `collc check` runs it on two threads) gives what `compile_program` gives for each placement on its own: the same
+/// schedules, or the same errors. Here on a join that runs the halves on two threads, and on one that runs them in
+/// turn.
+#[test]
+fn compiling_both_placements_at_once_gives_each_placements_schedule() {
+    struct Threads;
+    impl Join for Threads {
+        fn join<A: Send, B: Send>(&self, a: impl FnOnce() -> A + Send, b: impl FnOnce() -> B + Send) -> (A, B) {
+            std::thread::scope(|scope| {
+                let second = scope.spawn(b);
+                (a(), second.join().expect("no panic"))
+            })
+        }
+    }
+    let limits = Limits::default();
+    for (name, source) in library::LIBRARY {
+        let file = collc_grammar::parse(source, &limits.syntax).expect("parses");
+        for p in 1..=9 {
+            let Ok(program) = lower(&file, &crate::corpus::bindings(source, p), &limits) else { continue };
+            let options = Placement::BOTH.map(Options::placed);
+            let alone = options.map(|o| compile_program(&program, source, o, &limits).map(|v| v.into_schedule()));
+            let together = compile_placements(&program, source, options, &limits, &Threads);
+            let in_turn = compile_placements(&program, source, options, &limits, &InTurn);
+            for (i, (together, in_turn)) in together.into_iter().zip(in_turn).enumerate() {
+                let together = together.map(|v| v.into_schedule());
+                let in_turn = in_turn.map(|v| v.into_schedule());
+                let same = |r: &Result<Schedule, Errors>| match (r, &alone[i]) {
+                    (Ok(a), Ok(b)) => a == b,
+                    (Err(a), Err(b)) => a.0.iter().map(|e| e.code).eq(b.0.iter().map(|e| e.code)),
+                    _ => false,
+                };
+                assert!(same(&together) && same(&in_turn), "{name} p={p} {}", options[i].placement);
+            }
+        }
     }
 }

@@ -23,85 +23,138 @@ pub fn schedule(program: &Program, placement: Placement) -> Schedule {
 pub fn schedule_with(
     program: &Program,
     placement: Placement,
-    mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
+    pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
 ) -> Schedule {
-    let mut mapper = Mapper::new(program, placement);
-    let cuts = mapper.find_cuts(program);
-    let buffers = mapper.buffer_decls(program);
-    let by_rank = TransfersByRank::new(program);
+    let layout = Layout::new(program, placement);
+    let ranks = schedule_ranks(program, std::slice::from_ref(&layout), 0..program.n_ranks, pass);
+    layout.assemble(program, ranks.into_iter().next().expect("one list per layout"))
+}
+
+/// How `program` maps onto one placement's buffers: where transfers are cut (the first pass over the whole program),
+/// the buffers, and the mapper that replays each rank. Made once per placement; the ranks can then be built in
+/// parts (`schedule_ranks`), each part with a copy of the mapper, and put together with `assemble`.
+#[derive(Clone)]
+pub struct Layout {
+    placement: Placement,
+    mapper: Mapper,
+    cuts: Cuts,
+    buffers: Vec<BufferDecl>,
+}
+
+impl Layout {
+    pub fn new(program: &Program, placement: Placement) -> Self {
+        let mut mapper = Mapper::new(program, placement);
+        let cuts = mapper.find_cuts(program);
+        let buffers = mapper.buffer_decls(program);
+        Layout { placement, mapper, cuts, buffers }
+    }
+
+    pub fn placement(&self) -> Placement {
+        self.placement
+    }
+
+    /// The schedule of `program` whose rank programs are `ranks`, rank 0 first (built from this layout).
+    pub fn assemble(&self, program: &Program, ranks: Vec<RankProgram>) -> Schedule {
+        Schedule {
+            algorithm: program.name.clone(),
+            collective: program.collective,
+            placement: self.placement,
+            n_ranks: program.n_ranks,
+            chunks: program.chunks,
+            root: program.root,
+            peer: program.peer,
+            params: program.params.clone(),
+            buffers: self.buffers.clone(),
+            ranks,
+            spans: program.spans.clone(),
+        }
+    }
+}
+
+/// The programs of ranks `ranks` in each of `layouts` (one list per layout), `pass` run on each as in
+/// `schedule_with`. A rank's transfers are gathered once for all the layouts: the gather is a cache miss per transfer
+/// or two, the rest of a rank's work stays in cache.
+pub fn schedule_ranks(
+    program: &Program,
+    layouts: &[Layout],
+    ranks: std::ops::Range<u32>,
+    mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
+) -> Vec<Vec<RankProgram>> {
+    let mut mappers: Vec<Mapper> = layouts.iter().map(|layout| layout.mapper.clone()).collect();
+    let by_rank = TransfersByRank::new(program, ranks.clone());
     // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
     let mut work = RankProgram::default();
     let (mut sends, mut receives) = (Vec::new(), Vec::new());
     let mut gathered: Vec<Vec<(u32, Transfer)>> = (0..GATHER_BLOCK).map(|_| Vec::new()).collect();
-    let ranks = (0..program.n_ranks)
-        .map(|rank| {
+    let mut built: Vec<Vec<RankProgram>> = layouts.iter().map(|_| Vec::with_capacity(ranks.len())).collect();
+    for rank in ranks.clone() {
+        let offset = rank - ranks.start;
+        if offset.is_multiple_of(GATHER_BLOCK) {
+            by_rank.gather(program, rank..(rank + GATHER_BLOCK).min(ranks.end), &mut gathered);
+        }
+        let mine = &gathered[(offset % GATHER_BLOCK) as usize];
+        for ((layout, mapper), out) in layouts.iter().zip(&mut mappers).zip(&mut built) {
             work.instrs.clear();
-            if rank % GATHER_BLOCK == 0 {
-                by_rank.gather(program, rank..(rank + GATHER_BLOCK).min(program.n_ranks), &mut gathered);
-            }
-            let mine = &gathered[(rank % GATHER_BLOCK) as usize];
             // Within a step nothing depends on anything else, so sends go first: a receive and the send that
             // forwards it in the next step then sit next to each other on their connection and can fuse.
             for step in mine.chunk_by(|a, b| a.1.step == b.1.step) {
                 for (t, transfer) in step {
-                    mapper.rank_side(rank, transfer, cuts.of(*t), &mut sends, &mut receives);
+                    mapper.rank_side(rank, transfer, layout.cuts.of(*t), &mut sends, &mut receives);
                 }
                 work.instrs.append(&mut sends);
                 work.instrs.append(&mut receives);
             }
             mapper.final_copies(rank, &mut work.instrs);
-            pass(&mut work, &buffers);
-            work.clone()
-        })
-        .collect();
-    Schedule {
-        algorithm: program.name.clone(),
-        collective: program.collective,
-        placement,
-        n_ranks: program.n_ranks,
-        chunks: program.chunks,
-        root: program.root,
-        peer: program.peer,
-        params: program.params.clone(),
-        buffers,
-        ranks,
-        spans: program.spans.clone(),
+            pass(&mut work, &layout.buffers);
+            out.push(work.clone());
+        }
     }
+    built
 }
 
-/// The indices of the transfers each rank sends, receives or runs, in program order (compressed rows).
+/// The indices of the transfers each rank of a range sends, receives or runs, in program order (compressed rows).
 struct TransfersByRank {
+    first: u32,
     start: Vec<usize>,
     list: Vec<u32>,
 }
 
 impl TransfersByRank {
-    fn new(program: &Program) -> Self {
-        let mut start = vec![0usize; program.n_ranks as usize + 1];
+    fn new(program: &Program, ranks: std::ops::Range<u32>) -> Self {
+        let first = ranks.start;
+        let row = |rank: u32| ranks.contains(&rank).then(|| (rank - first) as usize);
+        let mut start = vec![0usize; ranks.len() + 1];
         for t in &program.transfers {
-            start[t.from as usize + 1] += 1;
-            start[t.to as usize + 1] += usize::from(t.from != t.to);
+            if let Some(r) = row(t.from) {
+                start[r + 1] += 1;
+            }
+            if let Some(r) = row(t.to).filter(|_| t.from != t.to) {
+                start[r + 1] += 1;
+            }
         }
         for r in 1..start.len() {
             start[r] += start[r - 1];
         }
         let mut fill = start.clone();
         let mut list = vec![0u32; start[start.len() - 1]];
-        let mut put = |rank: u32, t: usize| {
-            list[fill[rank as usize]] = t as u32;
-            fill[rank as usize] += 1;
+        let mut put = |r: usize, t: usize| {
+            list[fill[r]] = t as u32;
+            fill[r] += 1;
         };
         for (i, t) in program.transfers.iter().enumerate() {
-            put(t.from, i);
-            if t.from != t.to {
-                put(t.to, i);
+            if let Some(r) = row(t.from) {
+                put(r, i);
+            }
+            if let Some(r) = row(t.to).filter(|_| t.from != t.to) {
+                put(r, i);
             }
         }
-        TransfersByRank { start, list }
+        TransfersByRank { first, start, list }
     }
 
     fn of(&self, rank: u32) -> &[u32] {
-        &self.list[self.start[rank as usize]..self.start[rank as usize + 1]]
+        let r = (rank - self.first) as usize;
+        &self.list[self.start[r]..self.start[r + 1]]
     }
 
     /// Copies the transfers of each rank of `ranks` (at most `GATHER_BLOCK`) into `into[rank - ranks.start]`, in
@@ -129,6 +182,7 @@ impl TransfersByRank {
 const GATHER_BLOCK: u32 = 8;
 
 /// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
+#[derive(Clone)]
 struct Cuts(Vec<(u32, u32)>);
 
 impl Cuts {
@@ -141,6 +195,7 @@ impl Cuts {
 
 /// Maps logical chunk slots to physical operands. Out of place, a slot not yet written reads `in`, every write goes
 /// to `out` (or to the `_work` buffer when the slot lies outside the output window), and later reads follow it.
+#[derive(Clone)]
 struct Mapper {
     placement: Placement,
     chunks: u32,
@@ -449,17 +504,26 @@ pub fn add_dependencies(rank: &mut RankProgram, buffers: &[BufferDecl]) {
     with_hazards(buffers, |hazards| dependencies_with(rank, hazards));
 }
 
-/// Runs `f` on this thread's hazard state for `buffers` (kept from rank to rank, cleared after `f`).
+/// Runs `f` on this thread's hazard state for `buffers` (kept from rank to rank, cleared after `f`). States for a
+/// few buffer lists are kept, as `schedule_ranks` alternates between placements rank by rank.
 pub(crate) fn with_hazards<R>(buffers: &[BufferDecl], f: impl FnOnce(&mut Hazards) -> R) -> R {
+    const KEPT: usize = 4;
     thread_local! {
-        static STATE: std::cell::RefCell<Option<(Vec<BufferDecl>, Hazards)>> = const { std::cell::RefCell::new(None) };
+        static STATES: std::cell::RefCell<Vec<(Vec<BufferDecl>, Hazards)>> = const { std::cell::RefCell::new(Vec::new()) };
     }
-    STATE.with(|cell| {
-        let mut cell = cell.borrow_mut();
-        if cell.as_ref().is_none_or(|(decls, _)| decls != buffers) {
-            *cell = Some((buffers.to_vec(), Hazards::new(buffers)));
-        }
-        let hazards = &mut cell.as_mut().expect("just set").1;
+    STATES.with(|cell| {
+        let mut states = cell.borrow_mut();
+        let at = match states.iter().position(|(decls, _)| decls == buffers) {
+            Some(at) => at,
+            None => {
+                if states.len() == KEPT {
+                    states.remove(0);
+                }
+                states.push((buffers.to_vec(), Hazards::new(buffers)));
+                states.len() - 1
+            }
+        };
+        let hazards = &mut states[at].1;
         let result = f(hazards);
         hazards.history.reset();
         result

@@ -9,7 +9,7 @@ use collc_grammar::ast::Span;
 use serde::Serialize;
 use std::fmt;
 
-pub use build::{add_dependencies, schedule, schedule_with};
+pub use build::{add_dependencies, schedule, schedule_ranks, schedule_with, Layout};
 
 /// Whether `in` and `out` are one buffer (NCCL's in-place call) or two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

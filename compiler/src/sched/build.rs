@@ -187,6 +187,10 @@ struct Cuts(Vec<(u32, u32)>);
 
 impl Cuts {
     fn of(&self, transfer: u32) -> &[(u32, u32)] {
+        // Most programs cut nothing (1.1% of `collc check allreduce/ring --ranks 1024` went to searching nothing).
+        if self.0.is_empty() {
+            return &[];
+        }
         let start = self.0.partition_point(|&(t, _)| t < transfer);
         let end = start + self.0[start..].partition_point(|&(t, _)| t == transfer);
         &self.0[start..end]

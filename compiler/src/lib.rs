@@ -120,8 +120,19 @@ pub fn compile_program(
         return verify(schedule(program, options.placement), source, limits);
     }
     let fused = sched::schedule_with(program, options.placement, optimise::fuse_new_rank);
+    verify_or_unfused(program, fused, source, limits)
+}
+
+/// The verified `fused` schedule of `program`; if it fails to verify, the unfused schedule's outcome.
+fn verify_or_unfused(
+    program: &ir::Program,
+    fused: Schedule,
+    source: &str,
+    limits: &Limits,
+) -> Result<VerifiedSchedule, Errors> {
+    let placement = fused.placement;
     match verify(fused, source, limits) {
-        Err(_) => verify(schedule(program, options.placement), source, limits),
+        Err(_) => verify(schedule(program, placement), source, limits),
         outcome => outcome,
     }
 }
@@ -177,14 +188,7 @@ pub fn compile_placements(
         layout.assemble(program, ranks)
     });
     let (a, b) = (schedules.next().expect("two layouts"), schedules.next().expect("two layouts"));
-    // As `compile_program`: a fused schedule that fails to verify gives way to the unfused one.
-    let check = |fused: Schedule| {
-        let placement = fused.placement;
-        match verify(fused, source, limits) {
-            Err(_) => verify(schedule(program, placement), source, limits),
-            outcome => outcome,
-        }
-    };
-    let (a, b) = join.join(|| check(a), || check(b));
+    let (a, b) =
+        join.join(|| verify_or_unfused(program, a, source, limits), || verify_or_unfused(program, b, source, limits));
     [a, b]
 }

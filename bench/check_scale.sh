@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Verification scale benchmark: `collc check allreduce/ring` (both placements) at growing rank counts, release
-# build, several runs each, median seconds and peak memory. Goal on a 2-core machine: p=1024 < 1 s, p=4096 < 10 s.
+# build, several runs each, median seconds (wall, and CPU: user + system) and peak memory. Goal on a 2-core machine:
+# p=1024 < 1 s, p=4096 < 10 s. To compare two builds, use bench/check_ab.sh (alternating launches).
 #
 # The peer: MSCCLang's Python compiler (microsoft/msccl-tools) compiling and checking its ring AllReduce
 # (examples/mscclang/simple/allreduce_ring.py P 1, in place only). It is not installed by this script: point
@@ -26,21 +27,24 @@ msccl_time() {  # seconds MSCCLang takes for p ranks, measured once
     "$MSCCL_TOOLS/examples/mscclang/simple/allreduce_ring.py" "$p" 1 >/dev/null 2>&1 || return 1
   cat /tmp/msccl_time.$$
 }
-printf '%-6s %-10s %-14s %-12s %-12s %s\n' ranks "median s" "peak MiB" instructions "MSCCLang s" "ratio"
+printf '%-6s %-10s %-10s %-14s %-12s %-12s %s\n' ranks "median s" "CPU s" "peak MiB" instructions "MSCCLang s" "ratio"
 for p in $ranks; do
   times=()
+  cpus=()
   peak=0
   summary=""
   for _ in $(seq "$runs"); do
-    out=$( { /usr/bin/time -f '%e %M' timeout "$limit_s" "$bin" check allreduce/ring --ranks "$p" --quiet \
+    out=$( { /usr/bin/time -f '%e %U %S %M' timeout "$limit_s" "$bin" check allreduce/ring --ranks "$p" --quiet \
              --max-slots 100000000000 --max-transfers 200000000; } 2>&1 ) || { echo "p=$p: failed or over ${limit_s}s"; break; }
-    read -r secs kb <<<"$(echo "$out" | tail -1)"
+    read -r secs user sys kb <<<"$(echo "$out" | tail -1)"
     summary=$(echo "$out" | grep -m1 verified || true)
     times+=("$secs")
+    cpus+=("$(awk -v u="$user" -v s="$sys" 'BEGIN {print u + s}')")
     (( kb > peak )) && peak=$kb
   done
   [ ${#times[@]} -eq 0 ] && continue
   median=$(printf '%s\n' "${times[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+  cpu=$(printf '%s\n' "${cpus[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
   peer="-"
   if measured=$(msccl_time "$p"); then
     peer="$measured"
@@ -50,6 +54,6 @@ for p in $ranks; do
   ratio="-"
   [ "$peer" != "-" ] && ratio=$(awk -v m="${peer%% *}" -v t="$median" 'BEGIN {printf "%.0fx faster", m / (t > 0.005 ? t : 0.005)}')
   instrs=$("$bin" build allreduce/ring --ranks "$p" --max-slots 100000000000 --max-transfers 200000000 2>/dev/null | grep -c '^  #' || true)
-  printf '%-6s %-10s %-14s %-12s %-12s %s\n' "$p" "$median" "$((peak / 1024))" "$instrs" "$peer" "$ratio"
+  printf '%-6s %-10s %-10s %-14s %-12s %-12s %s\n' "$p" "$median" "$cpu" "$((peak / 1024))" "$instrs" "$peer" "$ratio"
 done
 rm -f /tmp/msccl_time.$$

@@ -99,6 +99,23 @@ fn fusion_verifies_without_the_fallback() {
         copy in[0] to t[0] on 0
     }";
     fused_verifies(reused, 2).expect("scratch reused around a fused pair");
+    // Receive-reduces of up to 64 chunks track their coverage in a bit mask in the one-walk fusion; wider ones take
+    // the two passes. Rank 1 forwards what it reduced and has it overwritten in full later, so its write is dead
+    // (RecvReduceSend) on both sides of the boundary.
+    for chunks in [1, 63, 64, 65, 70] {
+        let wide = format!(
+            "algorithm wide for allreduce {{
+                ranks p where p == 3
+                chunks {chunks}
+                step {{ send in[0..{chunks}] from 0 to 1 reduce }}
+                step {{ send in[0..{chunks}] from 1 to 2 reduce }}
+                step {{ send in[0..{chunks}] from 2 to 0 }}
+                step {{ send in[0..{chunks}] from 0 to 1 }}
+            }}"
+        );
+        fused_verifies(&wide, 3).unwrap_or_else(|e| panic!("{chunks} chunks: {e}"));
+        assert_eq!(ops(&wide, 3)[1], [Op::RecvReduceSend, Op::Recv], "{chunks} chunks");
+    }
     // Part of the received chunk is overwritten before the reduction reads it: not a pair to fuse.
     let overwritten = "algorithm overwritten for allreduce {
         ranks p where p == 2

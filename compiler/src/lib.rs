@@ -119,7 +119,17 @@ pub fn compile_program(
     if !options.fuse {
         return verify(schedule(program, options.placement), source, limits);
     }
-    let fused = sched::schedule_with(program, options.placement, optimise::fuse_new_rank);
+    compile_fused(program, options.placement, source, limits)
+}
+
+/// The fused schedule of an already pipelined program, verified (or the unfused one's outcome).
+fn compile_fused(
+    program: &ir::Program,
+    placement: Placement,
+    source: &str,
+    limits: &Limits,
+) -> Result<VerifiedSchedule, Errors> {
+    let fused = sched::schedule_with(program, placement, optimise::fuse_new_rank);
     verify_or_unfused(program, fused, source, limits)
 }
 
@@ -155,7 +165,8 @@ impl Join for InTurn {
 /// `compile_program` for two placements of one program, the same schedules and outcomes, with the work split in
 /// two halves that `join` may run at once: first the ranks (the lower half and the upper half of the ranks, each
 /// rank's transfers gathered once for both placements), then the verification of each placement. `options` must
-/// differ in placement only; otherwise each placement is compiled on its own, the two in one `join`.
+/// differ in placement only, and neither placement may need the pass that replays the program to find cuts
+/// (`sched::Layout::needs_cut_pass`); otherwise each placement is compiled on its own, the two in one `join`.
 pub fn compile_placements(
     program: &ir::Program,
     source: &str,
@@ -177,6 +188,15 @@ pub fn compile_placements(
         Err(errors) => return [Err(errors.clone()), Err(errors)],
     };
     let program = &*program;
+    // A placement whose layout replays the whole program to find cuts would make the other wait: then each
+    // placement is built on its own, the replay beside the other's ranks.
+    if [first, second].iter().any(|o| sched::Layout::needs_cut_pass(program, o.placement)) {
+        let (a, b) = join.join(
+            || compile_fused(program, first.placement, source, limits),
+            || compile_fused(program, second.placement, source, limits),
+        );
+        return [a, b];
+    }
     let layouts = [sched::Layout::new(program, first.placement), sched::Layout::new(program, second.placement)];
     let middle = program.n_ranks / 2;
     let (low, high) = join.join(

@@ -42,6 +42,12 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Whether making the layout of `program` for `placement` replays the whole program to find where transfers
+    /// must be cut (one pass over every transfer, which nothing else can do meanwhile).
+    pub fn needs_cut_pass(program: &Program, placement: Placement) -> bool {
+        needs_cut_pass(program, placement)
+    }
+
     pub fn new(program: &Program, placement: Placement) -> Self {
         let mut mapper = Mapper::new(program, placement);
         let cuts = mapper.find_cuts(program);
@@ -181,6 +187,16 @@ impl TransfersByRank {
 /// How many ranks' transfers `TransfersByRank::gather` copies at once.
 const GATHER_BLOCK: u32 = 8;
 
+/// Whether `Mapper::find_cuts` has to replay the program. In place, every chunk run maps to one contiguous run. Out
+/// of place, only a transfer of two or more chunks can be cut, and where every rank's output window is its whole
+/// view no slot lives in `_work`: then the replay would find nothing (the ring AllReduce at p = 1024: 56 ms).
+fn needs_cut_pass(program: &Program, placement: Placement) -> bool {
+    let (in_chunks, out_chunks) = program.buffer_chunks();
+    let output_is_the_view = out_chunks >= in_chunks
+        && (0..program.n_ranks).all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
+    placement == Placement::OutOfPlace && !(output_is_the_view && program.transfers.iter().all(|t| t.count <= 1))
+}
+
 /// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
 #[derive(Clone)]
 struct Cuts(Vec<(u32, u32)>);
@@ -302,15 +318,7 @@ impl Mapper {
     /// `rank_side` can replay each rank from the start.
     fn find_cuts(&mut self, program: &Program) -> Cuts {
         let mut cuts = Vec::new();
-        if self.placement == Placement::InPlace {
-            return Cuts(cuts);
-        }
-        // Only a transfer of two or more chunks can be cut, and where every rank's output window is its whole view
-        // no slot lives in `_work`: then the replay would find nothing (the ring AllReduce at p = 1024: 56 ms).
-        let whole_view = 0..self.view_chunks;
-        if (0..program.n_ranks).all(|rank| self.windows(rank).1 == whole_view)
-            && program.transfers.iter().all(|t| t.count <= 1)
-        {
+        if !needs_cut_pass(program, self.placement) {
             return Cuts(cuts);
         }
         let mut pieces = std::mem::take(&mut self.pieces);

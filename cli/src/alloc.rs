@@ -24,8 +24,9 @@ const PAGE: usize = 4096;
 /// power of two apart, so a block wastes at most an eighth of its size: untouched tails of huge pages still cost
 /// the kernel's clearing.
 const MID: usize = 128 << 10;
-const MID_LOG2: usize = 17;
-const CLASSES: usize = 3 * 8 + 1;
+const MID_LOG2: usize = MID.trailing_zeros() as usize;
+/// Eight classes per power of two from `MID` up to `BIG`, and `BIG` itself (what sizes just below it round up to).
+const CLASSES: usize = 8 * (BIG.trailing_zeros() as usize - MID_LOG2) + 1;
 /// A slab: 16 huge pages, carved into mid-size blocks as they are first asked for.
 const SLAB: usize = 32 << 20;
 const HUGE_PAGE: usize = 2 << 20;
@@ -94,7 +95,7 @@ fn mid_free(ptr: *mut u8, size: usize) {
 }
 
 /// A fresh mapping of `size` bytes (a multiple of `HUGE_PAGE`) starting on a huge-page boundary, advised to use huge
-/// pages: the kernel backs only aligned 2 MiB ranges with them. Null on failure.
+/// pages (by `map`): the kernel backs only aligned 2 MiB ranges with them. Null on failure.
 fn map_aligned(size: usize) -> *mut u8 {
     let raw = map(size + HUGE_PAGE);
     if raw.is_null() {
@@ -110,7 +111,6 @@ fn map_aligned(size: usize) -> *mut u8 {
         if tail > 0 {
             libc::munmap((start + size) as *mut libc::c_void, tail);
         }
-        libc::madvise(start as *mut libc::c_void, size, libc::MADV_HUGEPAGE);
     }
     start as *mut u8
 }

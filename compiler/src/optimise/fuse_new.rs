@@ -58,9 +58,12 @@ struct LastSend {
     others: HashMap<(u32, u8), u32, FxBuildHasher>,
 }
 
+/// The key of no send: `LastSend` holds no position for it.
+const NO_RANK_KEY: (u32, u8) = (NO_RANK, 0);
+
 impl Default for LastSend {
     fn default() -> Self {
-        LastSend { key: (NO_RANK, 0), position: NONE, others: HashMap::default() }
+        LastSend { key: NO_RANK_KEY, position: NONE, others: HashMap::default() }
     }
 }
 
@@ -83,7 +86,7 @@ impl LastSend {
     }
 
     fn clear(&mut self) {
-        *self = LastSend { others: std::mem::take(&mut self.others), ..LastSend::default() };
+        (self.key, self.position) = (NO_RANK_KEY, NONE);
         self.others.clear();
     }
 }
@@ -123,9 +126,8 @@ fn walk(rank: &mut RankProgram, h: &mut Hazards, s: &mut Scratch) {
                     && s.last_send.get(key).is_none_or(|prev| prev < o);
                 if joinable {
                     instrs[o as usize] = fused(recv, instr);
-                    for slot in h.slots(instr.src, instr.count) {
-                        h.history.read(slot, o);
-                    }
+                    // Its read happens at the receive now.
+                    h.record(&instr, o);
                     s.last_send.set(key, o);
                     forwarded_reduce |= recv.op == Op::RecvReduceCopy;
                     continue;
@@ -134,36 +136,13 @@ fn walk(rank: &mut RankProgram, h: &mut Hazards, s: &mut Scratch) {
             s.last_send.set(key, next as u32);
         }
         let at = next as u32;
-        s.deps.clear();
-        for read in instr.reads() {
-            for slot in h.slots(read, instr.count) {
-                s.deps.push(h.history.last_writer(slot));
-            }
-        }
-        if let Some(dst) = instr.dst.get() {
-            for slot in h.slots(dst, instr.count) {
-                s.deps.push(h.history.last_writer(slot));
-                s.deps.extend(h.history.readers(slot).filter(|&r| r != at));
-            }
-        }
-        s.deps.retain(|&d| d != NONE);
-        s.deps.sort_unstable();
-        s.deps.dedup();
+        h.conflicts(&instr, at, &mut s.deps);
         for &d in &s.deps {
             if s.flags[d as usize] & (RECEIVE_REDUCE | READ) == RECEIVE_REDUCE {
                 note_dependent(&instrs[d as usize], &instr, &mut s.flags[d as usize], &mut s.covered[d as usize]);
             }
         }
-        for read in instr.reads() {
-            for slot in h.slots(read, instr.count) {
-                h.history.read(slot, at);
-            }
-        }
-        if let Some(dst) = instr.dst.get() {
-            for slot in h.slots(dst, instr.count) {
-                h.history.write(slot, at);
-            }
-        }
+        h.record(&instr, at);
         instrs[next] = instr;
         if instr.op == Op::RecvReduceCopy {
             s.flags[next] = RECEIVE_REDUCE;

@@ -32,8 +32,7 @@ pub fn schedule_with(
 
 /// How `program` maps onto one placement's buffers: where transfers are cut (the first pass over the whole program),
 /// the buffers, and the mapper that replays each rank. Made once per placement; the ranks can then be built in
-/// parts (`schedule_ranks`), each part with a copy of the mapper, and put together with `assemble`.
-#[derive(Clone)]
+/// parts (`schedule_ranks`), each part with a mapper of its own, and put together with `assemble`.
 pub struct Layout {
     placement: Placement,
     mapper: Mapper,
@@ -44,8 +43,14 @@ pub struct Layout {
 impl Layout {
     /// Whether making the layout of `program` for `placement` replays the whole program to find where transfers
     /// must be cut (one pass over every transfer, which nothing else can do meanwhile).
+    /// In place, every chunk run maps to one contiguous run. Out of place, only a transfer of two or more chunks can
+    /// be cut, and where every rank's output window is its whole view no slot lives in `_work`: then the replay
+    /// would find nothing (the ring AllReduce at p = 1024: 56 ms).
     pub fn needs_cut_pass(program: &Program, placement: Placement) -> bool {
-        needs_cut_pass(program, placement)
+        let (in_chunks, out_chunks) = program.buffer_chunks();
+        let output_is_the_view = out_chunks >= in_chunks
+            && (0..program.n_ranks).all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
+        placement == Placement::OutOfPlace && !(output_is_the_view && program.transfers.iter().all(|t| t.count <= 1))
     }
 
     pub fn new(program: &Program, placement: Placement) -> Self {
@@ -53,10 +58,6 @@ impl Layout {
         let cuts = mapper.find_cuts(program);
         let buffers = mapper.buffer_decls(program);
         Layout { placement, mapper, cuts, buffers }
-    }
-
-    pub fn placement(&self) -> Placement {
-        self.placement
     }
 
     /// The schedule of `program` whose rank programs are `ranks`, rank 0 first (built from this layout).
@@ -86,7 +87,7 @@ pub fn schedule_ranks(
     ranks: std::ops::Range<u32>,
     mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
 ) -> Vec<Vec<RankProgram>> {
-    let mut mappers: Vec<Mapper> = layouts.iter().map(|layout| layout.mapper.clone()).collect();
+    let mut mappers: Vec<Mapper> = layouts.iter().map(|layout| layout.mapper.fresh()).collect();
     let by_rank = TransfersByRank::new(program, ranks.clone());
     // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
     let mut work = RankProgram::default();
@@ -187,18 +188,7 @@ impl TransfersByRank {
 /// How many ranks' transfers `TransfersByRank::gather` copies at once.
 const GATHER_BLOCK: u32 = 8;
 
-/// Whether `Mapper::find_cuts` has to replay the program. In place, every chunk run maps to one contiguous run. Out
-/// of place, only a transfer of two or more chunks can be cut, and where every rank's output window is its whole
-/// view no slot lives in `_work`: then the replay would find nothing (the ring AllReduce at p = 1024: 56 ms).
-fn needs_cut_pass(program: &Program, placement: Placement) -> bool {
-    let (in_chunks, out_chunks) = program.buffer_chunks();
-    let output_is_the_view = out_chunks >= in_chunks
-        && (0..program.n_ranks).all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
-    placement == Placement::OutOfPlace && !(output_is_the_view && program.transfers.iter().all(|t| t.count <= 1))
-}
-
 /// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
-#[derive(Clone)]
 struct Cuts(Vec<(u32, u32)>);
 
 impl Cuts {
@@ -215,7 +205,6 @@ impl Cuts {
 
 /// Maps logical chunk slots to physical operands. Out of place, a slot not yet written reads `in`, every write goes
 /// to `out` (or to the `_work` buffer when the slot lies outside the output window), and later reads follow it.
-#[derive(Clone)]
 struct Mapper {
     placement: Placement,
     chunks: u32,
@@ -254,6 +243,12 @@ impl Mapper {
             collective: program.collective,
             pieces: Vec::new(),
         }
+    }
+
+    /// A mapper for another part of the ranks, nothing written yet: a fresh `written` (zeroed as first touched)
+    /// rather than a copy of one that holds only zeros (16 MB per placement at p = 4096).
+    fn fresh(&self) -> Mapper {
+        Mapper { written: vec![false; self.written.len()], pieces: Vec::new(), ..*self }
     }
 
     fn work_buf(&self) -> BufId {
@@ -318,7 +313,7 @@ impl Mapper {
     /// `rank_side` can replay each rank from the start.
     fn find_cuts(&mut self, program: &Program) -> Cuts {
         let mut cuts = Vec::new();
-        if !needs_cut_pass(program, self.placement) {
+        if !Layout::needs_cut_pass(program, self.placement) {
             return Cuts(cuts);
         }
         let mut pieces = std::mem::take(&mut self.pieces);
@@ -502,6 +497,40 @@ impl Hazards {
         let start = (self.base[op.buf.0 as usize] + op.index) as usize;
         start..start + count as usize
     }
+
+    /// Into `deps`, sorted and once each, the instructions that `instr`, numbered `at`, must wait for: the last writer
+    /// of every chunk it reads or writes, and the readers since of every chunk it writes.
+    pub fn conflicts(&self, instr: &Instr, at: u32, deps: &mut Vec<u32>) {
+        deps.clear();
+        for read in instr.reads() {
+            for slot in self.slots(read, instr.count) {
+                deps.push(self.history.last_writer(slot));
+            }
+        }
+        if let Some(dst) = instr.dst.get() {
+            for slot in self.slots(dst, instr.count) {
+                deps.push(self.history.last_writer(slot));
+                deps.extend(self.history.readers(slot).filter(|&r| r != at));
+            }
+        }
+        deps.retain(|&d| d != NONE);
+        deps.sort_unstable();
+        deps.dedup();
+    }
+
+    /// Notes that `instr`, numbered `at`, read and wrote its chunks.
+    pub fn record(&mut self, instr: &Instr, at: u32) {
+        for read in instr.reads() {
+            for slot in self.slots(read, instr.count) {
+                self.history.read(slot, at);
+            }
+        }
+        if let Some(dst) = instr.dst.get() {
+            for slot in self.slots(dst, instr.count) {
+                self.history.write(slot, at);
+            }
+        }
+    }
 }
 
 /// Computes each instruction's dependencies from the hazards on the slots it reads and writes.
@@ -547,33 +576,9 @@ fn dependencies_with(rank: &mut RankProgram, h: &mut Hazards) {
     dep_ends.clear();
     all_deps.clear();
     let mut deps = Vec::new();
-    for (i, instr) in instrs.iter().enumerate() {
-        let i = i as u32;
-        deps.clear();
-        for read in instr.reads() {
-            for slot in h.slots(read, instr.count) {
-                deps.push(h.history.last_writer(slot));
-            }
-        }
-        if let Some(dst) = instr.dst.get() {
-            for slot in h.slots(dst, instr.count) {
-                deps.push(h.history.last_writer(slot));
-                deps.extend(h.history.readers(slot).filter(|&r| r != i));
-            }
-        }
-        deps.retain(|&d| d != NONE);
-        deps.sort_unstable();
-        deps.dedup();
-        for read in instr.reads() {
-            for slot in h.slots(read, instr.count) {
-                h.history.read(slot, i);
-            }
-        }
-        if let Some(dst) = instr.dst.get() {
-            for slot in h.slots(dst, instr.count) {
-                h.history.write(slot, i);
-            }
-        }
+    for (i, instr) in (0u32..).zip(instrs.iter()) {
+        h.conflicts(instr, i, &mut deps);
+        h.record(instr, i);
         all_deps.extend_from_slice(&deps);
         dep_ends.push(all_deps.len() as u32);
     }

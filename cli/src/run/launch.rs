@@ -4,7 +4,7 @@
 
 use super::sweep::{self, Row};
 use super::table::{self, Header};
-use super::{configure, Job};
+use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
 use collc_runtime::{Communicator, RuntimeError, Shm};
 use std::process::{Child, Command};
@@ -37,8 +37,8 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
         Err(error) => {
             let text = error.to_string();
             match text.starts_with("rank ") {
-                true => eprintln!("error: {text}"),
-                false => eprintln!("error: rank {rank}: {text}"),
+                true => say_error(text),
+                false => say_error(format_args!("rank {rank}: {text}")),
             }
             comm.fail();
             1
@@ -72,7 +72,7 @@ pub fn run_threads(job: &Job) -> u8 {
 }
 
 fn fail(error: &RuntimeError) -> u8 {
-    eprintln!("error: {error}");
+    say_error(error);
     1
 }
 
@@ -80,10 +80,10 @@ fn fail(error: &RuntimeError) -> u8 {
 pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
     if let Some(local) = launch.local_world_size {
         if local != launch.world_size {
-            eprintln!(
-                "error: {} says {} of the {} ranks are on this host; the shm transport needs all of them on one host",
+            say_error(format_args!(
+                "{} says {} of the {} ranks are on this host; the shm transport needs all of them on one host",
                 launch.launcher, local, launch.world_size
-            );
+            ));
             return 2;
         }
     }
@@ -121,7 +121,7 @@ pub fn spawn_ranks(job: &Job) -> u8 {
         match spawned {
             Ok(child) => children.push(Some(child)),
             Err(e) => {
-                eprintln!("error: cannot start rank {rank}: {e}");
+                say_error(format_args!("cannot start rank {rank}: {e}"));
                 let _ = collc_runtime::mark_shm_rank_failed(&id, job.n_ranks, rank);
                 children.push(None);
             }
@@ -157,7 +157,7 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
     catch_interrupts();
     loop {
         if INTERRUPTED.load(Ordering::Relaxed) {
-            eprintln!("error: interrupted; stopping the {} rank processes", job.n_ranks);
+            say_error(format_args!("interrupted; stopping the {} rank processes", job.n_ranks));
             for child in children.iter_mut().flatten() {
                 let _ = child.kill();
                 let _ = child.wait();
@@ -178,7 +178,7 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
                             None => format!("was killed ({status})"),
                         };
                         if status.code().is_none() || worst == 0 {
-                            eprintln!("error: rank {rank} (pid {pid}) {how}");
+                            say_error(format_args!("rank {rank} (pid {pid}) {how}"));
                         }
                         let _ = collc_runtime::mark_shm_rank_failed(job_id, job.n_ranks, rank as u32);
                         worst = worst.max(status.code().map_or(1, |c| c.clamp(1, 255) as u8));
@@ -195,7 +195,7 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
         if failed_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10)) {
             for (rank, slot) in children.iter_mut().enumerate() {
                 if let Some(child) = slot {
-                    eprintln!("error: rank {rank} did not stop after the failure; killing it");
+                    say_error(format_args!("rank {rank} did not stop after the failure; killing it"));
                     let _ = child.kill();
                 }
             }

@@ -150,7 +150,7 @@ pub fn run(args: RunArgs) -> u8 {
     let job = match resolve(&args, n_ranks, per_node, launched.is_some()) {
         Ok(job) => job,
         Err((code, message)) => {
-            eprintln!("error: {message}");
+            say_error(message);
             return code;
         }
     };
@@ -162,8 +162,16 @@ pub fn run(args: RunArgs) -> u8 {
 }
 
 fn usage(message: &str) -> u8 {
-    eprintln!("error: {message}");
+    say_error(message);
     2
+}
+
+/// Prints `error: {message}` to stderr in one `write`: every rank process and the launcher share the pipe, and a
+/// line `eprintln!` writes in pieces can be cut by another process's line.
+pub(super) fn say_error(message: impl std::fmt::Display) {
+    use std::io::Write;
+    let line = format!("error: {message}\n");
+    let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
 
 /// Checks every argument before any rank starts; usage errors exit 2, an algorithm that does not compile 1.

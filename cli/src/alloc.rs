@@ -1,35 +1,37 @@
 //! The binary's allocator: the system allocator, except for two kinds of block.
 //!
-//! - Blocks of 1 MiB or more get their own mapping with transparent huge pages and grow in place with `mremap`.
-//! - Blocks of 64 KiB up to 1 MiB come from huge-page slabs, in classes of 64 KiB steps; a freed one waits on its
-//!   class's free list for the next block of that class and is never handed back to the kernel.
+//! - Blocks of 1 MiB or more get their own mapping and grow in place with `mremap`; a block that grows is advised
+//!   to use transparent huge pages.
+//! - Blocks of 128 KiB up to 1 MiB come from slabs, in classes an eighth of a power of two apart; a freed one waits
+//!   on its class's free list for the next block of that class and is never handed back to the kernel.
 //!
 //! Why: verifying thousands of ranks builds arrays of hundreds of megabytes, one after another, and tens of
-//! thousands of per-rank lists of a few hundred kilobytes. With 4 KiB pages the kernel's page-fault path took about
-//! a fifth of `collc check allreduce/ring --ranks 1024` (perf), and glibc hands such blocks back to the kernel on
-//! free, so every stage faults its pages in again. At p = 4096 glibc maps each per-rank list of 128 KiB or more on
-//! its own with 4 KiB pages: 880 000 page faults per run, where the slabs leave 288 000 (bench/README.md). Huge
-//! pages fault 512 times less often. Where the kernel does not give them (THP off), the mappings still work with
-//! small pages. Mid-size blocks are kept for reuse until the process ends: what a process holds is at most the
-//! most it ever had live in each class.
+//! thousands of per-rank lists of a few hundred kilobytes. glibc hands such blocks back to the kernel on free, so
+//! every stage faults its pages in again, and at p = 4096 it maps each per-rank list of 128 KiB or more on its own:
+//! 880 000 page faults per run, where the slabs leave far fewer (bench/README.md). Huge pages fault 512 times less
+//! often and spare the TLB on the big arrays the verifier reads out of order, but the kernel's first touch of one
+//! costs from a fifth to twice as much per byte as that of small pages, depending on the VM's state (bench/README.md
+//! has both): the arrays that grow (the lowered program, the connection lists) get them; the slabs and the blocks
+//! allocated at their full size, written once in order, keep small pages (`collc check allreduce/ring --ranks 4096`
+//! median 11.1 s against 12.7 s with huge pages everywhere; no change at 1024). Where the kernel does not give huge
+//! pages (THP off), the mappings still work with small ones. Mid-size blocks are kept for reuse until the process
+//! ends: what a process holds is at most the most it ever had live in each class.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
 
-pub struct HugeBlocks;
+pub struct MappedBlocks;
 
 const BIG: usize = 1 << 20;
 const PAGE: usize = 4096;
 /// Mid-size blocks: from `MID` (glibc's threshold for mapping a block on its own) up to `BIG`, in classes 1/8 of a
-/// power of two apart, so a block wastes at most an eighth of its size: untouched tails of huge pages still cost
-/// the kernel's clearing.
+/// power of two apart, so a block wastes at most an eighth of its size.
 const MID: usize = 128 << 10;
 const MID_LOG2: usize = MID.trailing_zeros() as usize;
 /// Eight classes per power of two from `MID` up to `BIG`, and `BIG` itself (what sizes just below it round up to).
 const CLASSES: usize = 8 * (BIG.trailing_zeros() as usize - MID_LOG2) + 1;
-/// A slab: 16 huge pages, carved into mid-size blocks as they are first asked for.
+/// A slab, carved into mid-size blocks as they are first asked for.
 const SLAB: usize = 32 << 20;
-const HUGE_PAGE: usize = 2 << 20;
 
 fn is_big(size: usize, align: usize) -> bool {
     size >= BIG && align <= PAGE
@@ -73,7 +75,7 @@ fn mid_alloc(size: usize) -> (*mut u8, bool) {
     }
     let bytes = class_bytes(c);
     if pool.end - pool.next < bytes {
-        let slab = map_aligned(SLAB);
+        let slab = map(SLAB);
         if slab.is_null() {
             return (slab, false);
         }
@@ -88,31 +90,10 @@ fn mid_alloc(size: usize) -> (*mut u8, bool) {
 fn mid_free(ptr: *mut u8, size: usize) {
     let c = class(size);
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: the block is at least `MID` bytes, page-aligned (slab blocks are multiples of 16 KiB), and no longer
+    // SAFETY: the block is at least `MID` bytes, page-aligned (slabs are mappings and classes multiples of 16 KiB), and no longer
     // in use.
     unsafe { ptr.cast::<usize>().write(pool.free[c]) };
     pool.free[c] = ptr as usize;
-}
-
-/// A fresh mapping of `size` bytes (a multiple of `HUGE_PAGE`) starting on a huge-page boundary, advised to use huge
-/// pages (by `map`): the kernel backs only aligned 2 MiB ranges with them. Null on failure.
-fn map_aligned(size: usize) -> *mut u8 {
-    let raw = map(size + HUGE_PAGE);
-    if raw.is_null() {
-        return raw;
-    }
-    let start = (raw as usize).next_multiple_of(HUGE_PAGE);
-    let (head, tail) = (start - raw as usize, HUGE_PAGE - (start - raw as usize));
-    // SAFETY: both pieces lie inside the mapping just made and are not used; what is left is `size` bytes at `start`.
-    unsafe {
-        if head > 0 {
-            libc::munmap(raw.cast(), head);
-        }
-        if tail > 0 {
-            libc::munmap((start + size) as *mut libc::c_void, tail);
-        }
-    }
-    start as *mut u8
 }
 
 fn rounded(size: usize) -> usize {
@@ -135,8 +116,6 @@ fn map(size: usize) -> *mut u8 {
     if p == libc::MAP_FAILED {
         return std::ptr::null_mut();
     }
-    // SAFETY: `p` is the mapping just made; the advice only changes how it is backed.
-    unsafe { libc::madvise(p, rounded(size), libc::MADV_HUGEPAGE) };
     p.cast()
 }
 
@@ -144,7 +123,7 @@ fn map(size: usize) -> *mut u8 {
 // blocks are pieces of a slab, a multiple of `MID` long and page-aligned, each handed out once until it is freed;
 // everything else goes to `System`. A block's layout decides its path, and callers pass the same layout back to free
 // it (a mid-size block's class, which `realloc` may keep, follows from its size).
-unsafe impl GlobalAlloc for HugeBlocks {
+unsafe impl GlobalAlloc for MappedBlocks {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if is_mid(layout.size(), layout.align()) {
             mid_alloc(layout.size()).0
@@ -201,7 +180,7 @@ unsafe impl GlobalAlloc for HugeBlocks {
             if moved == libc::MAP_FAILED {
                 return std::ptr::null_mut();
             }
-            // SAFETY: `moved` is the mapping just resized.
+            // SAFETY: `moved` is the mapping just resized; the advice only changes how it is backed.
             unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
             return moved.cast();
         }
@@ -223,7 +202,7 @@ unsafe impl GlobalAlloc for HugeBlocks {
 
 #[cfg(test)]
 mod tests {
-    use super::{class, class_bytes, HugeBlocks, BIG, CLASSES, MID};
+    use super::{class, class_bytes, MappedBlocks, BIG, CLASSES, MID};
     use std::alloc::{GlobalAlloc, Layout};
     use std::sync::Mutex;
 
@@ -253,17 +232,17 @@ mod tests {
         let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
         // SAFETY: each block is used within its size and freed once with the layout it has.
         unsafe {
-            let mut ptr = HugeBlocks.alloc(layout(sizes[0]));
+            let mut ptr = MappedBlocks.alloc(layout(sizes[0]));
             assert!(!ptr.is_null());
             fill(ptr, sizes[0], 7);
             for pair in sizes.windows(2) {
                 let (old, new) = (pair[0], pair[1]);
-                ptr = HugeBlocks.realloc(ptr, layout(old), new);
+                ptr = MappedBlocks.realloc(ptr, layout(old), new);
                 assert!(!ptr.is_null(), "realloc {old} -> {new}");
                 assert!(holds(ptr, old.min(new), 7), "realloc {old} -> {new} lost bytes");
                 fill(ptr, new, 7);
             }
-            HugeBlocks.dealloc(ptr, layout(sizes[sizes.len() - 1]));
+            MappedBlocks.dealloc(ptr, layout(sizes[sizes.len() - 1]));
         }
     }
 
@@ -275,23 +254,23 @@ mod tests {
         let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
         // SAFETY: each block is used within its size and freed once with the layout it has.
         unsafe {
-            let a = HugeBlocks.alloc(layout(MID + 100));
+            let a = MappedBlocks.alloc(layout(MID + 100));
             assert!(!a.is_null());
             assert_eq!(a as usize % 4096, 0);
             fill(a, MID + 100, 3);
             // MID + 100 is in the class of MID * 9 / 8 bytes.
-            let grown = HugeBlocks.realloc(a, layout(MID + 100), MID * 9 / 8);
+            let grown = MappedBlocks.realloc(a, layout(MID + 100), MID * 9 / 8);
             assert_eq!(grown, a, "the same class grows in place");
             assert!(holds(grown, MID + 100, 3));
-            let moved = HugeBlocks.realloc(grown, layout(MID * 9 / 8), 5 * MID);
+            let moved = MappedBlocks.realloc(grown, layout(MID * 9 / 8), 5 * MID);
             assert!(holds(moved, MID + 100, 3), "another class keeps the bytes");
             fill(moved, 5 * MID, 4);
-            HugeBlocks.dealloc(moved, layout(5 * MID));
+            MappedBlocks.dealloc(moved, layout(5 * MID));
             // Freed, the block is the next one of its class, and zeroed when asked.
-            let again = HugeBlocks.alloc_zeroed(layout(5 * MID - 1000));
+            let again = MappedBlocks.alloc_zeroed(layout(5 * MID - 1000));
             assert_eq!(again, moved, "a freed block is reused for its class");
             assert!(std::slice::from_raw_parts(again, 5 * MID - 1000).iter().all(|&b| b == 0));
-            HugeBlocks.dealloc(again, layout(5 * MID - 1000));
+            MappedBlocks.dealloc(again, layout(5 * MID - 1000));
         }
     }
 
@@ -309,14 +288,14 @@ mod tests {
                         let layout = Layout::from_size_align(size, 8).expect("valid layout");
                         // SAFETY: each block is used within its size and freed once with its layout.
                         unsafe {
-                            let ptr = HugeBlocks.alloc(layout);
+                            let ptr = MappedBlocks.alloc(layout);
                             assert!(!ptr.is_null());
                             fill(ptr, size, t);
                             held.push((ptr as usize, layout));
                             if round % 3 == 0 {
                                 let (old, old_layout) = held.swap_remove(round % held.len());
                                 assert!(holds(old as *const u8, old_layout.size(), t), "thread {t} lost its block");
-                                HugeBlocks.dealloc(old as *mut u8, old_layout);
+                                MappedBlocks.dealloc(old as *mut u8, old_layout);
                             }
                         }
                     }
@@ -324,7 +303,7 @@ mod tests {
                         // SAFETY: as above.
                         unsafe {
                             assert!(holds(ptr as *const u8, layout.size(), t), "thread {t} lost its block");
-                            HugeBlocks.dealloc(ptr as *mut u8, layout);
+                            MappedBlocks.dealloc(ptr as *mut u8, layout);
                         }
                     }
                 })
@@ -355,11 +334,11 @@ mod tests {
         let layout = Layout::from_size_align(2 * BIG + 3, 4096).expect("valid layout");
         // SAFETY: the block is read within its size and freed once with its layout.
         unsafe {
-            let ptr = HugeBlocks.alloc_zeroed(layout);
+            let ptr = MappedBlocks.alloc_zeroed(layout);
             assert!(!ptr.is_null());
             assert_eq!(ptr as usize % 4096, 0);
             assert!(std::slice::from_raw_parts(ptr, layout.size()).iter().all(|&b| b == 0));
-            HugeBlocks.dealloc(ptr, layout);
+            MappedBlocks.dealloc(ptr, layout);
         }
     }
 }

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 #[cfg(target_os = "linux")]
 #[global_allocator]
-static ALLOCATOR: alloc::HugeBlocks = alloc::HugeBlocks;
+static ALLOCATOR: alloc::MappedBlocks = alloc::MappedBlocks;
 
 /// collc: compile, verify and run collective-communication algorithms.
 #[derive(Parser)]

@@ -8,12 +8,12 @@
 //! recv k -> recv k+1, send k -> recv k (the message) and recv k -> send k+slots (the room it frees). Races are
 //! ruled out before this runs, so any order the sort picks computes the same values.
 
-use super::matching::Connections;
+use super::matching::{Connections, ConnectionsBuilder};
 use super::postcondition::initial_value;
 use super::value::Value;
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{Dependents, Operand};
+use crate::sched::{Dependents, Operand, RankProgram, Schedule};
 
 /// The final state of a completed execution.
 pub(crate) struct Finished<V> {
@@ -57,11 +57,11 @@ impl Graph {
     }
 }
 
-pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections) -> Result<Finished<V>, Error> {
+pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: GraphBuilder) -> Result<Finished<V>, Error> {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
     let mut state = initial_state::<V>(ctx);
-    let mut graph = build_graph(ctx, &conns);
+    let mut graph = graph.finish(&conns);
     let rank_start = &conns.rank_start;
     let mut messages: Vec<V> = vec![V::undefined(); graph.n_messages as usize];
     // How many sends and receives each connection has run: the position of the next one.
@@ -197,48 +197,91 @@ impl Node {
     }
 }
 
-/// Counts each instruction's conditions (its dependencies, and per connection the order, message and room
-/// conditions its position brings), turns the dependencies around, and sizes each connection's message ring.
-fn build_graph(ctx: &Context, conns: &Connections) -> Graph {
-    let sched = ctx.sched;
-    let slots = ctx.limits.channel_slots;
-    let total = conns.of_instr.len();
-    let mut seen = vec![(0u32, 0u32); conns.list.len()];
-    let mut widest = vec![0u32; conns.list.len()];
-    let mut unmet = Vec::with_capacity(total);
-    let mut dependents_start = Vec::with_capacity(total + 1);
-    let mut dependents = Vec::new();
-    let mut rank_dependents = Dependents::default();
-    for (rank, program) in sched.ranks.iter().enumerate() {
-        let first = conns.rank_start[rank];
-        program.dependents_into(&mut rank_dependents);
-        for (i, instr) in program.instrs.iter().enumerate() {
-            let (send, recv) = conns.of_instr[first as usize + i];
-            let mut conditions = program.deps_of(i).len() as u32;
-            if send != NONE {
-                let send_pos = post_increment(&mut seen[send as usize].0);
-                conditions += u32::from(send_pos > 0) + u32::from(send_pos >= slots);
-            }
-            if recv != NONE {
-                let recv_pos = post_increment(&mut seen[recv as usize].1);
-                conditions += 1 + u32::from(recv_pos > 0);
-                widest[recv as usize] = widest[recv as usize].max(instr.count);
-            }
-            unmet.push(conditions);
-            dependents_start.push(dependents.len() as u32);
-            dependents.extend(rank_dependents.of(i).iter().map(|&d| first + d));
+/// The graph built rank by rank, in rank order, beside the connection table (`ConnectionsBuilder`): each
+/// instruction's conditions are counted while its rank's instructions and connections are still in cache.
+pub(crate) struct GraphBuilder {
+    slots: u32,
+    /// Per connection: how many sends and receives the ranks added so far have on it.
+    seen: Vec<(u32, u32)>,
+    /// Per connection: the widest message received on it.
+    widest: Vec<u32>,
+    unmet: Vec<u32>,
+    dependents_start: Vec<u32>,
+    dependents: Vec<u32>,
+    rank_dependents: Dependents,
+}
+
+impl GraphBuilder {
+    pub fn new(n_instrs: usize, slots: u32) -> Self {
+        GraphBuilder {
+            slots,
+            seen: Vec::new(),
+            widest: Vec::new(),
+            unmet: Vec::with_capacity(n_instrs),
+            dependents_start: Vec::with_capacity(n_instrs + 1),
+            dependents: Vec::new(),
+            rank_dependents: Dependents::default(),
         }
     }
-    dependents_start.push(dependents.len() as u32);
-    let mut rings = Vec::with_capacity(conns.list.len());
-    let mut n_messages = 0u32;
-    for (c, &width) in conns.list.iter().zip(&widest) {
-        // Rounded up to a power of two: more places than needed are harmless, and `place` can mask.
-        let places = slots.max(1).min(c.recvs.len() as u32).next_power_of_two();
-        rings.push((n_messages, places, width));
-        n_messages += places * width;
+
+    /// Counts the conditions of each instruction of the next rank, whose first global index is `first` and whose
+    /// connections are `of_instr` (its rows of `Connections::of_instr`), and turns its dependencies around.
+    pub fn add_rank(&mut self, program: &RankProgram, first: u32, of_instr: &[(u32, u32)]) {
+        program.dependents_into(&mut self.rank_dependents);
+        for (i, (instr, &(send, recv))) in program.instrs.iter().zip(of_instr).enumerate() {
+            let mut conditions = program.deps_of(i).len() as u32;
+            let needed = if send == NONE {
+                recv
+            } else if recv == NONE {
+                send
+            } else {
+                send.max(recv)
+            };
+            if needed != NONE && needed as usize >= self.seen.len() {
+                self.seen.resize(needed as usize + 1, (0, 0));
+                self.widest.resize(needed as usize + 1, 0);
+            }
+            if send != NONE {
+                let send_pos = post_increment(&mut self.seen[send as usize].0);
+                conditions += u32::from(send_pos > 0) + u32::from(send_pos >= self.slots);
+            }
+            if recv != NONE {
+                let recv_pos = post_increment(&mut self.seen[recv as usize].1);
+                conditions += 1 + u32::from(recv_pos > 0);
+                self.widest[recv as usize] = self.widest[recv as usize].max(instr.count);
+            }
+            self.unmet.push(conditions);
+            self.dependents_start.push(self.dependents.len() as u32);
+            self.dependents.extend(self.rank_dependents.of(i).iter().map(|&d| first + d));
+        }
     }
-    Graph { unmet, dependents_start, dependents, rings, n_messages }
+
+    /// Sizes each connection's message ring.
+    fn finish(self, conns: &Connections) -> Graph {
+        let GraphBuilder { slots, mut widest, unmet, mut dependents_start, dependents, .. } = self;
+        dependents_start.push(dependents.len() as u32);
+        widest.resize(conns.list.len(), 0);
+        let mut rings = Vec::with_capacity(conns.list.len());
+        let mut n_messages = 0u32;
+        for (c, &width) in conns.list.iter().zip(&widest) {
+            // Rounded up to a power of two: more places than needed are harmless, and `place` can mask.
+            let places = slots.max(1).min(c.recvs.len() as u32).next_power_of_two();
+            rings.push((n_messages, places, width));
+            n_messages += places * width;
+        }
+        Graph { unmet, dependents_start, dependents, rings, n_messages }
+    }
+}
+
+/// The connection table and the graph of a whole schedule, for a run outside the verifier's per-rank loop.
+pub(crate) fn tables(sched: &Schedule, slots: u32) -> (Connections, GraphBuilder) {
+    let mut connections = ConnectionsBuilder::new(sched);
+    let mut graph = GraphBuilder::new(sched.n_instrs(), slots);
+    for (rank, program) in sched.ranks.iter().enumerate() {
+        let first = connections.add_rank(rank as u32, program);
+        graph.add_rank(program, first, connections.rows(first));
+    }
+    (connections.finish(), graph)
 }
 
 fn post_increment(counter: &mut u32) -> u32 {

@@ -67,9 +67,10 @@ impl ConnectionsBuilder {
         }
     }
 
-    /// Adds the instructions of `rank`, the rank after the last one added.
-    pub fn add_rank(&mut self, rank: u32, program: &RankProgram) {
+    /// Adds the instructions of `rank`, the rank after the last one added; returns the global index of its first.
+    pub fn add_rank(&mut self, rank: u32, program: &RankProgram) -> u32 {
         let Connections { list, of_instr, .. } = &mut self.connections;
+        let first = of_instr.len() as u32;
         let index = &mut self.index;
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
@@ -97,6 +98,12 @@ impl ConnectionsBuilder {
             }
             of_instr.push(pair);
         }
+        first
+    }
+
+    /// The rows of `Connections::of_instr` from global index `first` on (the last rank added, from `add_rank`).
+    pub fn rows(&self, first: u32) -> &[(u32, u32)] {
+        &self.connections.of_instr[first as usize..]
     }
 
     pub fn finish(self) -> Connections {

@@ -49,9 +49,9 @@ impl Deref for VerifiedSchedule {
 pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
     let ctx = Context { sched: &sched, source, limits };
     let mut errors = Vec::new();
-    let connections = per_rank_checks(&ctx, &mut errors);
-    if let (true, Some(connections)) = (errors.is_empty(), connections) {
-        match deadlock::simulate::<value::Hashed>(&ctx, connections) {
+    let tables = per_rank_checks(&ctx, &mut errors);
+    if let (true, Some((connections, graph))) = (errors.is_empty(), tables) {
+        match deadlock::simulate::<value::Hashed>(&ctx, connections, graph) {
             Err(error) => errors.push(error),
             Ok(finished) => postcondition::check(&ctx, &finished, &mut errors),
         }
@@ -64,15 +64,17 @@ pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<Verified
     }
 }
 
-/// Bounds, the connection table and races, rank by rank: each rank's instructions are read from memory once for
-/// the three. Then matching, which needs every connection. Races and the table only look at ranks whose operands,
-/// and those of every rank before, are in bounds; the table is returned only when all are, and race errors are
-/// reported only then too, after matching's (as if each check ran over the whole schedule in turn).
-fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<Connections> {
+/// Bounds, the connection table, the deadlock simulation's graph and races, rank by rank: each rank's instructions
+/// are read from memory once for the four. Then matching, which needs every connection. Races and the tables only
+/// look at ranks whose operands, and those of every rank before, are in bounds; the tables are returned only when
+/// all are, and race errors are reported only then too, after matching's (as if each check ran over the whole
+/// schedule in turn).
+fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<(Connections, deadlock::GraphBuilder)> {
     if !bounds::check_header(ctx, errors) {
         return None;
     }
     let mut connections = matching::ConnectionsBuilder::new(ctx.sched);
+    let mut graph = deadlock::GraphBuilder::new(ctx.sched.n_instrs(), ctx.limits.channel_slots);
     let mut races = races::Races::new(ctx);
     let mut race_errors = Vec::new();
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {
@@ -82,7 +84,8 @@ fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<Connections
             return None;
         }
         if errors.is_empty() {
-            connections.add_rank(rank, program);
+            let first = connections.add_rank(rank, program);
+            graph.add_rank(program, first, connections.rows(first));
             if race_errors.len() < ctx.limits.max_errors {
                 races.check_rank(ctx, rank, program, &mut race_errors);
             }
@@ -94,7 +97,7 @@ fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<Connections
     let connections = connections.finish();
     matching::check(ctx, &connections, errors);
     errors.extend(race_errors);
-    Some(connections)
+    Some((connections, graph))
 }
 
 /// What every check reads.

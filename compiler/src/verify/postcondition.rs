@@ -2,8 +2,7 @@
 //! multiset of contributions. A failure names the rank, buffer, chunk, what was expected, what it got, and the
 //! instruction that last wrote it; small schedules are re-run exactly to list the missing or extra contributions.
 
-use super::deadlock::{simulate, Finished};
-use super::matching::Connections;
+use super::deadlock::{simulate, tables, Finished};
 use super::value::{contribution_hash, Counted, Exact, Hashed, Value};
 use super::Context;
 use crate::collective::Expected;
@@ -61,8 +60,14 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     let small = sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT;
     // The first run completed, so a second one of the same schedule does too.
     let rerun = match small {
-        true => simulate::<Exact>(ctx, Connections::build(ctx.sched)).ok().map(Rerun::Exact),
-        false => simulate::<Counted>(ctx, Connections::build(ctx.sched)).ok().map(Rerun::Counted),
+        true => {
+            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
+            simulate::<Exact>(ctx, connections, graph).ok().map(Rerun::Exact)
+        }
+        false => {
+            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
+            simulate::<Counted>(ctx, connections, graph).ok().map(Rerun::Counted)
+        }
     };
     for (rank, operand, expected) in wrong {
         errors.push(explain(ctx, finished, rerun.as_ref(), rank, operand, expected));

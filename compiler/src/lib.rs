@@ -198,11 +198,18 @@ pub fn compile_placements(
         return [a, b];
     }
     let layouts = [sched::Layout::new(program, first.placement), sched::Layout::new(program, second.placement)];
+    let half = program.transfers.len() / 2;
+    let (first_half, second_half) = join.join(
+        || sched::IndexPart::new(program, 0..half),
+        || sched::IndexPart::new(program, half..program.transfers.len()),
+    );
+    let index = sched::TransferIndex::from_parts(vec![first_half, second_half]);
     let middle = program.n_ranks / 2;
     let (low, high) = join.join(
-        || sched::schedule_ranks(program, &layouts, 0..middle, optimise::fuse_new_rank),
-        || sched::schedule_ranks(program, &layouts, middle..program.n_ranks, optimise::fuse_new_rank),
+        || sched::schedule_ranks(program, &layouts, &index, 0..middle, optimise::fuse_new_rank),
+        || sched::schedule_ranks(program, &layouts, &index, middle..program.n_ranks, optimise::fuse_new_rank),
     );
+    drop(index);
     let mut schedules = layouts.iter().zip(low.into_iter().zip(high)).map(|(layout, (mut ranks, upper))| {
         ranks.extend(upper);
         layout.assemble(program, ranks)

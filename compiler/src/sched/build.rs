@@ -8,6 +8,7 @@
 //! where a transfer must be cut (its chunks are contiguous on one side and not on the other) needs both sides, and a
 //! first pass over the whole program finds those cuts.
 
+use super::index::{TransferIndex, GATHER_BLOCK};
 use super::slots::{SlotHistory, NONE};
 use super::{BufId, BufferDecl, Instr, Op, Operand, Placement, RankProgram, Schedule, NO_RANK};
 use crate::ir::{Buf, Loc, Program, Transfer, TransferKind};
@@ -26,7 +27,8 @@ pub fn schedule_with(
     pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
 ) -> Schedule {
     let layout = Layout::new(program, placement);
-    let ranks = schedule_ranks(program, std::slice::from_ref(&layout), 0..program.n_ranks, pass);
+    let index = TransferIndex::new(program);
+    let ranks = schedule_ranks(program, std::slice::from_ref(&layout), &index, 0..program.n_ranks, pass);
     layout.assemble(program, ranks.into_iter().next().expect("one list per layout"))
 }
 
@@ -79,16 +81,16 @@ impl Layout {
 }
 
 /// The programs of ranks `ranks` in each of `layouts` (one list per layout), `pass` run on each as in
-/// `schedule_with`. A rank's transfers are gathered once for all the layouts: the gather is a cache miss per transfer
-/// or two, the rest of a rank's work stays in cache.
+/// `schedule_with`, the ranks' transfers found through `index`. A rank's transfers are gathered once for all the
+/// layouts: the gather is a cache miss per transfer or two, the rest of a rank's work stays in cache.
 pub fn schedule_ranks(
     program: &Program,
     layouts: &[Layout],
+    by_rank: &TransferIndex,
     ranks: std::ops::Range<u32>,
     mut pass: impl FnMut(&mut RankProgram, &[BufferDecl]),
 ) -> Vec<Vec<RankProgram>> {
     let mut mappers: Vec<Mapper> = layouts.iter().map(|layout| layout.mapper.fresh()).collect();
-    let by_rank = TransfersByRank::new(program, ranks.clone());
     // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
     let mut work = RankProgram::default();
     let (mut sends, mut receives) = (Vec::new(), Vec::new());
@@ -118,75 +120,6 @@ pub fn schedule_ranks(
     }
     built
 }
-
-/// The indices of the transfers each rank of a range sends, receives or runs, in program order (compressed rows).
-struct TransfersByRank {
-    first: u32,
-    start: Vec<usize>,
-    list: Vec<u32>,
-}
-
-impl TransfersByRank {
-    fn new(program: &Program, ranks: std::ops::Range<u32>) -> Self {
-        let first = ranks.start;
-        let row = |rank: u32| ranks.contains(&rank).then(|| (rank - first) as usize);
-        let mut start = vec![0usize; ranks.len() + 1];
-        for t in &program.transfers {
-            if let Some(r) = row(t.from) {
-                start[r + 1] += 1;
-            }
-            if let Some(r) = row(t.to).filter(|_| t.from != t.to) {
-                start[r + 1] += 1;
-            }
-        }
-        for r in 1..start.len() {
-            start[r] += start[r - 1];
-        }
-        let mut fill = start.clone();
-        let mut list = vec![0u32; start[start.len() - 1]];
-        let mut put = |r: usize, t: usize| {
-            list[fill[r]] = t as u32;
-            fill[r] += 1;
-        };
-        for (i, t) in program.transfers.iter().enumerate() {
-            if let Some(r) = row(t.from) {
-                put(r, i);
-            }
-            if let Some(r) = row(t.to).filter(|_| t.from != t.to) {
-                put(r, i);
-            }
-        }
-        TransfersByRank { first, start, list }
-    }
-
-    fn of(&self, rank: u32) -> &[u32] {
-        let r = (rank - self.first) as usize;
-        &self.list[self.start[r]..self.start[r + 1]]
-    }
-
-    /// Copies the transfers of each rank of `ranks` (at most `GATHER_BLOCK`) into `into[rank - ranks.start]`, in
-    /// program order. A rank's transfers lie far apart in the program, but neighbouring ranks' often share a
-    /// cache line (a ring's rank r sends what rank r + 1 receives), so the lists are read in turns, position by
-    /// position: one miss then serves the whole block, where gathering rank by rank missed on every transfer.
-    fn gather(&self, program: &Program, ranks: std::ops::Range<u32>, into: &mut [Vec<(u32, Transfer)>]) {
-        let lists: Vec<&[u32]> = ranks.map(|rank| self.of(rank)).collect();
-        for (list, out) in lists.iter().zip(into.iter_mut()) {
-            out.clear();
-            out.reserve(list.len());
-        }
-        let longest = lists.iter().map(|l| l.len()).max().unwrap_or(0);
-        for k in 0..longest {
-            for (list, out) in lists.iter().zip(into.iter_mut()) {
-                if let Some(&t) = list.get(k) {
-                    out.push((t, program.transfers[t as usize]));
-                }
-            }
-        }
-    }
-}
-
-/// How many ranks' transfers `TransfersByRank::gather` copies at once.
-const GATHER_BLOCK: u32 = 8;
 
 /// Where transfers are cut into several instructions: `(transfer, first chunk of a later piece)`, in order.
 struct Cuts(Vec<(u32, u32)>);

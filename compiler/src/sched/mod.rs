@@ -2,6 +2,7 @@
 //! and the dependencies that data hazards require. `build.rs` makes one from an `ir::Program`.
 
 pub(crate) mod build;
+mod index;
 pub(crate) mod slots;
 
 use crate::collective::Collective;
@@ -10,6 +11,7 @@ use serde::Serialize;
 use std::fmt;
 
 pub use build::{add_dependencies, schedule, schedule_ranks, schedule_with, Layout};
+pub use index::{IndexPart, TransferIndex};
 
 /// Whether `in` and `out` are one buffer (NCCL's in-place call) or two.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]

@@ -4,6 +4,8 @@
 //!   to use transparent huge pages.
 //! - Blocks of 128 KiB up to 1 MiB come from slabs, in classes an eighth of a power of two apart; a freed one waits
 //!   on its class's free list for the next block of that class and is never handed back to the kernel.
+//! - While a `Prefault` is held (lowering, in `collc check` and `collc build`), a helper thread faults in what a big
+//!   block grows by, so the kernel clears those pages on the idle core.
 //!
 //! Why: verifying thousands of ranks builds arrays of hundreds of megabytes, one after another, and tens of
 //! thousands of per-rank lists of a few hundred kilobytes. glibc hands such blocks back to the kernel on free, so
@@ -11,7 +13,7 @@
 //! 880 000 page faults per run, where the slabs leave far fewer (bench/README.md). Huge pages fault 512 times less
 //! often and spare the TLB on the big arrays the verifier reads out of order, but the kernel's first touch of one
 //! costs from a fifth to twice as much per byte as that of small pages, depending on the VM's state (bench/README.md
-//! has both): the arrays that grow (the lowered program, the connection lists) get them; the slabs and the blocks
+//! has both): the arrays that grow (the lowered program's transfers, the deadlock graph's dependents) get them; the slabs and the blocks
 //! allocated at their full size, written once in order, keep small pages (`collc check allreduce/ring --ranks 4096`
 //! median 11.1 s against 12.7 s with huge pages everywhere; no change at 1024). Where the kernel does not give huge
 //! pages (THP off), the mappings still work with small ones. Mid-size blocks are kept for reuse until the process
@@ -182,6 +184,7 @@ unsafe impl GlobalAlloc for MappedBlocks {
             }
             // SAFETY: `moved` is the mapping just resized; the advice only changes how it is backed.
             unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
+            prefault::grown(moved as usize + rounded(layout.size()), moved as usize + rounded(new_size));
             return moved.cast();
         }
         // Another kind of block, or another class: a new block, the bytes both hold, then free the old one.
@@ -200,13 +203,84 @@ unsafe impl GlobalAlloc for MappedBlocks {
     }
 }
 
+/// While a `Prefault` is held, the part a big block grows by is faulted in by a helper thread, front to back in
+/// steps of 2 MiB, while the block's owner fills it: the kernel clears those pages on the other core. Worth it only
+/// where one thread fills a growing array and the other core is idle: lowering, which fills the program's transfer
+/// list, took 1.16-1.20 s at p = 4096 with it and 1.26-4.2 s without (the kernel's first touch of a huge page is
+/// slow when it must compact memory; bench/README.md).
+pub struct Prefault(());
+
+mod prefault {
+    use std::sync::{Condvar, Mutex};
+
+    /// Whether a `Prefault` is held, and the range still to fault in: `(on, start, end)`.
+    pub(super) static WANTED: Mutex<(bool, usize, usize)> = Mutex::new((false, 0, 0));
+    pub(super) static WAKE: Condvar = Condvar::new();
+    pub(super) static STARTED: std::sync::Once = std::sync::Once::new();
+    const STEP: usize = 2 << 20;
+
+    /// A big block grew: its new part is `start..end` (only the last growth is worth faulting in, as a block that
+    /// grows again has moved).
+    pub(super) fn grown(start: usize, end: usize) {
+        let mut wanted = WANTED.lock().unwrap_or_else(|e| e.into_inner());
+        if wanted.0 {
+            (wanted.1, wanted.2) = (start, end);
+            WAKE.notify_one();
+        }
+    }
+
+    /// The helper: takes the next step of the wanted range and faults it in, outside the lock.
+    pub(super) fn helper() {
+        loop {
+            let (start, end) = {
+                let mut wanted = WANTED.lock().unwrap_or_else(|e| e.into_inner());
+                while !wanted.0 || wanted.1 >= wanted.2 {
+                    wanted = WAKE.wait(wanted).unwrap_or_else(|e| e.into_inner());
+                }
+                let end = (wanted.1 + STEP).min(wanted.2);
+                let start = std::mem::replace(&mut wanted.1, end);
+                (start, end)
+            };
+            // SAFETY: the advice writes nothing: it faults in pages of anonymous private memory as a write would,
+            // leaving what they hold. If the owner freed or moved the block meanwhile, the range is unmapped (the
+            // call fails, harmlessly) or belongs to another anonymous block, whose pages it faults in the same way.
+            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
+        }
+    }
+}
+
+/// Runs `work` holding a `Prefault`.
+pub fn while_prefaulting<T>(work: impl FnOnce() -> T) -> T {
+    let _prefault = Prefault::start();
+    work()
+}
+
+impl Prefault {
+    /// Starts faulting in what big blocks grow by, until the value is dropped. The helper thread is started the
+    /// first time and then waits between uses.
+    pub fn start() -> Prefault {
+        prefault::STARTED.call_once(|| {
+            let _ = std::thread::Builder::new().name("prefault".into()).spawn(prefault::helper);
+        });
+        prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()).0 = true;
+        Prefault(())
+    }
+}
+
+impl Drop for Prefault {
+    fn drop(&mut self) {
+        *prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()) = (false, 0, 0);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{class, class_bytes, MappedBlocks, BIG, CLASSES, MID};
     use std::alloc::{GlobalAlloc, Layout};
     use std::sync::Mutex;
 
-    /// The tests of mid-size blocks share one pool: one at a time, so that a freed block is still there to reuse.
+    /// The tests of mid-size blocks share one pool: one at a time, so that a freed block is still there to reuse;
+    /// the tests that grow big blocks take it too.
     static MID_TESTS: Mutex<()> = Mutex::new(());
 
     /// Fills `len` bytes at `ptr` with a pattern that depends on `seed`.
@@ -228,6 +302,8 @@ mod tests {
     /// smaller, big to small, small to small.
     #[test]
     fn realloc_keeps_the_contents_across_the_threshold() {
+        // Its big blocks grow: not while the prefault test waits for its own.
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let sizes = [4096, BIG + 12345, 3 * BIG + 7, BIG + 1, 100, 5000];
         let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
         // SAFETY: each block is used within its size and freed once with the layout it has.
@@ -339,6 +415,41 @@ mod tests {
             assert_eq!(ptr as usize % 4096, 0);
             assert!(std::slice::from_raw_parts(ptr, layout.size()).iter().all(|&b| b == 0));
             MappedBlocks.dealloc(ptr, layout);
+        }
+    }
+
+    /// With a `Prefault` held, the part a big block grows by gets faulted in by the helper (the kernel reports its
+    /// pages resident) while the block keeps its contents and the new part reads zero.
+    #[test]
+    fn a_grown_block_is_faulted_in_while_a_prefault_is_held() {
+        let (old, new) = (BIG + 4096, 16 * BIG);
+        let layout = Layout::from_size_align(old, 8).expect("valid layout");
+        let resident = |ptr: *mut u8, len: usize| {
+            let mut pages = vec![0u8; len.div_ceil(4096)];
+            // SAFETY: `ptr..ptr + len` lies in one mapping of this test; `pages` has a byte per page.
+            let ok = unsafe { libc::mincore(ptr.cast(), len, pages.as_mut_ptr()) } == 0;
+            ok && pages.iter().all(|p| p & 1 == 1)
+        };
+        // The helper follows the last block that grew: no other test's meanwhile.
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: each block is used within its size and freed once with the layout it has.
+        unsafe {
+            let ptr = MappedBlocks.alloc(layout);
+            fill(ptr, old, 3);
+            let prefault = super::Prefault::start();
+            let grown = MappedBlocks.realloc(ptr, layout, new);
+            assert!(!grown.is_null());
+            let tail = (grown as usize + super::rounded(old)) as *mut u8;
+            let tail_len = new - super::rounded(old);
+            let started = std::time::Instant::now();
+            while !resident(tail, tail_len) && started.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            assert!(resident(tail, tail_len), "the helper did not fault in the grown part");
+            drop(prefault);
+            assert!(holds(grown, old, 3));
+            assert!(std::slice::from_raw_parts(tail, tail_len).iter().all(|&b| b == 0));
+            MappedBlocks.dealloc(grown, Layout::from_size_align(new, 8).expect("valid layout"));
         }
     }
 }

@@ -75,7 +75,8 @@ fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
     if let Emit::Ast = args.emit {
         return Ok(serde_json::to_string_pretty(&file).expect("the AST serialises") + "\n");
     }
-    let program = lower(&file, &args.bind.bindings(args.ranks), &limits)?;
+    // As in `collc check`: the other core faults in the pages of the list lowering grows.
+    let program = crate::alloc::while_prefaulting(|| lower(&file, &args.bind.bindings(args.ranks), &limits))?;
     let placement = if args.in_place { Placement::InPlace } else { Placement::OutOfPlace };
     let options = Options { fuse: !args.no_fuse, ..args.bind.options(placement) };
     if let Emit::Ir = args.emit {

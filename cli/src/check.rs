@@ -48,7 +48,9 @@ fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<Bindings> {
 /// Lowers once for one binding, then schedules, fuses and verifies each placement.
 fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bindings) -> Vec<(Placement, Outcome)> {
     let limits = args.limits.limits();
-    let program = match lower(file, bindings, &limits) {
+    // Lowering runs on one core and fills one growing list; the other core faults in its pages meanwhile.
+    let program = crate::alloc::while_prefaulting(|| lower(file, bindings, &limits));
+    let program = match program {
         Ok(program) => program,
         Err(errors) if is_not_admitted(&errors) => {
             return vec![(Placement::OutOfPlace, Outcome::NotAdmitted(errors.0[0].message.clone()))]

@@ -3,6 +3,13 @@
 
 #[cfg(target_os = "linux")]
 mod alloc;
+#[cfg(not(target_os = "linux"))]
+mod alloc {
+    /// Elsewhere the system allocator stands, and nothing is faulted in ahead.
+    pub fn while_prefaulting<T>(work: impl FnOnce() -> T) -> T {
+        work()
+    }
+}
 mod args;
 mod build;
 mod calibrate;

@@ -100,6 +100,8 @@ pub(crate) fn run(
         return Err(Errors(exec.errors));
     }
     let params = bound.globals.iter().cloned().zip(bound.values.iter().copied()).collect();
+    // The list grew by doubling: the unused end goes back (for a list of hundreds of megabytes, a remap).
+    exec.transfers.shrink_to_fit();
     Ok(Program {
         name: algo.name.name.clone(),
         collective,

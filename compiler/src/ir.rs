@@ -66,6 +66,9 @@ pub struct Program {
     pub params: Vec<(String, i64)>,
     pub scratch: Vec<ScratchBuf>,
     pub transfers: Vec<Transfer>,
+    /// The largest `count` of any transfer (0 when there are none): whether any transfer can be cut, known without
+    /// a pass over millions of them.
+    pub max_count: u32,
     pub n_steps: u32,
     /// Source spans of the transfer statements; `spans[0]` is the algorithm's name (for compiler-made transfers).
     pub spans: Vec<Span>,

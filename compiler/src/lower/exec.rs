@@ -20,6 +20,7 @@ struct Exec<'a> {
     buffer_sizes: Vec<u32>,
     scratch_names: Vec<String>,
     transfers: Vec<Transfer>,
+    max_count: u32,
     step: u32,
     in_step: bool,
     errors: Vec<Error>,
@@ -74,6 +75,7 @@ pub(crate) fn run(
         buffer_sizes,
         scratch_names: scratch_names.clone(),
         transfers: Vec::new(),
+        max_count: 0,
         step: 0,
         in_step: false,
         errors: Vec::new(),
@@ -113,6 +115,7 @@ pub(crate) fn run(
         params,
         scratch: bound.scratch.into_iter().map(|(name, chunks)| ScratchBuf { name, chunks }).collect(),
         n_steps: exec.step,
+        max_count: exec.max_count,
         transfers: exec.transfers,
         spans: exec.spans,
     })
@@ -214,6 +217,7 @@ impl Exec<'_> {
             )
             .at(t.span, "emitted here"));
         }
+        self.max_count = self.max_count.max(transfer.count);
         self.transfers.push(transfer);
         if !self.in_step {
             self.step += 1;

@@ -56,6 +56,7 @@ pub fn pipeline(program: &Program, slices: u32, limits: &Limits) -> Result<Progr
         peer: program.peer,
         params: program.params.clone(),
         scratch,
+        max_count: transfers.iter().map(|t| t.count).max().unwrap_or(0),
         transfers,
         n_steps,
         spans: program.spans.clone(),

@@ -52,7 +52,7 @@ impl Layout {
         let (in_chunks, out_chunks) = program.buffer_chunks();
         let output_is_the_view = out_chunks >= in_chunks
             && (0..program.n_ranks).all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
-        placement == Placement::OutOfPlace && !(output_is_the_view && program.transfers.iter().all(|t| t.count <= 1))
+        placement == Placement::OutOfPlace && !(output_is_the_view && program.max_count <= 1)
     }
 
     pub fn new(program: &Program, placement: Placement) -> Self {

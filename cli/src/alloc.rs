@@ -436,16 +436,18 @@ mod tests {
         unsafe {
             let ptr = MappedBlocks.alloc(layout);
             fill(ptr, old, 3);
+            // Kernels before 5.14 lack the advice: there the helper can do nothing, and growing must still work.
+            let supported = libc::madvise(ptr.cast(), 4096, libc::MADV_POPULATE_WRITE) == 0;
             let prefault = super::Prefault::start();
             let grown = MappedBlocks.realloc(ptr, layout, new);
             assert!(!grown.is_null());
             let tail = (grown as usize + super::rounded(old)) as *mut u8;
             let tail_len = new - super::rounded(old);
             let started = std::time::Instant::now();
-            while !resident(tail, tail_len) && started.elapsed() < std::time::Duration::from_secs(10) {
+            while supported && !resident(tail, tail_len) && started.elapsed() < std::time::Duration::from_secs(10) {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
-            assert!(resident(tail, tail_len), "the helper did not fault in the grown part");
+            assert!(!supported || resident(tail, tail_len), "the helper did not fault in the grown part");
             drop(prefault);
             assert!(holds(grown, old, 3));
             assert!(std::slice::from_raw_parts(tail, tail_len).iter().all(|&b| b == 0));

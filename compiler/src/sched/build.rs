@@ -93,7 +93,7 @@ pub fn schedule_ranks(
     let mut mappers: Vec<Mapper> = layouts.iter().map(|layout| layout.mapper.fresh()).collect();
     // One rank's working lists, reused from rank to rank; each rank keeps an exact-sized copy of the result.
     let mut work = RankProgram::default();
-    let (mut sends, mut receives) = (Vec::new(), Vec::new());
+    let mut receives = Vec::new();
     let mut gathered: Vec<Vec<(u32, Transfer)>> = (0..GATHER_BLOCK).map(|_| Vec::new()).collect();
     let mut built: Vec<Vec<RankProgram>> = layouts.iter().map(|_| Vec::with_capacity(ranks.len())).collect();
     for rank in ranks.clone() {
@@ -105,12 +105,12 @@ pub fn schedule_ranks(
         for ((layout, mapper), out) in layouts.iter().zip(&mut mappers).zip(&mut built) {
             work.instrs.clear();
             // Within a step nothing depends on anything else, so sends go first: a receive and the send that
-            // forwards it in the next step then sit next to each other on their connection and can fuse.
+            // forwards it in the next step then sit next to each other on their connection and can fuse. Sends go
+            // straight to the rank's list, receives after the step's last send.
             for step in mine.chunk_by(|a, b| a.1.step == b.1.step) {
                 for (t, transfer) in step {
-                    mapper.rank_side(rank, transfer, layout.cuts.of(*t), &mut sends, &mut receives);
+                    mapper.rank_side(rank, transfer, layout.cuts.of(*t), &mut work.instrs, &mut receives);
                 }
-                work.instrs.append(&mut sends);
                 work.instrs.append(&mut receives);
             }
             mapper.final_copies(rank, &mut work.instrs);

@@ -230,22 +230,13 @@ impl GraphBuilder {
         program.dependents_into(&mut self.rank_dependents);
         for (i, (instr, &(send, recv))) in program.instrs.iter().zip(of_instr).enumerate() {
             let mut conditions = program.deps_of(i).len() as u32;
-            let needed = if send == NONE {
-                recv
-            } else if recv == NONE {
-                send
-            } else {
-                send.max(recv)
-            };
-            if needed != NONE && needed as usize >= self.seen.len() {
-                self.seen.resize(needed as usize + 1, (0, 0));
-                self.widest.resize(needed as usize + 1, 0);
-            }
             if send != NONE {
+                self.track(send);
                 let send_pos = post_increment(&mut self.seen[send as usize].0);
                 conditions += u32::from(send_pos > 0) + u32::from(send_pos >= self.slots);
             }
             if recv != NONE {
+                self.track(recv);
                 let recv_pos = post_increment(&mut self.seen[recv as usize].1);
                 conditions += 1 + u32::from(recv_pos > 0);
                 self.widest[recv as usize] = self.widest[recv as usize].max(instr.count);
@@ -253,6 +244,14 @@ impl GraphBuilder {
             self.unmet.push(conditions);
             self.dependents_start.push(self.dependents.len() as u32);
             self.dependents.extend(self.rank_dependents.of(i).iter().map(|&d| first + d));
+        }
+    }
+
+    /// Makes room for connection `conn` (the table finds connections as ranks are added).
+    fn track(&mut self, conn: u32) {
+        if conn as usize >= self.seen.len() {
+            self.seen.resize(conn as usize + 1, (0, 0));
+            self.widest.resize(conn as usize + 1, 0);
         }
     }
 

@@ -9,7 +9,7 @@
 //! ruled out before this runs, so any order the sort picks computes the same values.
 
 use super::matching::{Connections, ConnectionsBuilder};
-use super::postcondition::initial_value;
+use super::postcondition::initial_values;
 use super::value::Value;
 use super::Context;
 use crate::diag::Error;
@@ -383,11 +383,7 @@ fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
     let n = ctx.sched.n_ranks as usize * total as usize;
     let mut values = Vec::with_capacity(n);
     for rank in 0..ctx.sched.n_ranks {
-        for (b, decl) in ctx.sched.buffers.iter().enumerate() {
-            for index in 0..decl.chunks {
-                values.push(initial_value::<V>(ctx.sched, rank, crate::sched::BufId(b as u16), index));
-            }
-        }
+        initial_values(ctx.sched, rank, &mut values);
     }
     Finished { base, slots_per_rank: total, values }
 }

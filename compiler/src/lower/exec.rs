@@ -595,11 +595,14 @@ impl Exec<'_> {
 fn sorted_lists_meet(a: &[u64], b: &[u64]) -> bool {
     let (mut i, mut j) = (0, 0);
     while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => return true,
+        let (x, y) = (a[i], b[j]);
+        if x == y {
+            return true;
         }
+        // Without a branch on which is smaller: a ring's reads and writes alternate, which mispredicted half the
+        // time (13% of the samples in `Exec::block` at p = 4096, perf).
+        i += usize::from(x < y);
+        j += usize::from(y < x);
     }
     false
 }

@@ -11,11 +11,11 @@
 //! thousands of per-rank lists of a few hundred kilobytes. glibc hands such blocks back to the kernel on free, so
 //! every stage faults its pages in again, and at p = 4096 it maps each per-rank list of 128 KiB or more on its own:
 //! 880 000 page faults per run, where the slabs leave far fewer (bench/README.md). Huge pages fault 512 times less
-//! often and spare the TLB on the big arrays the verifier reads out of order, but the kernel's first touch of one
-//! costs from a fifth to twice as much per byte as that of small pages, depending on the VM's state (bench/README.md
-//! has both): the arrays that grow (the lowered program's transfers, the deadlock graph's dependents) get them; the slabs and the blocks
-//! allocated at their full size, written once in order, keep small pages (`collc check allreduce/ring --ranks 4096`
-//! median 11.1 s against 12.7 s with huge pages everywhere; no change at 1024). Where the kernel does not give huge
+//! often, but the kernel's first touch of one has cost from a fifth to four times as much per byte as that of
+//! small pages, depending on the VM's state (bench/README.md has both): the arrays that grow (the lowered program's
+//! transfers, the deadlock graph's dependents) get them; the slabs and the blocks allocated at their full size,
+//! written once in order, keep small pages (`collc check allreduce/ring --ranks 4096` median 11.1 s against 12.7 s
+//! with huge pages everywhere and 12.6 s with small pages everywhere; no change at 1024). Where the kernel does not give huge
 //! pages (THP off), the mappings still work with small ones. Mid-size blocks are kept for reuse until the process
 //! ends: what a process holds is at most the most it ever had live in each class.
 
@@ -92,8 +92,8 @@ fn mid_alloc(size: usize) -> (*mut u8, bool) {
 fn mid_free(ptr: *mut u8, size: usize) {
     let c = class(size);
     let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-    // SAFETY: the block is at least `MID` bytes, page-aligned (slabs are mappings and classes multiples of 16 KiB), and no longer
-    // in use.
+    // SAFETY: the block is at least `MID` bytes, page-aligned (slabs are mappings and classes multiples of 16 KiB),
+    // and no longer in use.
     unsafe { ptr.cast::<usize>().write(pool.free[c]) };
     pool.free[c] = ptr as usize;
 }
@@ -206,8 +206,8 @@ unsafe impl GlobalAlloc for MappedBlocks {
 /// While a `Prefault` is held, the part a big block grows by is faulted in by a helper thread, front to back in
 /// steps of 2 MiB, while the block's owner fills it: the kernel clears those pages on the other core. Worth it only
 /// where one thread fills a growing array and the other core is idle: lowering, which fills the program's transfer
-/// list, took 1.16-1.20 s at p = 4096 with it and 1.26-4.2 s without (the kernel's first touch of a huge page is
-/// slow when it must compact memory; bench/README.md).
+/// list, took 1.16-1.20 s at p = 4096 with it and 1.26-4.2 s without (bench/README.md), the slow launches being
+/// those where the kernel's first touch of its pages was slow.
 pub struct Prefault(());
 
 mod prefault {

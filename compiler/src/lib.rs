@@ -209,6 +209,7 @@ pub fn compile_placements(
         || sched::schedule_ranks(program, &layouts, &index, 0..middle, optimise::fuse_new_rank),
         || sched::schedule_ranks(program, &layouts, &index, middle..program.n_ranks, optimise::fuse_new_rank),
     );
+    // Not needed past scheduling: its pages go back before the verifiers allocate theirs.
     drop(index);
     let mut schedules = layouts.iter().zip(low.into_iter().zip(high)).map(|(layout, (mut ranks, upper))| {
         ranks.extend(upper);

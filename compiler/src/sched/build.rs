@@ -49,10 +49,17 @@ impl Layout {
     /// be cut, and where every rank's output window is its whole view no slot lives in `_work`: then the replay
     /// would find nothing (the ring AllReduce at p = 1024: 56 ms).
     pub fn needs_cut_pass(program: &Program, placement: Placement) -> bool {
-        let (in_chunks, out_chunks) = program.buffer_chunks();
-        let output_is_the_view = out_chunks >= in_chunks
-            && (0..program.n_ranks).all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
-        placement == Placement::OutOfPlace && !(output_is_the_view && program.max_count <= 1)
+        match placement {
+            Placement::InPlace => false,
+            Placement::OutOfPlace if program.max_count > 1 => true,
+            Placement::OutOfPlace => {
+                let (in_chunks, out_chunks) = program.buffer_chunks();
+                let output_is_the_view = out_chunks >= in_chunks
+                    && (0..program.n_ranks)
+                        .all(|rank| program.collective.in_place_offsets(rank, program.chunks).1 == 0);
+                !output_is_the_view
+            }
+        }
     }
 
     pub fn new(program: &Program, placement: Placement) -> Self {

@@ -67,15 +67,10 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     }
     let small = sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT;
     // The first run completed, so a second one of the same schedule does too.
+    let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
     let rerun = match small {
-        true => {
-            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
-            simulate::<Exact>(ctx, connections, graph).ok().map(Rerun::Exact)
-        }
-        false => {
-            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
-            simulate::<Counted>(ctx, connections, graph).ok().map(Rerun::Counted)
-        }
+        true => simulate::<Exact>(ctx, connections, graph).ok().map(Rerun::Exact),
+        false => simulate::<Counted>(ctx, connections, graph).ok().map(Rerun::Counted),
     };
     for (rank, operand, expected) in wrong {
         errors.push(explain(ctx, finished, rerun.as_ref(), rank, operand, expected));

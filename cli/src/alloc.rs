@@ -1,11 +1,12 @@
 //! The binary's allocator: the system allocator, except for two kinds of block.
 //!
 //! - Blocks of 1 MiB or more get their own mapping and grow in place with `mremap`; a block that grows is advised
-//!   to use transparent huge pages.
+//!   to use transparent huge pages. A freed one stays mapped (`kept`): the next big blocks and slabs are cut from
+//!   it, its pages already faulted in.
 //! - Blocks of 128 KiB up to 1 MiB come from slabs, in classes an eighth of a power of two apart; a freed one waits
 //!   on its class's free list for the next block of that class and is never handed back to the kernel.
 //! - While a `Prefault` is held (lowering, in `collc check` and `collc build`), a helper thread faults in what a big
-//!   block grows by, so the kernel clears those pages on the idle core.
+//!   block grows by, so the kernel clears those pages on the idle core, then a reserve for the blocks to come.
 //!
 //! Why: verifying thousands of ranks builds arrays of hundreds of megabytes, one after another, and tens of
 //! thousands of per-rank lists of a few hundred kilobytes. glibc hands such blocks back to the kernel on free, so
@@ -17,7 +18,9 @@
 //! written once in order, keep small pages (`collc check allreduce/ring --ranks 4096` median 11.1 s against 12.7 s
 //! with huge pages everywhere and 12.6 s with small pages everywhere; no change at 1024). Where the kernel does not give huge
 //! pages (THP off), the mappings still work with small ones. Mid-size blocks are kept for reuse until the process
-//! ends: what a process holds is at most the most it ever had live in each class.
+//! ends: what a process holds is at most the most it ever had live in each class. Freed big blocks are kept the
+//! same way (at most 32 ranges, the smallest handed back first); the prefault helper's reserve adds at most twice
+//! the largest block that grew while a `Prefault` was held.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::Mutex;
@@ -56,14 +59,15 @@ fn class_bytes(class: usize) -> usize {
 }
 
 /// The mid-size pool: per class, the freed blocks (each holds the address of the next in its first word); and the
-/// current slab's unused end.
+/// current slab's unused end, and whether it holds only zeros.
 struct Pool {
     free: [usize; CLASSES],
     next: usize,
     end: usize,
+    zeroed: bool,
 }
 
-static POOL: Mutex<Pool> = Mutex::new(Pool { free: [0; CLASSES], next: 0, end: 0 });
+static POOL: Mutex<Pool> = Mutex::new(Pool { free: [0; CLASSES], next: 0, end: 0, zeroed: true });
 
 /// A mid-size block of `size` bytes, and whether it is fresh (zeroed) memory; null when the kernel has no more.
 fn mid_alloc(size: usize) -> (*mut u8, bool) {
@@ -77,15 +81,15 @@ fn mid_alloc(size: usize) -> (*mut u8, bool) {
     }
     let bytes = class_bytes(c);
     if pool.end - pool.next < bytes {
-        let slab = map(SLAB);
+        let (slab, zeroed) = big_alloc(SLAB);
         if slab.is_null() {
             return (slab, false);
         }
-        (pool.next, pool.end) = (slab as usize, slab as usize + SLAB);
+        (pool.next, pool.end, pool.zeroed) = (slab as usize, slab as usize + SLAB, zeroed);
     }
     let block = pool.next;
     pool.next += bytes;
-    (block as *mut u8, true)
+    (block as *mut u8, pool.zeroed)
 }
 
 /// Puts a mid-size block of `size` bytes on its class's free list.
@@ -96,6 +100,82 @@ fn mid_free(ptr: *mut u8, size: usize) {
     // and no longer in use.
     unsafe { ptr.cast::<usize>().write(pool.free[c]) };
     pool.free[c] = ptr as usize;
+}
+
+/// A big block of `size` bytes, and whether it is fresh (zeroed) memory: a kept one that holds it if there is one
+/// (`kept`), else a new mapping; null when the kernel has no more.
+fn big_alloc(size: usize) -> (*mut u8, bool) {
+    match kept::take(rounded(size)) {
+        Some((start, zeroed)) => (start as *mut u8, zeroed),
+        None => (map(size), true),
+    }
+}
+
+/// Freed big blocks, kept mapped for the next ones. At p = 4096 the verifiers' tables (2 GB) are made after the
+/// lowered program (1.3 GB) and the scheduler's index (0.3 GB) are freed: a block made from their pages skips the
+/// kernel's first touch of each page, which costs several times what clearing it costs (bench/README.md).
+mod kept {
+    use std::sync::Mutex;
+
+    /// At most this many freed ranges are kept; past it the smallest is handed back to the kernel.
+    const RANGES: usize = 32;
+
+    /// A kept range of whole pages: where it starts, its bytes (0: an empty place), and whether it holds only
+    /// zeros (never handed out: a range the prefault helper reserved).
+    #[derive(Clone, Copy)]
+    struct Range {
+        start: usize,
+        bytes: usize,
+        zeroed: bool,
+    }
+
+    const EMPTY: Range = Range { start: 0, bytes: 0, zeroed: false };
+
+    static KEPT: Mutex<[Range; RANGES]> = Mutex::new([EMPTY; RANGES]);
+
+    fn unmap(start: usize, bytes: usize) {
+        // SAFETY: `start..start + bytes` is a page range of mappings this allocator made, no longer in use.
+        unsafe { libc::munmap(start as *mut libc::c_void, bytes) };
+    }
+
+    /// Keeps a range of whole pages for reuse (freed, or `zeroed` fresh memory), or hands it (or a smaller kept
+    /// one) back to the kernel.
+    pub(super) fn keep(start: usize, bytes: usize, zeroed: bool) {
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let smallest = (0..RANGES).min_by_key(|&i| kept[i].bytes).expect("RANGES > 0");
+        if kept[smallest].bytes >= bytes {
+            drop(kept);
+            return unmap(start, bytes);
+        }
+        let old = std::mem::replace(&mut kept[smallest], Range { start, bytes, zeroed });
+        drop(kept);
+        if old.bytes > 0 {
+            unmap(old.start, old.bytes);
+        }
+    }
+
+    /// The start of `bytes` (whole pages) taken from the smallest kept range that holds them, if any, and whether
+    /// they hold only zeros. The rest of that range stays kept when it is a big block itself, else it goes back
+    /// to the kernel.
+    pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
+        let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        let fit = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes)?;
+        let range = kept[fit];
+        let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
+        kept[fit] = if rest.bytes >= super::BIG { rest } else { EMPTY };
+        drop(kept);
+        if rest.bytes > 0 && rest.bytes < super::BIG {
+            unmap(rest.start, rest.bytes);
+        }
+        Some((range.start, range.zeroed))
+    }
+
+    /// The kept ranges that hold only zeros.
+    #[cfg(test)]
+    pub(super) fn zeroed() -> Vec<(usize, usize)> {
+        let kept = *KEPT.lock().unwrap_or_else(|e| e.into_inner());
+        kept.iter().filter(|r| r.zeroed && r.bytes > 0).map(|r| (r.start, r.bytes)).collect()
+    }
 }
 
 fn rounded(size: usize) -> usize {
@@ -130,7 +210,7 @@ unsafe impl GlobalAlloc for MappedBlocks {
         if is_mid(layout.size(), layout.align()) {
             mid_alloc(layout.size()).0
         } else if is_big(layout.size(), layout.align()) {
-            map(layout.size())
+            big_alloc(layout.size()).0
         } else {
             // SAFETY: forwarded with the caller's guarantees.
             unsafe { System.alloc(layout) }
@@ -146,7 +226,12 @@ unsafe impl GlobalAlloc for MappedBlocks {
             }
             ptr
         } else if is_big(layout.size(), layout.align()) {
-            map(layout.size())
+            let (ptr, fresh) = big_alloc(layout.size());
+            if !ptr.is_null() && !fresh {
+                // SAFETY: the block holds at least `layout.size()` bytes and is the caller's now.
+                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
+            }
+            ptr
         } else {
             // SAFETY: forwarded with the caller's guarantees.
             unsafe { System.alloc_zeroed(layout) }
@@ -157,8 +242,7 @@ unsafe impl GlobalAlloc for MappedBlocks {
         if is_mid(layout.size(), layout.align()) {
             mid_free(ptr, layout.size());
         } else if is_big(layout.size(), layout.align()) {
-            // SAFETY: `ptr` is a mapping of `rounded(size)` bytes made by `map` or `realloc`.
-            unsafe { libc::munmap(ptr.cast(), rounded(layout.size())) };
+            kept::keep(ptr as usize, rounded(layout.size()), false);
         } else {
             // SAFETY: forwarded with the caller's guarantees.
             unsafe { System.dealloc(ptr, layout) }
@@ -184,7 +268,7 @@ unsafe impl GlobalAlloc for MappedBlocks {
             }
             // SAFETY: `moved` is the mapping just resized; the advice only changes how it is backed.
             unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
-            prefault::grown(moved as usize + rounded(layout.size()), moved as usize + rounded(new_size));
+            prefault::grown(moved as usize + rounded(layout.size()), moved as usize + rounded(new_size), new_size);
             return moved.cast();
         }
         // Another kind of block, or another class: a new block, the bytes both hold, then free the old one.
@@ -203,48 +287,104 @@ unsafe impl GlobalAlloc for MappedBlocks {
     }
 }
 
-/// While a `Prefault` is held, the part a big block grows by is faulted in by a helper thread, front to back in
-/// steps of 2 MiB, while the block's owner fills it: the kernel clears those pages on the other core. Worth it only
-/// where one thread fills a growing array and the other core is idle: lowering, which fills the program's transfer
-/// list, took 1.16-1.20 s at p = 4096 with it and 1.26-4.2 s without (bench/README.md), the slow launches being
-/// those where the kernel's first touch of its pages was slow.
+/// While a `Prefault` is held, a helper thread faults in memory on the idle core, so that the kernel clears those
+/// pages there: first the part a big block grows by, front to back in steps of 2 MiB, while the block's owner fills
+/// it; then, with nothing of that left, a reserve of fresh memory kept for the next blocks and slabs (`kept`), up to
+/// twice the size of the largest block that grew. Worth it only where one thread fills a growing array and the
+/// other core is idle: lowering, which fills the program's transfer list, took 1.16-1.20 s at p = 4096 with it and
+/// 1.26-4.2 s without (bench/README.md), the slow launches being those where the kernel's first touch of its pages
+/// was slow; the reserve holds the schedules' first slabs (at p = 4096 they take about twice what the lowered
+/// program takes).
 pub struct Prefault(());
 
 mod prefault {
     use std::sync::{Condvar, Mutex};
 
-    /// Whether a `Prefault` is held, and the range still to fault in: `(on, start, end)`.
-    pub(super) static WANTED: Mutex<(bool, usize, usize)> = Mutex::new((false, 0, 0));
+    /// What the helper is asked to do.
+    pub(super) struct Wanted {
+        /// Whether a `Prefault` is held.
+        pub on: bool,
+        /// The part of the last grown block still to fault in.
+        pub grown: (usize, usize),
+        /// How much reserve to make, how much is made, and the part of the newest piece still to fault in.
+        pub budget: usize,
+        pub reserved: usize,
+        pub piece: (usize, usize),
+    }
+
+    pub(super) const IDLE: Wanted = Wanted { on: false, grown: (0, 0), budget: 0, reserved: 0, piece: (0, 0) };
+    pub(super) static WANTED: Mutex<Wanted> = Mutex::new(IDLE);
     pub(super) static WAKE: Condvar = Condvar::new();
     pub(super) static STARTED: std::sync::Once = std::sync::Once::new();
     const STEP: usize = 2 << 20;
+    /// The reserve is mapped in pieces of this size (each kept as one range once mapped).
+    const PIECE: usize = 256 << 20;
 
-    /// A big block grew: its new part is `start..end` (only the last growth is worth faulting in, as a block that
-    /// grows again has moved).
-    pub(super) fn grown(start: usize, end: usize) {
+    /// A big block grew to `block` bytes: its new part is `start..end` (only the last growth is worth faulting
+    /// in, as a block that grows again has moved).
+    pub(super) fn grown(start: usize, end: usize, block: usize) {
         let mut wanted = WANTED.lock().unwrap_or_else(|e| e.into_inner());
-        if wanted.0 {
-            (wanted.1, wanted.2) = (start, end);
+        if wanted.on {
+            wanted.grown = (start, end);
+            wanted.budget = wanted.budget.max(2 * block);
             WAKE.notify_one();
         }
     }
 
-    /// The helper: takes the next step of the wanted range and faults it in, outside the lock.
+    enum Job {
+        Fault(usize, usize),
+        Reserve(usize),
+    }
+
+    /// The next step of the wanted ranges, the grown block's first.
+    fn next_job(wanted: &mut Wanted) -> Option<Job> {
+        if !wanted.on {
+            return None;
+        }
+        for range in [&mut wanted.grown, &mut wanted.piece] {
+            if range.0 < range.1 {
+                let end = (range.0 + STEP).min(range.1);
+                let start = std::mem::replace(&mut range.0, end);
+                return Some(Job::Fault(start, end));
+            }
+        }
+        let bytes = PIECE.min(wanted.budget - wanted.reserved);
+        wanted.reserved += bytes;
+        (bytes > 0).then_some(Job::Reserve(bytes))
+    }
+
+    /// The helper: takes the next job and does it outside the lock.
     pub(super) fn helper() {
         loop {
-            let (start, end) = {
+            let job = {
                 let mut wanted = WANTED.lock().unwrap_or_else(|e| e.into_inner());
-                while !wanted.0 || wanted.1 >= wanted.2 {
-                    wanted = WAKE.wait(wanted).unwrap_or_else(|e| e.into_inner());
+                loop {
+                    match next_job(&mut wanted) {
+                        Some(job) => break job,
+                        None => wanted = WAKE.wait(wanted).unwrap_or_else(|e| e.into_inner()),
+                    }
                 }
-                let end = (wanted.1 + STEP).min(wanted.2);
-                let start = std::mem::replace(&mut wanted.1, end);
-                (start, end)
             };
-            // SAFETY: the advice writes nothing: it faults in pages of anonymous private memory as a write would,
-            // leaving what they hold. If the owner freed or moved the block meanwhile, the range is unmapped (the
-            // call fails, harmlessly) or belongs to another anonymous block, whose pages it faults in the same way.
-            unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE) };
+            match job {
+                // SAFETY: the advice writes nothing: it faults in pages of anonymous private memory as a write
+                // would, leaving what they hold. If the range was handed out meanwhile, its owner sees the same
+                // bytes; if it was freed or moved, it is unmapped (the call fails, harmlessly) or belongs to another
+                // anonymous block, whose pages it faults in the same way.
+                Job::Fault(start, end) => unsafe {
+                    libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_POPULATE_WRITE);
+                },
+                Job::Reserve(bytes) => {
+                    let start = super::map(bytes) as usize;
+                    if start != 0 {
+                        // Kept before it is faulted in: a block may take it at once, the rest is faulted after.
+                        super::kept::keep(start, bytes, true);
+                        let mut wanted = WANTED.lock().unwrap_or_else(|e| e.into_inner());
+                        if wanted.on {
+                            wanted.piece = (start, start + bytes);
+                        }
+                    }
+                }
+            }
         }
     }
 }
@@ -256,20 +396,20 @@ pub fn while_prefaulting<T>(work: impl FnOnce() -> T) -> T {
 }
 
 impl Prefault {
-    /// Starts faulting in what big blocks grow by, until the value is dropped. The helper thread is started the
-    /// first time and then waits between uses.
+    /// Starts faulting in, until the value is dropped. The helper thread is started the first time and then waits
+    /// between uses.
     pub fn start() -> Prefault {
         prefault::STARTED.call_once(|| {
             let _ = std::thread::Builder::new().name("prefault".into()).spawn(prefault::helper);
         });
-        prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()).0 = true;
+        prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()).on = true;
         Prefault(())
     }
 }
 
 impl Drop for Prefault {
     fn drop(&mut self) {
-        *prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()) = (false, 0, 0);
+        *prefault::WANTED.lock().unwrap_or_else(|e| e.into_inner()) = prefault::IDLE;
     }
 }
 
@@ -407,6 +547,7 @@ mod tests {
 
     #[test]
     fn big_zeroed_blocks_are_zero_and_page_aligned() {
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
         let layout = Layout::from_size_align(2 * BIG + 3, 4096).expect("valid layout");
         // SAFETY: the block is read within its size and freed once with its layout.
         unsafe {
@@ -418,8 +559,35 @@ mod tests {
         }
     }
 
+    /// A freed big block is kept and handed out again, front first, the rest kept for the next block; asked for
+    /// zeroed memory, a kept block that held data comes zeroed.
+    #[test]
+    fn freed_big_blocks_are_handed_out_again() {
+        // No other test's big blocks meanwhile: they would be kept beside this one, or take it.
+        let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+        let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+        // Larger than any other test's blocks, so the smallest kept range that holds 40 or 50 of them is this one.
+        let (whole, front, back) = (96 * BIG, 40 * BIG, 50 * BIG);
+        // SAFETY: each block is used within its size and freed once with its layout.
+        unsafe {
+            let ptr = MappedBlocks.alloc(layout(whole));
+            assert!(!ptr.is_null());
+            fill(ptr, whole, 9);
+            MappedBlocks.dealloc(ptr, layout(whole));
+            let first = MappedBlocks.alloc(layout(front));
+            assert_eq!(first, ptr, "the freed block's front is handed out again");
+            assert!(holds(first, front, 9), "a kept block is not cleared unless asked");
+            let second = MappedBlocks.alloc_zeroed(layout(back));
+            assert_eq!(second as usize, ptr as usize + front, "the rest of the kept block comes next");
+            assert!(std::slice::from_raw_parts(second, back).iter().all(|&b| b == 0));
+            MappedBlocks.dealloc(first, layout(front));
+            MappedBlocks.dealloc(second, layout(back));
+        }
+    }
+
     /// With a `Prefault` held, the part a big block grows by gets faulted in by the helper (the kernel reports its
-    /// pages resident) while the block keeps its contents and the new part reads zero.
+    /// pages resident) while the block keeps its contents and the new part reads zero; then a reserve of twice the
+    /// block is made and faulted in.
     #[test]
     fn a_grown_block_is_faulted_in_while_a_prefault_is_held() {
         let (old, new) = (BIG + 4096, 16 * BIG);
@@ -438,6 +606,7 @@ mod tests {
             fill(ptr, old, 3);
             // Kernels before 5.14 lack the advice: there the helper can do nothing, and growing must still work.
             let supported = libc::madvise(ptr.cast(), 4096, libc::MADV_POPULATE_WRITE) == 0;
+            let before: Vec<usize> = super::kept::zeroed().into_iter().map(|(start, _)| start).collect();
             let prefault = super::Prefault::start();
             let grown = MappedBlocks.realloc(ptr, layout, new);
             assert!(!grown.is_null());
@@ -448,6 +617,14 @@ mod tests {
                 std::thread::sleep(std::time::Duration::from_millis(5));
             }
             assert!(!supported || resident(tail, tail_len), "the helper did not fault in the grown part");
+            // Then it reserves twice the grown block in fresh memory, kept for the next blocks, and faults it in.
+            let reserved = || super::kept::zeroed().into_iter().filter(|&(start, _)| !before.contains(&start));
+            while reserved().map(|(_, bytes)| bytes).sum::<usize>() < 2 * new
+                || supported && !reserved().all(|(start, bytes)| resident(start as *mut u8, bytes))
+            {
+                assert!(started.elapsed() < std::time::Duration::from_secs(10), "no reserve was made and faulted in");
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
             drop(prefault);
             assert!(holds(grown, old, 3));
             assert!(std::slice::from_raw_parts(tail, tail_len).iter().all(|&b| b == 0));

@@ -60,7 +60,8 @@ fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bind
     // Two threads (the compiler itself starts none): the two halves of the ranks for both placements, then the two
     // placements' verifications.
     let options = Placement::BOTH.map(|placement| args.bind.options(placement));
-    let results = compile_placements(&program, text, options, &limits, &Threads);
+    let relower = || lower(file, bindings, &limits);
+    let results = compile_placements(program, &relower, text, options, &limits, &Threads);
     Placement::BOTH
         .into_iter()
         .zip(results)

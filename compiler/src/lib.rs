@@ -167,8 +167,13 @@ impl Join for InTurn {
 /// rank's transfers gathered once for both placements), then the verification of each placement. `options` must
 /// differ in placement only, and neither placement may need the pass that replays the program to find cuts
 /// (`sched::Layout::needs_cut_pass`); otherwise each placement is compiled on its own, the two in one `join`.
+///
+/// The program is dropped once the ranks are built, before the verifiers make their tables (at p = 4096 its
+/// transfers are 1.3 GB and the tables 2 GB; an allocator that keeps freed memory can hand its pages on). Should a
+/// fused schedule fail to verify, `relower` makes the program again for the unfused schedule (`compile_program`).
 pub fn compile_placements(
-    program: &ir::Program,
+    program: ir::Program,
+    relower: &(impl Fn() -> Result<ir::Program, Errors> + Sync),
     source: &str,
     options: [Options; 2],
     limits: &Limits,
@@ -177,27 +182,47 @@ pub fn compile_placements(
     let [first, second] = options;
     let alike = first.fuse && second.fuse && first.pipeline == second.pipeline && first.placement != second.placement;
     if !alike {
+        let program = &program;
         let (a, b) = join.join(
             || compile_program(program, source, first, limits),
             || compile_program(program, source, second, limits),
         );
         return [a, b];
     }
-    let program = match pipelined(program, first, limits) {
-        Ok(program) => program,
+    let sliced = pipelined(&program, first, limits).map(|p| match p {
+        std::borrow::Cow::Owned(sliced) => Some(sliced),
+        std::borrow::Cow::Borrowed(_) => None,
+    });
+    let program = match sliced {
+        Ok(sliced) => sliced.unwrap_or(program),
         Err(errors) => return [Err(errors.clone()), Err(errors)],
     };
-    let program = &*program;
     // A placement whose layout replays the whole program to find cuts would make the other wait: then each
     // placement is built on its own, the replay beside the other's ranks.
-    if [first, second].iter().any(|o| sched::Layout::needs_cut_pass(program, o.placement)) {
+    if [first, second].iter().any(|o| sched::Layout::needs_cut_pass(&program, o.placement)) {
+        let program = &program;
         let (a, b) = join.join(
             || compile_fused(program, first.placement, source, limits),
             || compile_fused(program, second.placement, source, limits),
         );
         return [a, b];
     }
-    let layouts = [sched::Layout::new(program, first.placement), sched::Layout::new(program, second.placement)];
+    let [a, b] = schedule_placements(&program, [first.placement, second.placement], join);
+    drop(program);
+    let verify_or_relower = |fused: Schedule, options: Options| match verify(fused, source, limits) {
+        Err(_) => {
+            relower().and_then(|program| compile_program(&program, source, Options { fuse: false, ..options }, limits))
+        }
+        outcome => outcome,
+    };
+    let (a, b) = join.join(|| verify_or_relower(a, first), || verify_or_relower(b, second));
+    [a, b]
+}
+
+/// The fused schedules of `program` for two placements, each rank's transfers gathered once for both, the ranks
+/// built in two halves that `join` may run at once.
+fn schedule_placements(program: &ir::Program, placements: [Placement; 2], join: &impl Join) -> [Schedule; 2] {
+    let layouts = placements.map(|placement| sched::Layout::new(program, placement));
     let half = program.transfers.len() / 2;
     let (first_half, second_half) = join.join(
         || sched::IndexPart::new(program, 0..half),
@@ -215,8 +240,5 @@ pub fn compile_placements(
         ranks.extend(upper);
         layout.assemble(program, ranks)
     });
-    let (a, b) = (schedules.next().expect("two layouts"), schedules.next().expect("two layouts"));
-    let (a, b) =
-        join.join(|| verify_or_unfused(program, a, source, limits), || verify_or_unfused(program, b, source, limits));
-    [a, b]
+    [schedules.next().expect("two layouts"), schedules.next().expect("two layouts")]
 }

@@ -267,8 +267,9 @@ fn compiling_both_placements_at_once_gives_each_placements_schedule() {
             let Ok(program) = lower(&file, &crate::corpus::bindings(source, p), &limits) else { continue };
             let options = Placement::BOTH.map(Options::placed);
             let alone = options.map(|o| compile_program(&program, source, o, &limits).map(|v| v.into_schedule()));
-            let together = compile_placements(&program, source, options, &limits, &Threads);
-            let in_turn = compile_placements(&program, source, options, &limits, &InTurn);
+            let relower = || Ok(program.clone());
+            let together = compile_placements(program.clone(), &relower, source, options, &limits, &Threads);
+            let in_turn = compile_placements(program.clone(), &relower, source, options, &limits, &InTurn);
             for (i, (together, in_turn)) in together.into_iter().zip(in_turn).enumerate() {
                 let together = together.map(|v| v.into_schedule());
                 let in_turn = in_turn.map(|v| v.into_schedule());
@@ -281,4 +282,52 @@ fn compiling_both_placements_at_once_gives_each_placements_schedule() {
             }
         }
     }
+}
+
+/// With one message slot per connection some fused schedules deadlock where the unfused ones do not:
+/// `compile_placements` has dropped the program by then and makes it again (`relower`) for the unfused schedule,
+/// which must be what `compile_program` returns. The sweep must meet such a case, or it tests nothing.
+#[test]
+fn compiling_both_placements_lowers_again_only_for_the_unfused_fallback() {
+    let limits = Limits { channel_slots: 1, ..Limits::default() };
+    let mut fallbacks = 0;
+    for (name, source) in library::LIBRARY {
+        let file = collc_grammar::parse(source, &limits.syntax).expect("parses");
+        for p in 2..=6 {
+            let bindings = crate::corpus::bindings(source, p);
+            let Ok(program) = lower(&file, &bindings, &limits) else { continue };
+            let options = Placement::BOTH.map(Options::placed);
+            let alone = options.map(|o| compile_program(&program, source, o, &limits).map(|v| v.into_schedule()));
+            let fused_fails = options.map(|o| {
+                let sliced = pipelined(&program, o, &limits).expect("pipelines");
+                let fused = collc_compiler::sched::schedule_with(&sliced, o.placement, optimise::fuse_new_rank);
+                verify(fused, source, &limits).is_err()
+            });
+            let sliced = pipelined(&program, options[0], &limits).expect("pipelines");
+            let cut_pass = options.map(|o| collc_compiler::sched::Layout::needs_cut_pass(&sliced, o.placement));
+            drop(sliced);
+            let lowered = std::sync::atomic::AtomicUsize::new(0);
+            let relower = || {
+                lowered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                lower(&file, &bindings, &limits)
+            };
+            let together = compile_placements(program, &relower, source, options, &limits, &InTurn);
+            for (i, together) in together.into_iter().enumerate() {
+                let together = together.map(|v| v.into_schedule());
+                let same = match (&together, &alone[i]) {
+                    (Ok(a), Ok(b)) => a == b,
+                    (Err(a), Err(b)) => a.0.iter().map(|e| e.code).eq(b.0.iter().map(|e| e.code)),
+                    _ => false,
+                };
+                assert!(same, "{name} p={p} {}", options[i].placement);
+            }
+            // A program whose layout needs the pass that finds cuts is compiled per placement and kept.
+            let kept = cut_pass.iter().any(|&c| c);
+            let failed = fused_fails.iter().filter(|&&f| f).count();
+            let expected = if kept { 0 } else { failed };
+            assert_eq!(lowered.into_inner(), expected, "{name} p={p}: lowered again once per failed fused schedule");
+            fallbacks += expected;
+        }
+    }
+    assert!(fallbacks > 0, "no fused schedule of the library deadlocks with one slot: the fallback went untested");
 }

@@ -2,21 +2,23 @@
 //! ping-pong of `sendrecv` between two ranks of the threads transport (half a round trip per message; alpha is the
 //! median small-message time, beta the least-squares slope over large messages); gamma and the copy rate from the
 //! host kernels on buffers larger than the caches. The same three again for calls small enough to stay in the
-//! caches (the topology's `cached` rates). Each figure is the median of several runs.
+//! caches (the topology's `cached` rates). Every ping-pong size also goes into the intra-node link's measured curve
+//! (`message_us`), which the cost model reads message times off. A message time is the fastest of several runs
+//! (`one_way_points`), a kernel rate the median.
 
 use clap::Args;
 use collc_compiler::cost::{Cached, Link, Links, Topology};
 use collc_compiler::Collective;
 use collc_kernels::{host, DataType, ReduceOp};
 use collc_runtime::{Buffers, CallShape, Communicator, Options};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Args, Clone, Debug)]
 pub struct CalibrateArgs {
     /// Where --calibrate writes the topology file (default: standard output).
     #[arg(short = 'o', long = "output")]
     pub output: Option<String>,
-    /// Runs per measurement; the median is kept.
+    /// Runs per measurement: the fastest is kept of a message time, the median of a kernel rate.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]
     pub runs: u32,
 }
@@ -30,62 +32,73 @@ const KERNEL_BYTES: usize = 64 << 20;
 /// each core of the machine collc is developed on), with ping-pong messages of 16 to 128 KiB.
 const CACHED_BYTES: usize = 256 << 10;
 const CACHED: [usize; 4] = [16 << 10, 32 << 10, 64 << 10, 128 << 10];
+/// Sizes between the small and the cached ones, measured for the curve only.
+const MID: [usize; 4] = [1 << 10, 2 << 10, 4 << 10, 8 << 10];
+/// The pause between two runs of the message sizes: about how long the slow spells of the VMs collc is developed on
+/// last (a whole calibration of 1.5 s fell into one, twice in five `bench/model_vs_measured.sh` runs).
+const SPELL: Duration = Duration::from_secs(1);
 
 fn median(mut values: Vec<f64>) -> f64 {
     values.sort_by(f64::total_cmp);
     values[values.len() / 2]
 }
 
-/// Seconds per one-way message of `bytes` between two ranks: the median of `runs` timed ping-pongs.
-fn one_way_seconds(bytes: usize, runs: u32) -> Result<f64, String> {
+/// `(bytes, seconds)` of a one-way message of each of `sizes` bytes between two ranks (half a round trip of a
+/// `sendrecv` ping-pong): per size, the fastest of `runs` timed ping-pongs. The runs go round all the sizes in turn,
+/// `pause` apart, so that a slow spell of the machine (seconds long on a shared VM, with ping-pongs three times as
+/// slow and kernels hardly slower: the two ranks' cores not running at once) falls on some runs of every size
+/// rather than on every run of a few; a spell only adds time, so the fastest run is the machine's.
+fn one_way_points(sizes: &[usize], runs: u32, pause: Duration) -> Result<Vec<(f64, f64)>, String> {
     let comms = Communicator::threads(2, Options::default()).map_err(|e| e.to_string())?;
-    let iters = (64 << 20) / bytes.max(1);
-    let iters = iters.clamp(20, 2000);
+    let largest = sizes.iter().copied().max().unwrap_or(0);
     let samples = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|mut comm| {
                 scope.spawn(move || -> Result<Vec<f64>, String> {
-                    let send = vec![1u8; bytes];
-                    let mut recv = vec![0u8; bytes];
-                    let shape = |root: u32| CallShape {
-                        collective: Collective::SendRecv,
-                        count: bytes,
-                        dtype: DataType::U8,
-                        op: ReduceOp::Sum,
-                        root,
-                        peer: 1 - root,
-                    };
-                    let pingpong = |comm: &mut Communicator, recv: &mut [u8], n: usize| -> Result<(), String> {
+                    let send = vec![1u8; largest];
+                    let mut recv = vec![0u8; largest];
+                    let mut pingpong = |comm: &mut Communicator, bytes: usize, n: usize| -> Result<(), String> {
                         for _ in 0..n {
                             for root in [0, 1] {
-                                let buffers = Buffers::OutOfPlace { send: &send, recv: &mut *recv };
-                                comm.call(shape(root), buffers).map_err(|e| e.to_string())?;
+                                let shape = CallShape {
+                                    collective: Collective::SendRecv,
+                                    count: bytes,
+                                    dtype: DataType::U8,
+                                    op: ReduceOp::Sum,
+                                    root,
+                                    peer: 1 - root,
+                                };
+                                let buffers = Buffers::OutOfPlace { send: &send[..bytes], recv: &mut recv[..bytes] };
+                                comm.call(shape, buffers).map_err(|e| e.to_string())?;
                             }
                         }
                         Ok(())
                     };
-                    pingpong(&mut comm, &mut recv, 5)?;
-                    let mut samples = Vec::new();
-                    for _ in 0..runs {
-                        comm.barrier().map_err(|e| e.to_string())?;
-                        let started = Instant::now();
-                        pingpong(&mut comm, &mut recv, iters)?;
-                        samples.push(started.elapsed().as_secs_f64() / (2 * iters) as f64);
+                    for &bytes in sizes {
+                        pingpong(&mut comm, bytes, 5)?;
                     }
-                    Ok(samples)
+                    let mut fastest = vec![f64::INFINITY; sizes.len()];
+                    for run in 0..runs {
+                        if run > 0 {
+                            std::thread::sleep(pause);
+                        }
+                        for (&bytes, fastest) in sizes.iter().zip(&mut fastest) {
+                            let iters = ((64 << 20) / bytes.max(1)).clamp(20, 2000);
+                            comm.barrier().map_err(|e| e.to_string())?;
+                            let started = Instant::now();
+                            pingpong(&mut comm, bytes, iters)?;
+                            *fastest = fastest.min(started.elapsed().as_secs_f64() / (2 * iters) as f64);
+                        }
+                    }
+                    Ok(fastest)
                 })
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a calibration rank")).collect::<Vec<_>>()
     });
     let rank0 = samples.into_iter().next().expect("two ranks")?;
-    Ok(median(rank0))
-}
-
-/// `(bytes, one_way_seconds)` at each size, for `slope`.
-fn one_way_points(sizes: &[usize], runs: u32) -> Result<Vec<(f64, f64)>, String> {
-    sizes.iter().map(|&b| Ok((b as f64, one_way_seconds(b, runs)?))).collect()
+    Ok(sizes.iter().map(|&b| b as f64).zip(rank0).collect())
 }
 
 /// Seconds per byte of `kernel` over `bytes`-byte buffers: enough calls per sample for a few milliseconds.
@@ -118,13 +131,15 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 
 fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let runs = args.runs;
-    let small: Vec<f64> = SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()?;
-    let large = one_way_points(&LARGE, runs)?;
-    let alpha = median(small);
-    let shared: Vec<f64> = collc_runtime::launch::on_one_cpu(|| {
-        SMALL.iter().map(|&b| one_way_seconds(b, runs)).collect::<Result<_, _>>()
-    })?;
-    let shared_alpha = median(shared);
+    let sizes = [&SMALL[..], &MID, &CACHED, &LARGE].concat();
+    let points = one_way_points(&sizes, runs, SPELL)?;
+    let of = |wanted: &[usize]| -> Vec<(f64, f64)> {
+        points.iter().copied().filter(|(bytes, _)| wanted.contains(&(*bytes as usize))).collect()
+    };
+    let (small, large, cached_points) = (of(&SMALL), of(&LARGE), of(&CACHED));
+    let alpha = median(small.iter().map(|p| p.1).collect());
+    let shared = collc_runtime::launch::on_one_cpu(|| one_way_points(&SMALL, runs, Duration::ZERO))?;
+    let shared_alpha = median(shared.iter().map(|p| p.1).collect());
     let beta = slope(&large).max(1e-13);
     let reduce = |dst: &mut [u8], src: &[u8]| {
         host::reduce_slices(DataType::F32, ReduceOp::Sum, dst, src).expect("equal lengths of whole f32s")
@@ -137,7 +152,7 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     };
     let gamma = kernel_seconds_per_byte(runs, KERNEL_BYTES, reduce);
     let copy = kernel_seconds_per_byte(runs, KERNEL_BYTES, copy_kernel);
-    let cached_points = one_way_points(&CACHED, runs)?;
+
     // Data in cache moves at least as fast as data in DRAM: a slower figure is a noisy fit (four points), so it
     // is capped at the DRAM one.
     let cached_beta = slope(&cached_points).clamp(1e-13, beta);
@@ -157,11 +172,16 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
         1e-9 / cached_copy
     );
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
+    let mut curve: Vec<[f64; 2]> = points.iter().map(|&(bytes, s)| [bytes, round(s * 1e6)]).collect();
+    curve.sort_by(|a, b| a[0].total_cmp(&b[0]));
     Ok(Topology {
         name: "calibrated: this host, threads transport".into(),
         nodes: 1,
         ranks_per_node: None,
-        links: Links { intra: Link { alpha_us: round(alpha * 1e6), bandwidth_gbps: round(1e-9 / beta) }, inter: None },
+        links: Links {
+            intra: Link { alpha_us: round(alpha * 1e6), bandwidth_gbps: round(1e-9 / beta), message_us: Some(curve) },
+            inter: None,
+        },
         reduce_gbps: round(1e-9 / gamma),
         copy_gbps: Some(round(1e-9 / copy)),
         switch: None,

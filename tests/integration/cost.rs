@@ -13,7 +13,7 @@ fn uniform() -> Topology {
         name: String::new(),
         nodes: 1,
         ranks_per_node: None,
-        links: Links { intra: Link { alpha_us: A * 1e6, bandwidth_gbps: 1e-9 / B }, inter: None },
+        links: Links { intra: Link::linear(A * 1e6, 1e-9 / B), inter: None },
         reduce_gbps: 1e-9 / G,
         copy_gbps: None,
         cores_per_node: None,
@@ -375,4 +375,58 @@ fn cached_rates_apply_up_to_their_size() {
     )
     .unwrap_err();
     assert_eq!(error.field, "cached.bandwidth_gbps");
+}
+
+/// A link's measured curve of message times replaces alpha + bytes x beta: a step costs the curve's time for its
+/// busiest port's bytes (linear between points, flat below the first, at the link's bandwidth past the last);
+/// reductions still cost gamma. Recursive doubling makes log2(p) steps of n bytes per port.
+#[test]
+fn a_measured_message_curve_sets_the_time_of_a_step() {
+    let curve = vec![[512.0, 1.0], [1024.0, 2.0], [65536.0, 10.0]];
+    let intra = Link { message_us: Some(curve.clone()), ..Link::linear(A * 1e6, 1e-9 / B) };
+    let topo = Topology { links: Links { intra, inter: None }, ..uniform() };
+    let message = |n: f64| -> f64 {
+        let us = match n {
+            n if n <= 512.0 => 1.0,
+            n if n <= 1024.0 => 1.0 + (n - 512.0) / 512.0,
+            n if n <= 65536.0 => 2.0 + 8.0 * (n - 1024.0) / 64512.0,
+            n => 10.0 + (n - 65536.0) * B * 1e6,
+        };
+        us * 1e-6
+    };
+    for p in [2u32, 4, 8] {
+        let lg = (p as f64).log2();
+        for n in [8.0, 512.0, 768.0, 1024.0, 40000.0, 65536.0, 1e6] {
+            let got = predict("allreduce/recursive_doubling", p, n, None, &topo);
+            assert_close(&format!("p={p} n={n}"), got, lg * (message(n) + n * G));
+        }
+    }
+    // The topology file carries the curve both ways.
+    let text = topo.to_json();
+    assert!(text.contains("\"message_us\""), "{text}");
+    assert_eq!(Topology::from_json(&text).expect("its own output parses").links.intra.message_us, Some(curve));
+}
+
+#[test]
+fn message_curve_errors_name_the_point() {
+    let with = |curve: &str| {
+        format!(
+            r#"{{"nodes": 1, "links": {{"intra": {{"alpha_us": 1, "bandwidth_gbps": 3, "message_us": {curve}}}}},
+                "reduce_gbps": 1}}"#
+        )
+    };
+    let cases = [
+        ("[]", "links.intra.message_us"),
+        ("7", "links.intra.message_us"),
+        ("[[8, 0.2], [64]]", "links.intra.message_us[1]"),
+        ("[[8, 0.2], [\"64\", 1]]", "links.intra.message_us[1]"),
+        ("[[8, 0.2], [8, 0.3]]", "links.intra.message_us[1]"),
+        ("[[64, 0.2], [8, 0.3]]", "links.intra.message_us[1]"),
+        ("[[8, 0.2], [64, -1]]", "links.intra.message_us[1]"),
+        ("[[-8, 0.2]]", "links.intra.message_us[0]"),
+    ];
+    for (curve, field) in cases {
+        let error = Topology::from_json(&with(curve)).expect_err(curve);
+        assert_eq!(error.field, field, "{curve}: {error}");
+    }
 }

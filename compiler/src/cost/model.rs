@@ -15,8 +15,12 @@
 //! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
 //! links, reductions and copies.
+//!
+//! Third, a link class may carry a measured curve of one-way message times by size (`Link::message_us`, PLogP's
+//! gap per size): then a port's time in a step is read off it for the port's bytes, in place of alpha + bytes x
+//! beta in either regime (without alphas, the curve less its time for no bytes).
 
-use super::topology::{LinkClass, Rates, Topology};
+use super::topology::{Link, LinkClass, Rates, Topology};
 use crate::ir::{Program, TransferKind};
 use crate::sched::{Op, Schedule};
 
@@ -28,6 +32,8 @@ pub struct Profile {
     /// The size S of nccl-tests' `size` column is this many chunks.
     whole_chunks: u32,
     alpha: [f64; 2],
+    /// The link classes, for their measured curves (`Link::message_seconds`).
+    links: [Link; 2],
     /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
     cached_bytes: f64,
     regimes: [Regime; 2],
@@ -138,11 +144,12 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
         tally.clear();
         steps.push(load);
     }
-    let links = [topo.link(LinkClass::Intra), topo.link(LinkClass::Inter)];
+    let links = [topo.link(LinkClass::Intra).clone(), topo.link(LinkClass::Inter).clone()];
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
         alpha: [links[0].alpha(), links[1].alpha()],
+        links,
         cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
         regimes,
         shared_core_latency: topo.shares_cores(program.n_ranks).then(|| super::cores::latency(sched, topo, slots)),
@@ -201,8 +208,14 @@ impl Profile {
                     let comm = (0..2)
                         .filter(|&c| s.port_chunks[c] > 0)
                         .map(|c| {
-                            let alpha = if alphas { self.alpha[c] } else { 0.0 };
-                            alpha + s.port_chunks[c] as f64 * chunk_bytes * regime.rates.beta[c]
+                            let bytes = s.port_chunks[c] as f64 * chunk_bytes;
+                            let link = &self.links[c];
+                            match link.message_seconds(bytes) {
+                                Some(seconds) if alphas => seconds,
+                                Some(seconds) => seconds - link.message_seconds(0.0).unwrap_or(0.0),
+                                None if alphas => self.alpha[c] + bytes * regime.rates.beta[c],
+                                None => bytes * regime.rates.beta[c],
+                            }
                         })
                         .fold(0.0, f64::max);
                     comm + s.compute[k] * chunk_bytes

@@ -17,16 +17,28 @@ pub mod defaults {
     pub const REDUCE_GBPS: f64 = 16.0;
 }
 
-/// One link class: the start-up time of a message and the bandwidth of one rank's port.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+/// One link class: the start-up time of a message and the bandwidth of one rank's port, and optionally the
+/// measured time of a message of each size.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Link {
     /// Microseconds from the start of a send to the first byte arriving (alpha).
     pub alpha_us: f64,
     /// GB/s (1e9 bytes per second) one rank's port sustains in each direction (1 / beta).
     pub bandwidth_gbps: f64,
+    /// Measured one-way times of single messages, `[bytes, microseconds]` by growing size: the gap per message
+    /// size of the parameterised LogP model (PLogP, Kielmann et al. 2000), for transports whose cost is not linear
+    /// in the size (caches, FIFO slots, protocols). Where present, the cost model reads a port's time for `m` bytes
+    /// off this curve (`Link::message_seconds`) in place of alpha + m x beta.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message_us: Option<Vec<[f64; 2]>>,
 }
 
 impl Link {
+    /// A link with no measured curve: alpha + m x beta at every size.
+    pub fn linear(alpha_us: f64, bandwidth_gbps: f64) -> Self {
+        Link { alpha_us, bandwidth_gbps, message_us: None }
+    }
+
     pub fn alpha(&self) -> f64 {
         self.alpha_us * 1e-6
     }
@@ -34,6 +46,24 @@ impl Link {
     /// Seconds per byte.
     pub fn beta(&self) -> f64 {
         1e-9 / self.bandwidth_gbps
+    }
+
+    /// Seconds a message of `bytes` takes on the measured curve: linear between its points, the first point's time
+    /// below the first, and the last point's time plus the rest at `bandwidth_gbps` past the last. `None` without
+    /// a curve.
+    pub fn message_seconds(&self, bytes: f64) -> Option<f64> {
+        let curve = self.message_us.as_deref()?;
+        let [first, last] = [curve.first()?, curve.last()?];
+        let us = if bytes <= first[0] {
+            first[1]
+        } else if bytes >= last[0] {
+            last[1] + (bytes - last[0]) * self.beta() * 1e6
+        } else {
+            let at = curve.partition_point(|point| point[0] < bytes);
+            let ([b0, t0], [b1, t1]) = (curve[at - 1], curve[at]);
+            t0 + (t1 - t0) * (bytes - b0) / (b1 - b0)
+        };
+        Some(us * 1e-6)
     }
 }
 
@@ -45,7 +75,7 @@ pub enum LinkClass {
     Inter,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Links {
     pub intra: Link,
     /// Required when there is more than one node.
@@ -127,7 +157,7 @@ fn error(field: &str, message: impl Into<String>) -> TopologyError {
 impl Topology {
     /// One node of `n_ranks` ranks with the built-in constants (see `defaults`).
     pub fn uniform(n_ranks: u32) -> Self {
-        let link = Link { alpha_us: defaults::ALPHA_US, bandwidth_gbps: defaults::BANDWIDTH_GBPS };
+        let link = Link::linear(defaults::ALPHA_US, defaults::BANDWIDTH_GBPS);
         Topology {
             name: "uniform (built-in)".into(),
             nodes: 1,
@@ -149,7 +179,7 @@ impl Topology {
         if per_node > 0 && per_node < n_ranks && n_ranks.is_multiple_of(per_node) {
             topo.nodes = n_ranks / per_node;
             topo.ranks_per_node = Some(per_node);
-            topo.links.inter = Some(topo.links.intra);
+            topo.links.inter = Some(topo.links.intra.clone());
         }
         topo
     }
@@ -309,10 +339,10 @@ impl Topology {
         }
     }
 
-    pub fn link(&self, class: LinkClass) -> Link {
+    pub fn link(&self, class: LinkClass) -> &Link {
         match class {
-            LinkClass::Intra => self.links.intra,
-            LinkClass::Inter => self.links.inter.unwrap_or(self.links.intra),
+            LinkClass::Intra => &self.links.intra,
+            LinkClass::Inter => self.links.inter.as_ref().unwrap_or(&self.links.intra),
         }
     }
 
@@ -342,7 +372,12 @@ impl Topology {
 
     /// One line for report headers.
     pub fn describe(&self) -> String {
-        let link = |l: &Link| format!("alpha {} us, {} GB/s", l.alpha_us, l.bandwidth_gbps);
+        let link = |l: &Link| match &l.message_us {
+            Some(curve) => {
+                format!("alpha {} us, {} GB/s, measured at {} message sizes", l.alpha_us, l.bandwidth_gbps, curve.len())
+            }
+            None => format!("alpha {} us, {} GB/s", l.alpha_us, l.bandwidth_gbps),
+        };
         let per_node = self.ranks_per_node.map_or("any number of".to_string(), |g| g.to_string());
         let mut text = format!("{} node(s) x {per_node} ranks; intra {}", self.nodes, link(&self.links.intra));
         if let Some(inter) = &self.links.inter {
@@ -389,6 +424,15 @@ fn non_negative(field: &str, value: f64) -> Result<(), TopologyError> {
 
 fn check_link(field: &str, link: &Link) -> Result<(), TopologyError> {
     non_negative(&format!("{field}.alpha_us"), link.alpha_us)?;
+    let mut smaller = None;
+    for (i, &[bytes, us]) in link.message_us.iter().flatten().enumerate() {
+        let at = format!("{field}.message_us[{i}]");
+        if !(bytes.is_finite() && bytes >= 0.0) || smaller.is_some_and(|b| bytes <= b) {
+            return Err(error(&at, format!("{bytes} bytes: sizes must be zero or more and grow from point to point")));
+        }
+        non_negative(&at, us)?;
+        smaller = Some(bytes);
+    }
     positive(&format!("{field}.bandwidth_gbps"), link.bandwidth_gbps)
 }
 
@@ -455,7 +499,28 @@ impl<'a> Fields<'a> {
     }
 
     fn link(&self, key: &str) -> Result<Link, TopologyError> {
-        let fields = self.object(key, &["alpha_us", "bandwidth_gbps"])?;
-        Ok(Link { alpha_us: fields.number("alpha_us")?, bandwidth_gbps: fields.number("bandwidth_gbps")? })
+        let fields = self.object(key, &["alpha_us", "bandwidth_gbps", "message_us"])?;
+        let message_us = match fields.get("message_us") {
+            None => None,
+            Some(value) => Some(curve(&fields.path("message_us"), value)?),
+        };
+        Ok(Link { alpha_us: fields.number("alpha_us")?, bandwidth_gbps: fields.number("bandwidth_gbps")?, message_us })
     }
+}
+
+/// A `message_us` curve: a non-empty array of `[bytes, microseconds]` pairs (its order is checked by `validate`).
+fn curve(field: &str, value: &Value) -> Result<Vec<[f64; 2]>, TopologyError> {
+    let points = value.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
+        error(field, "must be a non-empty array of [bytes, microseconds] pairs, e.g. [[8, 0.3], [65536, 6.5]]")
+    })?;
+    points
+        .iter()
+        .enumerate()
+        .map(|(i, point)| match point.as_array().map(|p| p.iter().map(Value::as_f64).collect::<Vec<_>>()) {
+            Some(pair) if matches!(pair.as_slice(), [Some(_), Some(_)]) => {
+                Ok([pair[0].unwrap_or(0.0), pair[1].unwrap_or(0.0)])
+            }
+            _ => Err(error(&format!("{field}[{i}]"), "must be a pair of numbers [bytes, microseconds]")),
+        })
+        .collect()
 }

@@ -54,8 +54,12 @@ fn one_way_points(sizes: &[usize], runs: u32, pause: Duration) -> Result<Vec<(f6
     let samples = std::thread::scope(|scope| {
         let handles: Vec<_> = comms
             .into_iter()
-            .map(|mut comm| {
+            .enumerate()
+            .map(|(rank, mut comm)| {
                 scope.spawn(move || -> Result<Vec<f64>, String> {
+                    // Each on a CPU of its own to start with (on one, inside `on_one_cpu`), as `collc run` places its
+                    // rank processes: threads started together can stay on one CPU for a whole calibration.
+                    collc_runtime::launch::spread_over_cores(rank as u32, 2);
                     let send = vec![1u8; largest];
                     let mut recv = vec![0u8; largest];
                     let mut pingpong = |comm: &mut Communicator, bytes: usize, n: usize| -> Result<(), String> {

@@ -1,0 +1,65 @@
+//! Freed big blocks, kept mapped for the next ones. At p = 4096 the verifiers' tables (2 GB) are made after the
+//! lowered program (1.3 GB) and the scheduler's index (0.3 GB) are freed: a block made from their pages skips the
+//! kernel's first touch of each page, which costs several times what clearing it costs (bench/README.md).
+
+use std::sync::Mutex;
+
+/// At most this many freed ranges are kept; past it the smallest is handed back to the kernel.
+const RANGES: usize = 32;
+
+/// A kept range of whole pages: where it starts, its bytes (0: an empty place), and whether it holds only
+/// zeros (never handed out: a range the prefault helper reserved).
+#[derive(Clone, Copy)]
+struct Range {
+    start: usize,
+    bytes: usize,
+    zeroed: bool,
+}
+
+const EMPTY: Range = Range { start: 0, bytes: 0, zeroed: false };
+
+static KEPT: Mutex<[Range; RANGES]> = Mutex::new([EMPTY; RANGES]);
+
+fn unmap(start: usize, bytes: usize) {
+    // SAFETY: `start..start + bytes` is a page range of mappings this allocator made, no longer in use.
+    unsafe { libc::munmap(start as *mut libc::c_void, bytes) };
+}
+
+/// Keeps a range of whole pages for reuse (freed, or `zeroed` fresh memory), or hands it (or a smaller kept
+/// one) back to the kernel.
+pub(super) fn keep(start: usize, bytes: usize, zeroed: bool) {
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let smallest = (0..RANGES).min_by_key(|&i| kept[i].bytes).expect("RANGES > 0");
+    if kept[smallest].bytes >= bytes {
+        drop(kept);
+        return unmap(start, bytes);
+    }
+    let old = std::mem::replace(&mut kept[smallest], Range { start, bytes, zeroed });
+    drop(kept);
+    if old.bytes > 0 {
+        unmap(old.start, old.bytes);
+    }
+}
+
+/// The start of `bytes` (whole pages) taken from the smallest kept range that holds them, if any, and whether
+/// they hold only zeros. The rest of that range stays kept when it is a big block itself, else it goes back
+/// to the kernel.
+pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
+    let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    let fit = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes)?;
+    let range = kept[fit];
+    let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
+    kept[fit] = if rest.bytes >= super::BIG { rest } else { EMPTY };
+    drop(kept);
+    if rest.bytes > 0 && rest.bytes < super::BIG {
+        unmap(rest.start, rest.bytes);
+    }
+    Some((range.start, range.zeroed))
+}
+
+/// The kept ranges that hold only zeros.
+#[cfg(test)]
+pub(super) fn zeroed() -> Vec<(usize, usize)> {
+    let kept = *KEPT.lock().unwrap_or_else(|e| e.into_inner());
+    kept.iter().filter(|r| r.zeroed && r.bytes > 0).map(|r| (r.start, r.bytes)).collect()
+}

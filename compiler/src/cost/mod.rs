@@ -3,6 +3,7 @@
 //! the time of any message size, `select` picks the predicted-fastest algorithm as NCCL's tuner does.
 
 mod cores;
+mod fields;
 mod model;
 mod select;
 mod topology;

@@ -2,8 +2,9 @@
 //! the reduction throughput, and optionally an in-network reducing switch. Parsed from JSON with errors that name
 //! the field; ranks are numbered node-major (rank r is on node r / ranks_per_node), as torchrun and mpirun do.
 
+use super::fields::Fields;
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 /// Constants of the built-in uniform topology, used when no `--topo` is given. They describe one host of the
 /// kind collc is developed on (REFERENCE.md section 3): a shared-memory message costs well under a microsecond to
@@ -150,7 +151,7 @@ pub struct TopologyError {
     pub message: String,
 }
 
-fn error(field: &str, message: impl Into<String>) -> TopologyError {
+pub(super) fn error(field: &str, message: impl Into<String>) -> TopologyError {
     TopologyError { field: field.to_string(), message: message.into() }
 }
 
@@ -434,93 +435,4 @@ fn check_link(field: &str, link: &Link) -> Result<(), TopologyError> {
         smaller = Some(bytes);
     }
     positive(&format!("{field}.bandwidth_gbps"), link.bandwidth_gbps)
-}
-
-/// One JSON object of the file and its path, for errors that name the field.
-struct Fields<'a> {
-    prefix: String,
-    map: &'a Map<String, Value>,
-}
-
-impl<'a> Fields<'a> {
-    fn new(prefix: &str, value: &'a Value, known: &[&str]) -> Result<Self, TopologyError> {
-        let what = if prefix.is_empty() { "the topology" } else { prefix };
-        let map = value.as_object().ok_or_else(|| error(what, "must be a JSON object"))?;
-        if let Some(unknown) = map.keys().find(|k| !known.contains(&k.as_str())) {
-            let field = if prefix.is_empty() { unknown.clone() } else { format!("{prefix}.{unknown}") };
-            return Err(error(&field, format!("is not a topology field; known here: {}", known.join(", "))));
-        }
-        Ok(Fields { prefix: prefix.to_string(), map })
-    }
-
-    fn path(&self, key: &str) -> String {
-        if self.prefix.is_empty() {
-            key.to_string()
-        } else {
-            format!("{}.{key}", self.prefix)
-        }
-    }
-
-    fn get(&self, key: &str) -> Option<&'a Value> {
-        self.map.get(key).filter(|v| !v.is_null())
-    }
-
-    fn optional<T>(&self, key: &str, read: fn(&'a Value) -> Option<T>, what: &str) -> Result<Option<T>, TopologyError> {
-        match self.get(key) {
-            None => Ok(None),
-            Some(v) => read(v).map(Some).ok_or_else(|| error(&self.path(key), format!("must be {what}, not {v}"))),
-        }
-    }
-
-    fn required<T>(&self, key: &str, read: fn(&'a Value) -> Option<T>, what: &str) -> Result<T, TopologyError> {
-        self.optional(key, read, what)?.ok_or_else(|| error(&self.path(key), format!("is missing ({what})")))
-    }
-
-    fn number(&self, key: &str) -> Result<f64, TopologyError> {
-        self.required(key, Value::as_f64, "a number")
-    }
-
-    fn count(&self, key: &str) -> Result<u32, TopologyError> {
-        let v = self.required(key, Value::as_i64, "a whole number")?;
-        u32::try_from(v).map_err(|_| error(&self.path(key), format!("must be a whole number from 1, not {v}")))
-    }
-
-    fn optional_count(&self, key: &str) -> Result<Option<u32>, TopologyError> {
-        self.get(key).map(|_| self.count(key)).transpose()
-    }
-
-    fn object(&self, key: &str, known: &[&str]) -> Result<Fields<'a>, TopologyError> {
-        let value = self.get(key).ok_or_else(|| error(&self.path(key), "is missing"))?;
-        Fields::new(&self.path(key), value, known)
-    }
-
-    fn optional_link(&self, key: &str) -> Result<Option<Link>, TopologyError> {
-        self.get(key).map(|_| self.link(key)).transpose()
-    }
-
-    fn link(&self, key: &str) -> Result<Link, TopologyError> {
-        let fields = self.object(key, &["alpha_us", "bandwidth_gbps", "message_us"])?;
-        let message_us = match fields.get("message_us") {
-            None => None,
-            Some(value) => Some(curve(&fields.path("message_us"), value)?),
-        };
-        Ok(Link { alpha_us: fields.number("alpha_us")?, bandwidth_gbps: fields.number("bandwidth_gbps")?, message_us })
-    }
-}
-
-/// A `message_us` curve: a non-empty array of `[bytes, microseconds]` pairs (its order is checked by `validate`).
-fn curve(field: &str, value: &Value) -> Result<Vec<[f64; 2]>, TopologyError> {
-    let points = value.as_array().filter(|a| !a.is_empty()).ok_or_else(|| {
-        error(field, "must be a non-empty array of [bytes, microseconds] pairs, e.g. [[8, 0.3], [65536, 6.5]]")
-    })?;
-    points
-        .iter()
-        .enumerate()
-        .map(|(i, point)| match point.as_array().map(|p| p.iter().map(Value::as_f64).collect::<Vec<_>>()) {
-            Some(pair) if matches!(pair.as_slice(), [Some(_), Some(_)]) => {
-                Ok([pair[0].unwrap_or(0.0), pair[1].unwrap_or(0.0)])
-            }
-            _ => Err(error(&format!("{field}[{i}]"), "must be a pair of numbers [bytes, microseconds]")),
-        })
-        .collect()
 }

@@ -145,4 +145,11 @@ fn calibrate_writes_a_topology_that_cost_accepts() {
     for field in ["alpha_us", "bandwidth_gbps"] {
         assert!(doc["links"]["intra"][field].as_f64().is_some_and(|v| v > 0.0), "{doc}");
     }
+    // The measured message curve: every ping-pong size, growing from 8 B to 16 MiB, each with a positive time.
+    let curve = doc["links"]["intra"]["message_us"].as_array().expect("a measured curve");
+    let points: Vec<(f64, f64)> =
+        curve.iter().map(|p| (p[0].as_f64().expect("bytes"), p[1].as_f64().expect("us"))).collect();
+    assert_eq!(points.len(), 16, "{doc}");
+    assert_eq!((points[0].0, points[15].0), (8.0, 16777216.0), "{doc}");
+    assert!(points.windows(2).all(|w| w[0].0 < w[1].0) && points.iter().all(|p| p.1 > 0.0), "{doc}");
 }

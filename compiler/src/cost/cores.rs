@@ -11,7 +11,8 @@
 //! - a message, and the room its receive frees, reach the other side one link alpha after the instruction fires;
 //! - a core runs one of its ranks at a time; a rank with nothing it can fire yields at once (the runtime does not
 //!   spin when ranks outnumber cores), so the core passes from rank to rank in turn, each pass costing
-//!   `shared_core_alpha_us`, and a rank fires at its first turn after it can.
+//!   `shared_core_alpha_us` less the intra-node link's alpha (fitted to measured latencies, see `latency`), and a
+//!   rank fires at its first turn after it can.
 //!
 //! Ranks are dealt to cores as `collc run` places them: local rank l on core l mod cores. When a message from another
 //! core reaches its receiver depends on how the cores' turns line up, which nothing fixes: in step, every message
@@ -23,7 +24,7 @@
 //!
 //! The connections are the verifier's table (`verify::Connections`).
 
-use super::topology::Topology;
+use super::topology::{LinkClass, Topology};
 use crate::sched::Schedule;
 use crate::verify::{Connection, Connections};
 use std::cmp::Reverse;
@@ -356,10 +357,15 @@ impl Run<'_> {
 }
 
 /// Seconds per call of no bytes, calls back to back, with ranks dealt to cores as `collc run` binds them
-/// (`shared_core_alpha_us` for each change of hands) and `slots` messages per connection.
+/// (`shared_core_alpha_us` less the intra-node alpha for each change of hands) and `slots` messages per connection.
 pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
     let graph = build(sched, topo);
-    let handover = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
+    // A pass costs the calibrated send-to-receive time on one core less one link alpha. Measured, not derived: at
+    // 4 ranks on 2 cores and 8 B (where only latency counts), the play-out with the full time put 7 of the 8
+    // allreduce algorithms further from their measured times (errors summing to 14.1 us against 8.7 us, run AC in
+    // bench/README.md), and the selection matched less often on nine kept runs (190 against 195 of 216 sizes).
+    let one_core = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
+    let handover = (one_core - topo.link(LinkClass::Intra).alpha()).max(0.0);
     let in_step = play(&graph, sched.n_ranks, topo, slots, handover, 0.0);
     let out_of_step = play(&graph, sched.n_ranks, topo, slots, handover, handover);
     (in_step + out_of_step) / 2.0

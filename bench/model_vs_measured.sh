@@ -56,9 +56,9 @@ echo "# algorithms: $algos"
 
 # Calibrations: one before the measurements and one after each rank count's. On this VM a whole calibration
 # (5-10 s) sometimes falls into a phase where messages between the two vCPUs are 3x slower (kernels on one core
-# are not: the vCPUs sit apart on the host, a guess), and such a phase can last longer than a calibration, but not
-# minutes; the measurements take minutes and keep each algorithm's fastest run. The calibration with the highest
-# intra-node bandwidth is the one predicted with (each is printed).
+# are not: the vCPUs sit apart on the host, a guess), and such a phase can outlast a calibration; in run AC one
+# came and went within a minute. The measurements take minutes and keep each algorithm's fastest run. The
+# calibration with the highest intra-node bandwidth is the one predicted with (each is printed).
 topo=${TOPO:-}
 [ -n "$reuse" ] && topo=$work/calibrated.json
 calibrate() {

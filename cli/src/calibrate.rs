@@ -34,8 +34,9 @@ const CACHED_BYTES: usize = 256 << 10;
 const CACHED: [usize; 4] = [16 << 10, 32 << 10, 64 << 10, 128 << 10];
 /// Sizes between the small and the cached ones, measured for the curve only.
 const MID: [usize; 4] = [1 << 10, 2 << 10, 4 << 10, 8 << 10];
-/// The pause between two runs of the message sizes: about how long the slow spells of the VMs collc is developed on
-/// last (a whole calibration of 1.5 s fell into one, twice in five `bench/model_vs_measured.sh` runs).
+/// The pause between two runs of the message sizes. Without pauses a whole calibration of 1.5 s fell into a slow
+/// spell twice in five `bench/model_vs_measured.sh` runs; with them spells still outlasted one at times (5-10 s),
+/// which the script handles by calibrating several times (bench/README.md).
 const SPELL: Duration = Duration::from_secs(1);
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -46,8 +47,8 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// `(bytes, seconds)` of a one-way message of each of `sizes` bytes between two ranks (half a round trip of a
 /// `sendrecv` ping-pong): per size, the fastest of `runs` timed ping-pongs. The runs go round all the sizes in turn,
 /// `pause` apart, so that a slow spell of the machine (seconds long on a shared VM, with ping-pongs three times as
-/// slow and kernels hardly slower: the two ranks' cores not running at once) falls on some runs of every size
-/// rather than on every run of a few; a spell only adds time, so the fastest run is the machine's.
+/// slow and kernels hardly slower) falls on some runs of every size rather than on every run of a few; a spell
+/// only adds time, so the fastest run is the machine's.
 fn one_way_points(sizes: &[usize], runs: u32, pause: Duration) -> Result<Vec<(f64, f64)>, String> {
     let comms = Communicator::threads(2, Options::default()).map_err(|e| e.to_string())?;
     let largest = sizes.iter().copied().max().unwrap_or(0);
@@ -58,7 +59,7 @@ fn one_way_points(sizes: &[usize], runs: u32, pause: Duration) -> Result<Vec<(f6
             .map(|(rank, mut comm)| {
                 scope.spawn(move || -> Result<Vec<f64>, String> {
                     // Each on a CPU of its own to start with (on one, inside `on_one_cpu`), as `collc run` places its
-                    // rank processes: threads started together can stay on one CPU for a whole calibration.
+                    // rank processes (`spread_over_cores` says why).
                     collc_runtime::launch::spread_over_cores(rank as u32, 2);
                     let send = vec![1u8; largest];
                     let mut recv = vec![0u8; largest];
@@ -135,6 +136,7 @@ fn slope(points: &[(f64, f64)]) -> f64 {
 
 fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let runs = args.runs;
+    // Growing from size to size, as the curve written below must.
     let sizes = [&SMALL[..], &MID, &CACHED, &LARGE].concat();
     let points = one_way_points(&sizes, runs, SPELL)?;
     let of = |wanted: &[usize]| -> Vec<(f64, f64)> {
@@ -156,7 +158,6 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     };
     let gamma = kernel_seconds_per_byte(runs, KERNEL_BYTES, reduce);
     let copy = kernel_seconds_per_byte(runs, KERNEL_BYTES, copy_kernel);
-
     // Data in cache moves at least as fast as data in DRAM: a slower figure is a noisy fit (four points), so it
     // is capped at the DRAM one.
     let cached_beta = slope(&cached_points).clamp(1e-13, beta);
@@ -176,8 +177,7 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
         1e-9 / cached_copy
     );
     let round = |v: f64| (v * 1000.0).round() / 1000.0;
-    let mut curve: Vec<[f64; 2]> = points.iter().map(|&(bytes, s)| [bytes, round(s * 1e6)]).collect();
-    curve.sort_by(|a, b| a[0].total_cmp(&b[0]));
+    let curve: Vec<[f64; 2]> = points.iter().map(|&(bytes, s)| [bytes, round(s * 1e6)]).collect();
     Ok(Topology {
         name: "calibrated: this host, threads transport".into(),
         nodes: 1,

@@ -130,19 +130,18 @@ fn compile_fused(
     limits: &Limits,
 ) -> Result<VerifiedSchedule, Errors> {
     let fused = sched::schedule_with(program, placement, optimise::fuse_new_rank);
-    verify_or_unfused(program, fused, source, limits)
+    verify_or_unfused(fused, source, limits, || verify(schedule(program, placement), source, limits))
 }
 
-/// The verified `fused` schedule of `program`; if it fails to verify, the unfused schedule's outcome.
+/// The verified `fused` schedule; if it fails to verify, the outcome `unfused` gives (the unfused schedule's).
 fn verify_or_unfused(
-    program: &ir::Program,
     fused: Schedule,
     source: &str,
     limits: &Limits,
+    unfused: impl FnOnce() -> Result<VerifiedSchedule, Errors>,
 ) -> Result<VerifiedSchedule, Errors> {
-    let placement = fused.placement;
     match verify(fused, source, limits) {
-        Err(_) => verify(schedule(program, placement), source, limits),
+        Err(_) => unfused(),
         outcome => outcome,
     }
 }
@@ -209,13 +208,13 @@ pub fn compile_placements(
     }
     let [a, b] = schedule_placements(&program, [first.placement, second.placement], join);
     drop(program);
-    let verify_or_relower = |fused: Schedule, options: Options| match verify(fused, source, limits) {
-        Err(_) => {
-            relower().and_then(|program| compile_program(&program, source, Options { fuse: false, ..options }, limits))
-        }
-        outcome => outcome,
+    let unfused = |options: Options| {
+        relower().and_then(|program| compile_program(&program, source, Options { fuse: false, ..options }, limits))
     };
-    let (a, b) = join.join(|| verify_or_relower(a, first), || verify_or_relower(b, second));
+    let (a, b) = join.join(
+        || verify_or_unfused(a, source, limits, || unfused(first)),
+        || verify_or_unfused(b, source, limits, || unfused(second)),
+    );
     [a, b]
 }
 

@@ -5,7 +5,7 @@
 use collc_compiler::sched::Op;
 use collc_compiler::{
     compile, compile_placements, compile_program, library, lower, optimise, pipelined, schedule, verify, Bindings,
-    Errors, InTurn, Join, Limits, Options, Placement, Schedule,
+    Errors, InTurn, Join, Limits, Options, Placement, Schedule, VerifiedSchedule,
 };
 
 fn ops(source: &str, n_ranks: u32) -> Vec<Vec<Op>> {
@@ -245,6 +245,15 @@ fn a_loop_of_one_transfer_lowers_alike_in_a_batch_and_one_iteration_at_a_time() 
     }
 }
 
+/// The same schedule, or errors with the same codes.
+fn same_outcome(a: &Result<Schedule, Errors>, b: &Result<Schedule, Errors>) -> bool {
+    match (a, b) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(a), Err(b)) => a.0.iter().map(|e| e.code).eq(b.0.iter().map(|e| e.code)),
+        _ => false,
+    }
+}
+
 /// `compile_placements` (ranks built in two halves, each rank's transfers gathered once for both placements, as
 /// `collc check` runs it on two threads) gives what `compile_program` gives for each placement on its own: the same
 /// schedules, or the same errors. Here on a join that runs the halves on two threads, and on one that runs them in
@@ -271,14 +280,8 @@ fn compiling_both_placements_at_once_gives_each_placements_schedule() {
             let together = compile_placements(program.clone(), &relower, source, options, &limits, &Threads);
             let in_turn = compile_placements(program.clone(), &relower, source, options, &limits, &InTurn);
             for (i, (together, in_turn)) in together.into_iter().zip(in_turn).enumerate() {
-                let together = together.map(|v| v.into_schedule());
-                let in_turn = in_turn.map(|v| v.into_schedule());
-                let same = |r: &Result<Schedule, Errors>| match (r, &alone[i]) {
-                    (Ok(a), Ok(b)) => a == b,
-                    (Err(a), Err(b)) => a.0.iter().map(|e| e.code).eq(b.0.iter().map(|e| e.code)),
-                    _ => false,
-                };
-                assert!(same(&together) && same(&in_turn), "{name} p={p} {}", options[i].placement);
+                let same = |r: Result<VerifiedSchedule, Errors>| same_outcome(&r.map(|v| v.into_schedule()), &alone[i]);
+                assert!(same(together) && same(in_turn), "{name} p={p} {}", options[i].placement);
             }
         }
     }
@@ -298,12 +301,12 @@ fn compiling_both_placements_lowers_again_only_for_the_unfused_fallback() {
             let Ok(program) = lower(&file, &bindings, &limits) else { continue };
             let options = Placement::BOTH.map(Options::placed);
             let alone = options.map(|o| compile_program(&program, source, o, &limits).map(|v| v.into_schedule()));
+            // The two placements share their pipelining.
+            let sliced = pipelined(&program, options[0], &limits).expect("pipelines");
             let fused_fails = options.map(|o| {
-                let sliced = pipelined(&program, o, &limits).expect("pipelines");
                 let fused = collc_compiler::sched::schedule_with(&sliced, o.placement, optimise::fuse_new_rank);
                 verify(fused, source, &limits).is_err()
             });
-            let sliced = pipelined(&program, options[0], &limits).expect("pipelines");
             let cut_pass = options.map(|o| collc_compiler::sched::Layout::needs_cut_pass(&sliced, o.placement));
             drop(sliced);
             let lowered = std::sync::atomic::AtomicUsize::new(0);
@@ -314,12 +317,7 @@ fn compiling_both_placements_lowers_again_only_for_the_unfused_fallback() {
             let together = compile_placements(program, &relower, source, options, &limits, &InTurn);
             for (i, together) in together.into_iter().enumerate() {
                 let together = together.map(|v| v.into_schedule());
-                let same = match (&together, &alone[i]) {
-                    (Ok(a), Ok(b)) => a == b,
-                    (Err(a), Err(b)) => a.0.iter().map(|e| e.code).eq(b.0.iter().map(|e| e.code)),
-                    _ => false,
-                };
-                assert!(same, "{name} p={p} {}", options[i].placement);
+                assert!(same_outcome(&together, &alone[i]), "{name} p={p} {}", options[i].placement);
             }
             // A program whose layout needs the pass that finds cuts is compiled per placement and kept.
             let kept = cut_pass.iter().any(|&c| c);

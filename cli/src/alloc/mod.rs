@@ -158,24 +158,19 @@ unsafe impl GlobalAlloc for MappedBlocks {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        if is_mid(layout.size(), layout.align()) {
-            let (ptr, fresh) = mid_alloc(layout.size());
-            if !ptr.is_null() && !fresh {
-                // SAFETY: the block holds at least `layout.size()` bytes and is the caller's now.
-                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
-            }
-            ptr
+        let (ptr, fresh) = if is_mid(layout.size(), layout.align()) {
+            mid_alloc(layout.size())
         } else if is_big(layout.size(), layout.align()) {
-            let (ptr, fresh) = big_alloc(layout.size());
-            if !ptr.is_null() && !fresh {
-                // SAFETY: the block holds at least `layout.size()` bytes and is the caller's now.
-                unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
-            }
-            ptr
+            big_alloc(layout.size())
         } else {
             // SAFETY: forwarded with the caller's guarantees.
-            unsafe { System.alloc_zeroed(layout) }
+            return unsafe { System.alloc_zeroed(layout) };
+        };
+        if !ptr.is_null() && !fresh {
+            // SAFETY: the block holds at least `layout.size()` bytes and is the caller's now.
+            unsafe { std::ptr::write_bytes(ptr, 0, layout.size()) };
         }
+        ptr
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {

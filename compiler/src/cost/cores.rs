@@ -363,7 +363,7 @@ pub(super) fn latency(sched: &Schedule, topo: &Topology, slots: u32) -> f64 {
     // A pass costs the calibrated send-to-receive time on one core less one link alpha. Measured, not derived: at
     // 4 ranks on 2 cores and 8 B (where only latency counts), the play-out with the full time put 7 of the 8
     // allreduce algorithms further from their measured times (errors summing to 14.1 us against 8.7 us, run AC in
-    // bench/README.md), and the selection matched less often on nine kept runs (190 against 195 of 216 sizes).
+    // bench/README.md), and the selection matched less often over eleven runs (232 against 238 of 264 sizes).
     let one_core = topo.shared_core_alpha_us.unwrap_or(0.0) * 1e-6;
     let handover = (one_core - topo.link(LinkClass::Intra).alpha()).max(0.0);
     let in_step = play(&graph, sched.n_ranks, topo, slots, handover, 0.0);

@@ -31,8 +31,7 @@ pub struct Profile {
     steps: Vec<StepLoad>,
     /// The size S of nccl-tests' `size` column is this many chunks.
     whole_chunks: u32,
-    alpha: [f64; 2],
-    /// The link classes, for their measured curves (`Link::message_seconds`).
+    /// The link classes: their alphas, and their measured curves (`Link::message_seconds`).
     links: [Link; 2],
     /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
     cached_bytes: f64,
@@ -148,7 +147,6 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
     Profile {
         steps,
         whole_chunks: in_chunks.max(out_chunks),
-        alpha: [links[0].alpha(), links[1].alpha()],
         links,
         cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
         regimes,
@@ -213,7 +211,7 @@ impl Profile {
                             match link.message_seconds(bytes) {
                                 Some(seconds) if alphas => seconds,
                                 Some(seconds) => seconds - link.message_seconds(0.0).unwrap_or(0.0),
-                                None if alphas => self.alpha[c] + bytes * regime.rates.beta[c],
+                                None if alphas => link.alpha() + bytes * regime.rates.beta[c],
                                 None => bytes * regime.rates.beta[c],
                             }
                         })

@@ -54,6 +54,8 @@ const NONE: u32 = u32::MAX;
 /// instruction what playing it out needs.
 struct Graph {
     conns: Connections,
+    /// Per instruction: the connections it sends and receives on, `NONE` when it has none.
+    of_instr: Vec<(u32, u32)>,
     /// Per connection: its link's alpha.
     alpha: Vec<f64>,
     rank_of: Vec<u32>,
@@ -69,7 +71,12 @@ struct Graph {
 
 fn build(sched: &Schedule, topo: &Topology) -> Graph {
     let conns = Connections::build(sched);
-    let total = conns.of_instr.len();
+    let total = conns.n_instrs();
+    let of_instr: Vec<(u32, u32)> = (0u32..)
+        .zip(&sched.ranks)
+        .flat_map(|(rank, program)| program.instrs.iter().map(move |instr| (rank, instr)))
+        .map(|(rank, instr)| conns.rank(rank).of(instr))
+        .collect();
     let alpha = conns.list.iter().map(|c| topo.link(topo.class(c.from, c.to)).alpha()).collect();
     let mut positions = vec![(NONE, NONE); total];
     for c in &conns.list {
@@ -100,7 +107,7 @@ fn build(sched: &Schedule, topo: &Topology) -> Graph {
         roots.push(rank_roots);
     }
     dependents_start.push(dependents.len() as u32);
-    Graph { conns, alpha, rank_of, positions, deps, dependents_start, dependents, roots }
+    Graph { conns, of_instr, alpha, rank_of, positions, deps, dependents_start, dependents, roots }
 }
 
 /// How many calls are played back to back: the latency is the time between the ends of the last two.
@@ -113,7 +120,7 @@ fn conditions(graph: &Graph, calls: u32, slots: u32) -> Vec<u32> {
     let mut unmet = Vec::with_capacity(graph.deps.len() * calls as usize);
     for call in 0..calls {
         for (b, &deps) in graph.deps.iter().enumerate() {
-            let (send, recv) = graph.conns.of_instr[b];
+            let (send, recv) = graph.of_instr[b];
             let (send_at, recv_at) = graph.positions[b];
             let mut n = deps + u32::from(call > 0 && deps == 0);
             if send != NONE {
@@ -257,7 +264,7 @@ impl Run<'_> {
         let (call, b) = self.split(g);
         let b = b as usize;
         let graph = self.graph;
-        let (send, recv) = graph.conns.of_instr[b];
+        let (send, recv) = graph.of_instr[b];
         let (send_at, recv_at) = graph.positions[b];
         // (instruction, when) pairs this one meets a condition of, besides its dependents: the receive its message
         // reaches, the send its receive makes room for, and the next send and receive of the same connections.

@@ -8,7 +8,7 @@
 //! recv k -> recv k+1, send k -> recv k (the message) and recv k -> send k+slots (the room it frees). Races are
 //! ruled out before this runs, so any order the sort picks computes the same values.
 
-use super::matching::{Connections, ConnectionsBuilder};
+use super::matching::{Connections, ConnectionsBuilder, RankConnections};
 use super::postcondition::initial_values;
 use super::value::Value;
 use super::Context;
@@ -81,7 +81,7 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: Graph
         graph.unmet[g as usize] = FIRED;
         completed += 1;
         let instr = &sched.ranks[rank as usize].instrs[i as usize];
-        let (send, recv) = conns.of_instr[g as usize];
+        let (send, recv) = conns.rank(rank).of(instr);
         let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
         let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
         let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank, op) as u32);
@@ -224,11 +224,13 @@ impl GraphBuilder {
         }
     }
 
-    /// Counts the conditions of each instruction of the next rank, whose first global index is `first` and whose
-    /// connections are `of_instr` (its rows of `Connections::of_instr`), and turns its dependencies around.
-    pub fn add_rank(&mut self, program: &RankProgram, first: u32, of_instr: &[(u32, u32)]) {
+    /// Counts the conditions of each instruction of the next rank, whose connections are `conns`, and turns its
+    /// dependencies around.
+    pub fn add_rank(&mut self, program: &RankProgram, conns: RankConnections) {
         program.dependents_into(&mut self.rank_dependents);
-        for (i, (instr, &(send, recv))) in program.instrs.iter().zip(of_instr).enumerate() {
+        let first = self.unmet.len() as u32;
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let (send, recv) = conns.of(instr);
             let mut conditions = program.deps_of(i).len() as u32;
             if send != NONE {
                 self.track(send);
@@ -277,8 +279,7 @@ pub(crate) fn tables(sched: &Schedule, slots: u32) -> (Connections, GraphBuilder
     let mut connections = ConnectionsBuilder::new(sched);
     let mut graph = GraphBuilder::new(sched.n_instrs(), slots);
     for (rank, program) in sched.ranks.iter().enumerate() {
-        let first = connections.add_rank(rank as u32, program);
-        graph.add_rank(program, first, connections.rows(first));
+        graph.add_rank(program, connections.add_rank(rank as u32, program));
     }
     (connections.finish(), graph)
 }
@@ -319,7 +320,7 @@ impl<'a> Stuck<'a> {
         if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.is_done(rank, d)) {
             return ((rank, d), "depends on");
         }
-        let (send, recv) = self.conns.of(rank, i);
+        let (send, recv) = self.conns.rank(rank).of(&program.instrs[i as usize]);
         if recv != NONE {
             let c = &self.conns.list[recv as usize];
             let got = self.received[recv as usize];

@@ -5,7 +5,7 @@
 use super::Context;
 use crate::diag::Error;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::{RankProgram, Schedule, NO_RANK};
+use crate::sched::{Instr, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
 /// A directed connection and the instructions that use it, in program order.
@@ -20,21 +20,97 @@ pub(crate) struct Connection {
     pub recvs: Vec<u32>,
 }
 
-/// Every connection of a schedule, and for each instruction the connections it sends and receives on.
+/// Every connection of a schedule, and for each rank the connections it sends and receives on.
 pub(crate) struct Connections {
     pub list: Vec<Connection>,
-    /// Per instruction (global index, see `rank_start`): (send connection, receive connection), `u32::MAX` when
-    /// none. One list, not one per rank: the deadlock simulation visits the ranks in turn, and a per-rank list
-    /// costs a second cache miss per instruction.
-    pub of_instr: Vec<(u32, u32)>,
     /// Where each rank's instructions start in the global numbering; the last entry is the total.
     pub rank_start: Vec<u32>,
+    /// Per rank, the connections it sends on (keyed by receiver) and those it receives on (keyed by sender). An
+    /// instruction finds its connections here by its peers and channel: a table per rank, not a pair of connection
+    /// numbers per instruction, which at p = 4096 took 268 MB per schedule.
+    sending: PeerIndex,
+    receiving: PeerIndex,
+}
+
+/// Per rank, its connections sorted by (peer, channel): `entries[start[rank]..start[rank + 1]]`.
+struct PeerIndex {
+    start: Vec<u32>,
+    entries: Vec<PeerConnection>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct PeerConnection {
+    peer: u32,
+    channel: u8,
+    conn: u32,
+}
+
+impl PeerIndex {
+    fn new(n_ranks: usize) -> Self {
+        let mut start = Vec::with_capacity(n_ranks + 1);
+        start.push(0);
+        PeerIndex { start, entries: Vec::new() }
+    }
+
+    /// Sorts the entries pushed since the last rank was closed, drops repeats, and closes the next rank.
+    fn close_rank(&mut self) {
+        let from = self.start[self.start.len() - 1] as usize;
+        self.entries[from..].sort_unstable();
+        let mut kept = from;
+        for i in from..self.entries.len() {
+            if kept == from || self.entries[kept - 1] != self.entries[i] {
+                self.entries[kept] = self.entries[i];
+                kept += 1;
+            }
+        }
+        self.entries.truncate(kept);
+        self.start.push(kept as u32);
+    }
+
+    fn of_rank(&self, rank: u32) -> &[PeerConnection] {
+        &self.entries[self.start[rank as usize] as usize..self.start[rank as usize + 1] as usize]
+    }
+}
+
+/// One rank's connections: where its instructions send and receive.
+#[derive(Clone, Copy)]
+pub(crate) struct RankConnections<'a> {
+    sending: &'a [PeerConnection],
+    receiving: &'a [PeerConnection],
+}
+
+impl RankConnections<'_> {
+    /// The connections `instr` (of this rank) sends and receives on, `u32::MAX` for none.
+    pub fn of(&self, instr: &Instr) -> (u32, u32) {
+        (find(self.sending, instr.send_peer, instr.channel), find(self.receiving, instr.recv_peer, instr.channel))
+    }
+}
+
+/// The connection to or from `peer` on `channel` (`u32::MAX` for `NO_RANK`). Most ranks have one connection each
+/// way, which needs no search.
+fn find(entries: &[PeerConnection], peer: u32, channel: u8) -> u32 {
+    if peer == NO_RANK {
+        return u32::MAX;
+    }
+    let at = match entries {
+        [only] => only,
+        _ => {
+            let at = entries.partition_point(|e| (e.peer, e.channel) < (peer, channel));
+            &entries[at]
+        }
+    };
+    debug_assert!((at.peer, at.channel) == (peer, channel), "every peer of a rank's instructions is indexed");
+    at.conn
 }
 
 impl Connections {
-    /// The connections instruction `i` of `rank` sends and receives on.
-    pub fn of(&self, rank: u32, i: u32) -> (u32, u32) {
-        self.of_instr[(self.rank_start[rank as usize] + i) as usize]
+    pub fn rank(&self, rank: u32) -> RankConnections<'_> {
+        RankConnections { sending: self.sending.of_rank(rank), receiving: self.receiving.of_rank(rank) }
+    }
+
+    /// The number of instructions.
+    pub fn n_instrs(&self) -> usize {
+        *self.rank_start.last().unwrap_or(&0) as usize
     }
 
     pub fn build(sched: &Schedule) -> Self {
@@ -60,17 +136,20 @@ impl ConnectionsBuilder {
         for program in &sched.ranks {
             rank_start.push(rank_start[rank_start.len() - 1] + program.len() as u32);
         }
-        let of_instr = Vec::with_capacity(sched.n_instrs());
         ConnectionsBuilder {
             index: HashMap::default(),
-            connections: Connections { list: Vec::new(), of_instr, rank_start },
+            connections: Connections {
+                list: Vec::new(),
+                rank_start,
+                sending: PeerIndex::new(sched.ranks.len()),
+                receiving: PeerIndex::new(sched.ranks.len()),
+            },
         }
     }
 
-    /// Adds the instructions of `rank`, the rank after the last one added; returns the global index of its first.
-    pub fn add_rank(&mut self, rank: u32, program: &RankProgram) -> u32 {
-        let Connections { list, of_instr, .. } = &mut self.connections;
-        let first = of_instr.len() as u32;
+    /// Adds the instructions of `rank`, the rank after the last one added; returns its connections.
+    pub fn add_rank(&mut self, rank: u32, program: &RankProgram) -> RankConnections<'_> {
+        let Connections { list, sending, receiving, .. } = &mut self.connections;
         let index = &mut self.index;
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
@@ -81,29 +160,24 @@ impl ConnectionsBuilder {
         // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
         let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
         for (i, instr) in program.instrs.iter().enumerate() {
-            let mut pair = (u32::MAX, u32::MAX);
             if let Some(peer) = instr.send_peer() {
                 if (last_send.0, last_send.1) != (peer, instr.channel) {
                     last_send = (peer, instr.channel, conn(rank, peer, instr.channel, list));
+                    sending.entries.push(PeerConnection { peer, channel: instr.channel, conn: last_send.2 });
                 }
-                pair.0 = last_send.2;
-                list[pair.0 as usize].sends.push(i as u32);
+                list[last_send.2 as usize].sends.push(i as u32);
             }
             if let Some(peer) = instr.recv_peer() {
                 if (last_recv.0, last_recv.1) != (peer, instr.channel) {
                     last_recv = (peer, instr.channel, conn(peer, rank, instr.channel, list));
+                    receiving.entries.push(PeerConnection { peer, channel: instr.channel, conn: last_recv.2 });
                 }
-                pair.1 = last_recv.2;
-                list[pair.1 as usize].recvs.push(i as u32);
+                list[last_recv.2 as usize].recvs.push(i as u32);
             }
-            of_instr.push(pair);
         }
-        first
-    }
-
-    /// The rows of `Connections::of_instr` from global index `first` on (the last rank added, from `add_rank`).
-    pub fn rows(&self, first: u32) -> &[(u32, u32)] {
-        &self.connections.of_instr[first as usize..]
+        sending.close_rank();
+        receiving.close_rank();
+        self.connections.rank(rank)
     }
 
     pub fn finish(self) -> Connections {

@@ -84,8 +84,7 @@ fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<(Connection
             return None;
         }
         if errors.is_empty() {
-            let first = connections.add_rank(rank, program);
-            graph.add_rank(program, first, connections.rows(first));
+            graph.add_rank(program, connections.add_rank(rank, program));
             if race_errors.len() < ctx.limits.max_errors {
                 races.check_rank(ctx, rank, program, &mut race_errors);
             }

@@ -103,6 +103,7 @@ fn rebuild(rank: &mut RankProgram, scratch: &mut Scratch) {
     if reduce_forwards {
         rank.dependents_into(dependents);
     }
+    rank.expand_deps();
     let mut deps_len = 0usize;
     // Where instruction i's dependencies started before the rewrite (`dep_ends[i - 1]` may be rewritten already).
     let mut old_start = 0usize;

@@ -122,7 +122,7 @@ pub fn schedule_ranks(
             }
             mapper.final_copies(rank, &mut work.instrs);
             pass(&mut work, &layout.buffers);
-            out.push(work.clone());
+            out.push(work.compacted());
         }
     }
     built

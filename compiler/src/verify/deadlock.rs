@@ -38,8 +38,12 @@ struct Graph {
     /// Conditions not yet met per instruction (global index, see `Connections::rank_start`); `FIRED` once it has
     /// run.
     unmet: Vec<u32>,
-    /// The instructions (global indices) that depend on each instruction: `dependents[dependents_start[g]..][..]`,
-    /// one list for all ranks (per-rank lists cost a second cache miss as the simulation visits the ranks in turn).
+    /// The instructions (global indices) that depend on each instruction: for instruction i of a rank whose rows
+    /// start at `rows = rank_rows[rank]`, `dependents[dependents_start[rows + i]..dependents_start[rows + i + 1]]`.
+    /// A rank without dependencies has no rows (`NONE`): a fused ring has none, and rows for every instruction
+    /// took 268 MB at p = 4096. One list for all ranks: per-rank lists cost a second cache miss as the simulation
+    /// visits the ranks in turn.
+    rank_rows: Vec<u32>,
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
     /// Per connection: where its ring of message places starts, how many places it has and how wide each is. A
@@ -135,7 +139,11 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: Graph
                 meet(rank, r);
             }
         }
-        let (from, to) = (graph.dependents_start[g as usize], graph.dependents_start[g as usize + 1]);
+        let rows = graph.rank_rows[rank as usize];
+        let (from, to) = match rows {
+            NONE => (0, 0),
+            rows => (graph.dependents_start[(rows + i) as usize], graph.dependents_start[(rows + i) as usize + 1]),
+        };
         for &dependent in &graph.dependents[from as usize..to as usize] {
             let unmet = &mut graph.unmet[dependent as usize];
             *unmet -= 1;
@@ -206,6 +214,7 @@ pub(crate) struct GraphBuilder {
     /// Per connection: the widest message received on it.
     widest: Vec<u32>,
     unmet: Vec<u32>,
+    rank_rows: Vec<u32>,
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
     rank_dependents: Dependents,
@@ -218,7 +227,8 @@ impl GraphBuilder {
             seen: Vec::new(),
             widest: Vec::new(),
             unmet: Vec::with_capacity(n_instrs),
-            dependents_start: Vec::with_capacity(n_instrs + 1),
+            rank_rows: Vec::new(),
+            dependents_start: Vec::new(),
             dependents: Vec::new(),
             rank_dependents: Dependents::default(),
         }
@@ -227,7 +237,13 @@ impl GraphBuilder {
     /// Counts the conditions of each instruction of the next rank, whose connections are `conns`, and turns its
     /// dependencies around.
     pub fn add_rank(&mut self, program: &RankProgram, conns: RankConnections) {
-        program.dependents_into(&mut self.rank_dependents);
+        let has_dependents = !program.deps.is_empty();
+        if has_dependents {
+            program.dependents_into(&mut self.rank_dependents);
+            self.rank_rows.push(self.dependents_start.len() as u32);
+        } else {
+            self.rank_rows.push(NONE);
+        }
         let first = self.unmet.len() as u32;
         for (i, instr) in program.instrs.iter().enumerate() {
             let (send, recv) = conns.of(instr);
@@ -244,8 +260,13 @@ impl GraphBuilder {
                 self.widest[recv as usize] = self.widest[recv as usize].max(instr.count);
             }
             self.unmet.push(conditions);
+            if has_dependents {
+                self.dependents_start.push(self.dependents.len() as u32);
+                self.dependents.extend(self.rank_dependents.of(i).iter().map(|&d| first + d));
+            }
+        }
+        if has_dependents {
             self.dependents_start.push(self.dependents.len() as u32);
-            self.dependents.extend(self.rank_dependents.of(i).iter().map(|&d| first + d));
         }
     }
 
@@ -259,8 +280,7 @@ impl GraphBuilder {
 
     /// Sizes each connection's message ring.
     fn finish(self, conns: &Connections) -> Graph {
-        let GraphBuilder { slots, mut widest, unmet, mut dependents_start, dependents, .. } = self;
-        dependents_start.push(dependents.len() as u32);
+        let GraphBuilder { slots, mut widest, unmet, rank_rows, dependents_start, dependents, .. } = self;
         widest.resize(conns.list.len(), 0);
         let mut rings = Vec::with_capacity(conns.list.len());
         let mut n_messages = 0u32;
@@ -270,7 +290,7 @@ impl GraphBuilder {
             rings.push((n_messages, places, width));
             n_messages += places * width;
         }
-        Graph { unmet, dependents_start, dependents, rings, n_messages }
+        Graph { unmet, rank_rows, dependents_start, dependents, rings, n_messages }
     }
 }
 

@@ -81,6 +81,7 @@ pub(crate) struct RankConnections<'a> {
 
 impl RankConnections<'_> {
     /// The connections `instr` (of this rank) sends and receives on, `u32::MAX` for none.
+    #[inline]
     pub fn of(&self, instr: &Instr) -> (u32, u32) {
         (find(self.sending, instr.send_peer, instr.channel), find(self.receiving, instr.recv_peer, instr.channel))
     }
@@ -88,6 +89,7 @@ impl RankConnections<'_> {
 
 /// The connection to or from `peer` on `channel` (`u32::MAX` for `NO_RANK`). Most ranks have one connection each
 /// way, which needs no search.
+#[inline]
 fn find(entries: &[PeerConnection], peer: u32, channel: u8) -> u32 {
     if peer == NO_RANK {
         return u32::MAX;

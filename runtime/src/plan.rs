@@ -146,9 +146,9 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         let j = operand.index + k;
         if operand.buf.0 < 2 {
             let elements = layout.elements(j, 1);
-            Place { buf: operand.buf.0 as u8, offset: elements.start, valid: elements.len() }
+            Place { buf: operand.buf.0, offset: elements.start, valid: elements.len() }
         } else {
-            Place { buf: operand.buf.0 as u8, offset: j as usize * capacity, valid: capacity }
+            Place { buf: operand.buf.0, offset: j as usize * capacity, valid: capacity }
         }
     };
     let mut fifos: Vec<Fifo> = Vec::new();
@@ -188,7 +188,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
             pieces.push(piece);
         }
         steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
-        labels.push(StepLabel { index, op: instr.op, line: sched.line_of(source, instr.span) });
+        labels.push(StepLabel { index, op: instr.op, line: sched.line_of(source, instr.span.into()) });
     }
     let (dependents_start, dependents, unmet_at_start) = dependents_of(program);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
@@ -215,7 +215,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         }
     };
     let (out_buf, out_offset) = sched.output_window(rank);
-    let output = (out_buf.0 as u8, layout.elements(out_offset, out_chunks));
+    let output = (out_buf.0, layout.elements(out_offset, out_chunks));
     let mut peers: Vec<u32> = fifos.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
     peers.sort_unstable();
     peers.dedup();

@@ -3,7 +3,7 @@
 
 use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
-use collc_compiler::sched::{BufId, Instr, Op, Operand};
+use collc_compiler::sched::{Instr, Op, Operand};
 use collc_compiler::VerifiedSchedule;
 use collc_kernels::{reference, DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
@@ -32,7 +32,7 @@ pub fn run(
             if b >= 2 && bufs[b].len() < needed {
                 bufs[b].resize(needed, 0);
             }
-            if bufs[b].len() < needed && is_used(sched, b as u16) {
+            if bufs[b].len() < needed && is_used(sched, b) {
                 return Err(RuntimeError::BufferSize {
                     rank: rank as u32,
                     buffer: decl.name.clone(),
@@ -55,12 +55,12 @@ pub fn run(
     Ok(())
 }
 
-fn is_used(sched: &VerifiedSchedule, buf: u16) -> bool {
+fn is_used(sched: &VerifiedSchedule, buf: usize) -> bool {
     sched
         .ranks
         .iter()
         .flat_map(|r| &r.instrs)
-        .any(|i| [i.src, i.acc, i.dst].iter().any(|o| o.get().is_some_and(|o| o.buf == BufId(buf))))
+        .any(|i| [i.src, i.acc, i.dst].iter().any(|o| o.get().is_some_and(|o| o.buf.0 as usize == buf)))
 }
 
 fn byte_range(layout: &ChunkLayout, elem: usize, op: Operand, n: u32) -> std::ops::Range<usize> {

@@ -12,7 +12,8 @@
 
 use crate::corpus::{self, render_all};
 use crate::oracle;
-use collc_compiler::{compile, Bindings, Limits, Options, Placement};
+use collc_compiler::sched::{BufId, MAX_SPANS};
+use collc_compiler::{compile, lower, Bindings, Limits, Options, Placement};
 use std::path::Path;
 
 /// What a fixture's `# test:` line asks for.
@@ -205,4 +206,34 @@ fn oracle_agrees_with_fixtures() {
         }
     }
     assert!(judged >= 20, "only {judged} fixture schedules judged");
+}
+
+/// A schedule names a buffer with one byte and a source span with two: a scratch buffer or a transfer statement
+/// past those limits is a lowering error at its declaration, never an id that wraps around.
+#[test]
+fn buffer_and_statement_limits_are_lowering_errors() {
+    let lowering_error = |source: &str, limits: &Limits| -> collc_compiler::Error {
+        let file = collc_grammar::parse(source, &limits.syntax).expect("parses");
+        let errors = lower(&file, &Bindings::ranks(2), limits).expect_err("past the limit");
+        errors.0.into_iter().next().expect("one error")
+    };
+    let frame = |body: &str| format!("algorithm many for allgather {{\n    ranks p where p == 2\n{body}}}\n");
+    let scratch: String = (0..=BufId::MAX_SCRATCH).map(|i| format!("    scratch s{i}[1]\n")).collect();
+    let source = frame(&scratch);
+    let error = lowering_error(&source, &Limits::default());
+    assert_eq!(error.code, "collc::lower::scratch", "{}", error.message);
+    let last = source.find(&format!("scratch s{}[", BufId::MAX_SCRATCH)).expect("declared");
+    assert_eq!(error.labels[0].0.start as usize, last, "the error points at the first declaration past the limit");
+    // Fits once one declaration fewer.
+    let fewer: String = (0..BufId::MAX_SCRATCH).map(|i| format!("    scratch s{i}[1]\n")).collect();
+    let file = collc_grammar::parse(&frame(&fewer), &Limits::default().syntax).expect("parses");
+    assert!(lower(&file, &Bindings::ranks(2), &Limits::default()).is_ok());
+
+    let statements: String = (0..MAX_SPANS).map(|_| "    send in[0] from 0 to 1 as out[0]\n").collect();
+    let mut limits = Limits::default();
+    limits.syntax.max_source_bytes = 64 << 20;
+    let source = frame(&statements);
+    let error = lowering_error(&source, &limits);
+    assert_eq!(error.code, "collc::lower::limit", "{}", error.message);
+    assert!(error.message.contains(&format!("more than {} transfer statements", MAX_SPANS - 1)), "{}", error.message);
 }

@@ -4,6 +4,7 @@
 
 use crate::corpus::{self, render_all};
 use collc_compiler::emit::{parse_sched, write_sched};
+use collc_compiler::sched::BufId;
 use collc_compiler::{compile, diag, verify, Limits, Options, Placement};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -55,6 +56,7 @@ fn malformed_texts() -> Vec<(&'static str, String)> {
         let lines: Vec<&str> = base.lines().filter(|l| !l.starts_with(prefix)).collect();
         lines.join("\n") + "\n"
     };
+    let many_buffers: String = (0..BufId::MAX_BUFFERS).map(|i| format!("buffer s{i} 1\n")).collect();
     vec![
         ("empty text", String::new()),
         ("wrong magic", replace_once("collc-schedule 1", "collc-schedule 2")),
@@ -88,6 +90,11 @@ fn malformed_texts() -> Vec<(&'static str, String)> {
         ("no ranks and no rank blocks", tiny_sched(0, &[])),
         ("a rank block beyond the ranks", tiny_sched(1, &["  #0 Copy src=in[0] dst=out[0] @0"; 2])),
         ("output buffer smaller than the contract", allgather.replacen("ranks 3 chunks", "ranks 4 chunks", 1)),
+        (
+            "more buffers than a one-byte id names",
+            replace_once("buffer out 3\n", &format!("buffer out 3\n{many_buffers}")),
+        ),
+        ("span number past two bytes", replace_once("send=1 @1", "send=1 @65536")),
     ]
 }
 

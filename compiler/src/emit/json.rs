@@ -36,7 +36,7 @@ pub fn to_json(verified: &VerifiedSchedule, source: &str) -> Value {
                         "channel": instr.channel,
                         "deps": program.deps_of(i),
                         "span": [span.start, span.end],
-                        "line": (!source.is_empty()).then(|| sched.line_of(source, instr.span)),
+                        "line": (!source.is_empty()).then(|| sched.line_of(source, instr.span.into())),
                     })
                 })
                 .collect();

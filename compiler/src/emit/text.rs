@@ -3,7 +3,7 @@
 
 use crate::collective::Collective;
 use crate::diag::Error;
-use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, Placement, RankProgram, Schedule, NO_RANK};
+use crate::sched::{BufId, BufferDecl, Instr, Op, Operand, Placement, RankProgram, Schedule, MAX_SPANS, NO_RANK};
 use collc_grammar::ast::Span;
 use std::fmt::Write;
 
@@ -26,7 +26,7 @@ pub fn write_sched(sched: &Schedule, source: &str) -> String {
     for (i, span) in sched.spans.iter().enumerate() {
         let _ = write!(w, "span {i} {}..{}", span.start, span.end);
         if !source.is_empty() {
-            let _ = write!(w, " # line {}", sched.line_of(source, i as u32));
+            let _ = write!(w, " # line {}", sched.line_of(source, i));
         }
         let _ = writeln!(w);
     }
@@ -135,11 +135,17 @@ fn parse_header(line_no: usize, words: &[&str], sched: &mut Schedule) -> Result<
         }
         ["param", name, value] => sched.params.push((name.to_string(), num(line_no, value, "an integer")?)),
         ["buffer", name, chunks] => {
+            if sched.buffers.len() >= BufId::MAX_BUFFERS {
+                return Err(parse_error(line_no, format!("more than {} buffers", BufId::MAX_BUFFERS)));
+            }
             sched.buffers.push(BufferDecl { name: name.to_string(), chunks: num(line_no, chunks, "a chunk count")? })
         }
         ["span", id, range] => {
             if num::<usize>(line_no, id, "a span number")? != sched.spans.len() {
                 return Err(parse_error(line_no, "spans must be numbered 0, 1, 2, ... in order"));
+            }
+            if sched.spans.len() >= MAX_SPANS {
+                return Err(parse_error(line_no, format!("more than {MAX_SPANS} spans")));
             }
             let (start, end) = range.split_once("..").ok_or_else(|| parse_error(line_no, "expected START..END"))?;
             sched
@@ -165,7 +171,8 @@ fn parse_operand(line_no: usize, text: &str, buffers: &[BufferDecl]) -> Result<O
         .iter()
         .position(|b| b.name == name)
         .ok_or_else(|| parse_error(line_no, format!("unknown buffer `{name}`")))?;
-    Ok(Operand::new(BufId(buf as u16), num(line_no, index, "a chunk index")?))
+    // The header admits at most `BufId::MAX_BUFFERS` buffers.
+    Ok(Operand::new(BufId(buf as u8), num(line_no, index, "a chunk index")?))
 }
 
 fn parse_instr(

@@ -4,6 +4,7 @@ use super::eval::Machine;
 use super::resolve::{RFn, Resolver};
 use crate::collective::Collective;
 use crate::diag::{Error, Errors};
+use crate::sched::BufId;
 use crate::Limits;
 use collc_grammar::ast::{Algorithm, Expr, Item, Span};
 
@@ -386,6 +387,15 @@ fn eval_size(algo: &Algorithm, resolver: &Resolver, machine: &mut Machine, limit
                 }
             }
             Item::Scratch { name, size, span } => {
+                if scratch.len() == BufId::MAX_SCRATCH {
+                    let what = format!(
+                        "scratch `{}` is one more than the {} scratch buffers allowed",
+                        name.name,
+                        BufId::MAX_SCRATCH
+                    );
+                    let help = "use fewer, larger scratch buffers and index into them";
+                    return Err(declaration_error("collc::lower::scratch", what, help, *span));
+                }
                 let n = eval_global(resolver, machine, size)?;
                 if n < 0 || n > u32::MAX as i64 {
                     let what = format!("scratch `{}` has size {n}", name.name);

@@ -7,6 +7,7 @@ use crate::collective::Collective;
 use crate::diag::{Error, Errors};
 use crate::fxhash::FxBuildHasher;
 use crate::ir::{Buf, Loc, Program, ScratchBuf, Transfer, TransferKind};
+use crate::sched::MAX_SPANS;
 use crate::Limits;
 use collc_grammar::ast::{Algorithm, Item, Span};
 use std::collections::{HashMap, HashSet};
@@ -56,6 +57,15 @@ pub(crate) fn run(
     let stmts: Vec<&collc_grammar::ast::Stmt> =
         algo.items.iter().filter_map(|i| if let Item::Stmt(s) = i { Some(s) } else { None }).collect();
     let body = resolver.block(&stmts.into_iter().cloned().collect::<Vec<_>>())?;
+    if let Some(&span) = resolver.spans.get(MAX_SPANS) {
+        return Err(Error::new(
+            "collc::lower::limit",
+            format!("the algorithm has more than {} transfer statements", MAX_SPANS - 1),
+            "write repeated transfers as a loop",
+        )
+        .at(span, "one too many")
+        .into());
+    }
     let n_ranks = bound.n_ranks;
     let (in_chunks, out_chunks) = collective.buffer_chunks(n_ranks, bound.chunks);
     let mut buffer_sizes = vec![in_chunks, out_chunks];

@@ -153,7 +153,7 @@ struct Mapper {
     /// Size of the shared (in-place) view of `in` and `out`.
     view_chunks: u32,
     shared: BufId,
-    n_scratch: u16,
+    n_scratch: u8,
     written: Vec<bool>,
     work_used: bool,
     collective: crate::Collective,
@@ -177,7 +177,8 @@ impl Mapper {
             out_chunks,
             view_chunks,
             shared,
-            n_scratch: program.scratch.len() as u16,
+            // At most `BufId::MAX_SCRATCH`, which lowering enforces.
+            n_scratch: program.scratch.len() as u8,
             written,
             work_used: false,
             collective: program.collective,
@@ -232,7 +233,7 @@ impl Mapper {
             }
             return self.home(rank, view);
         };
-        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s as u8), loc.index + k)
     }
 
     fn write(&mut self, rank: u32, loc: Loc, k: u32) -> Operand {
@@ -244,7 +245,7 @@ impl Mapper {
             self.written[(rank * self.view_chunks + view) as usize] = true;
             return self.home(rank, view);
         };
-        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s as u8), loc.index + k)
     }
 
     /// The first pass, out of place only (in place, every chunk run maps to one contiguous run): maps every
@@ -416,7 +417,8 @@ fn base_instr(t: &Transfer, count: u32) -> Instr {
         dst: Operand::NONE,
         send_peer: NO_RANK,
         recv_peer: NO_RANK,
-        span: t.span,
+        // Lowering keeps to `MAX_SPANS` spans.
+        span: t.span as u16,
     }
 }
 

@@ -40,14 +40,18 @@ impl fmt::Display for Placement {
 
 /// A physical buffer of every rank: 0 is `in`, 1 is `out`, the rest are scratch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
-pub struct BufId(pub u16);
+pub struct BufId(pub u8);
 
 impl BufId {
     pub const IN: BufId = BufId(0);
     pub const OUT: BufId = BufId(1);
     /// The first scratch buffer; scratch buffers, then the out-of-place `_work` buffer, follow.
     pub const FIRST_SCRATCH: BufId = BufId(2);
-    const NONE: BufId = BufId(u16::MAX);
+    const NONE: BufId = BufId(u8::MAX);
+    /// The most buffers a schedule can have: `in`, `out`, scratch and `_work`, each with an id below `NONE`.
+    pub const MAX_BUFFERS: usize = u8::MAX as usize;
+    /// The most scratch buffers an algorithm can declare (the rest of `MAX_BUFFERS` is `in`, `out` and `_work`).
+    pub const MAX_SCRATCH: usize = BufId::MAX_BUFFERS - 3;
 
     /// A buffer only the schedule sees (scratch or `_work`): its last value does not reach the caller.
     pub fn is_scratch(self) -> bool {
@@ -57,10 +61,10 @@ impl BufId {
 
 /// `count` chunks from `index` of `buf` on the rank that runs the instruction.
 ///
-/// Packed to 6 bytes (a 2-byte padding otherwise): an `Instr` has three, so this takes it from 44 to 36 bytes,
-/// and the schedules of thousands of ranks are hundreds of megabytes.
+/// Packed to 5 bytes (a 3-byte padding otherwise): an `Instr` has three, so this (with a 1-byte `BufId` and a
+/// 2-byte span) takes it from 44 to 32 bytes, and the schedules of thousands of ranks are gigabytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
-#[repr(C, packed(2))]
+#[repr(C, packed)]
 pub struct Operand {
     pub buf: BufId,
     pub index: u32,
@@ -153,9 +157,12 @@ pub struct Instr {
     pub dst: Operand,
     pub send_peer: u32,
     pub recv_peer: u32,
-    /// Index into `Schedule::spans`.
-    pub span: u32,
+    /// Index into `Schedule::spans` (at most `MAX_SPANS` of them).
+    pub span: u16,
 }
+
+/// The most source spans a schedule can name: an instruction's span index is 2 bytes.
+pub const MAX_SPANS: usize = u16::MAX as usize + 1;
 
 impl Instr {
     /// The local chunk ranges this instruction reads.
@@ -201,7 +208,7 @@ impl Instr {
 }
 
 // Schedules of thousands of ranks hold tens of millions of these.
-const _: () = assert!(std::mem::size_of::<Instr>() == 36);
+const _: () = assert!(std::mem::size_of::<Instr>() == 32);
 
 /// One rank's instructions in program order, and their dependencies (indices of earlier instructions).
 #[derive(Clone, Debug, Default)]
@@ -386,8 +393,8 @@ impl Schedule {
         }
     }
 
-    pub fn line_of(&self, source: &str, span: u32) -> usize {
-        let offset = self.spans.get(span as usize).map_or(0, |s| s.start as usize).min(source.len());
+    pub fn line_of(&self, source: &str, span: usize) -> usize {
+        let offset = self.spans.get(span).map_or(0, |s| s.start as usize).min(source.len());
         source[..offset].bytes().filter(|&b| b == b'\n').count() + 1
     }
 }

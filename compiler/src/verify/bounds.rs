@@ -3,7 +3,7 @@
 
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{BufId, Instr, Op, Operand, Placement, RankProgram};
+use crate::sched::{BufId, Instr, Op, Operand, Placement, RankProgram, MAX_SPANS};
 
 /// The header's checks: whether the ranks can be checked at all.
 pub(crate) fn check_header(ctx: &Context, errors: &mut Vec<Error>) -> bool {
@@ -69,10 +69,18 @@ fn header_problem(ctx: &Context) -> Option<String> {
         ));
     }
     let slots: u64 = sched.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * p as u64;
-    if slots > ctx.limits.max_slots || sched.buffers.len() > u16::MAX as usize {
+    if slots > ctx.limits.max_slots {
         return Some(format!(
             "the buffers hold {slots} chunk slots over all ranks; the limit is {}",
             ctx.limits.max_slots
+        ));
+    }
+    if sched.buffers.len() > BufId::MAX_BUFFERS || sched.spans.len() > MAX_SPANS {
+        return Some(format!(
+            "{} buffers and {} spans; at most {} and {MAX_SPANS} are accepted",
+            sched.buffers.len(),
+            sched.spans.len(),
+            BufId::MAX_BUFFERS
         ));
     }
     if let Some(bad) = sched.spans.iter().position(|s| s.start > s.end) {

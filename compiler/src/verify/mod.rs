@@ -118,7 +118,7 @@ impl Context<'_> {
             let span = self.sched.spans.get(instr.span as usize).copied().unwrap_or_default();
             format!("source bytes {}..{}", span.start, span.end)
         } else {
-            format!("line {}", self.sched.line_of(self.source, instr.span))
+            format!("line {}", self.sched.line_of(self.source, instr.span.into()))
         }
     }
 

@@ -17,7 +17,7 @@ pub(crate) fn initial_values<V: Value>(sched: &Schedule, rank: u32, values: &mut
     let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
     let significant = sched.collective.input_significant(rank, sched.root);
     for (b, decl) in sched.buffers.iter().enumerate() {
-        if significant && BufId(b as u16) == in_buf {
+        if significant && b == in_buf.0 as usize {
             let input = offset..offset.saturating_add(in_chunks);
             values.extend((0..decl.chunks).map(|index| match input.contains(&index) {
                 true => V::input(rank, index - offset),

@@ -221,15 +221,22 @@ pub(crate) struct GraphBuilder {
 }
 
 impl GraphBuilder {
-    pub fn new(n_instrs: usize, slots: u32) -> Self {
+    pub fn new(sched: &Schedule, slots: u32) -> Self {
+        // Sized once: lists that grow by doubling are copied on each growth and, at p = 4096, take fresh memory
+        // where the lowered program's freed pages could have served.
+        let (mut rows, mut deps) = (0, 0);
+        for program in sched.ranks.iter().filter(|program| !program.deps.is_empty()) {
+            rows += program.len() + 1;
+            deps += program.deps.len();
+        }
         GraphBuilder {
             slots,
             seen: Vec::new(),
             widest: Vec::new(),
-            unmet: Vec::with_capacity(n_instrs),
-            rank_rows: Vec::new(),
-            dependents_start: Vec::new(),
-            dependents: Vec::new(),
+            unmet: Vec::with_capacity(sched.n_instrs()),
+            rank_rows: Vec::with_capacity(sched.ranks.len()),
+            dependents_start: Vec::with_capacity(rows),
+            dependents: Vec::with_capacity(deps),
             rank_dependents: Dependents::default(),
         }
     }
@@ -297,7 +304,7 @@ impl GraphBuilder {
 /// The connection table and the graph of a whole schedule, for a run outside the verifier's per-rank loop.
 pub(crate) fn tables(sched: &Schedule, slots: u32) -> (Connections, GraphBuilder) {
     let mut connections = ConnectionsBuilder::new(sched);
-    let mut graph = GraphBuilder::new(sched.n_instrs(), slots);
+    let mut graph = GraphBuilder::new(sched, slots);
     for (rank, program) in sched.ranks.iter().enumerate() {
         graph.add_rank(program, connections.add_rank(rank as u32, program));
     }

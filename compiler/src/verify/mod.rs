@@ -74,7 +74,7 @@ fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<(Connection
         return None;
     }
     let mut connections = matching::ConnectionsBuilder::new(ctx.sched);
-    let mut graph = deadlock::GraphBuilder::new(ctx.sched.n_instrs(), ctx.limits.channel_slots);
+    let mut graph = deadlock::GraphBuilder::new(ctx.sched, ctx.limits.channel_slots);
     let mut races = races::Races::new(ctx);
     let mut race_errors = Vec::new();
     for (rank, program) in ctx.sched.ranks.iter().enumerate() {

@@ -80,10 +80,10 @@ fn build(sched: &Schedule, topo: &Topology) -> Graph {
     let alpha = conns.list.iter().map(|c| topo.link(topo.class(c.from, c.to)).alpha()).collect();
     let mut positions = vec![(NONE, NONE); total];
     for c in &conns.list {
-        for (k, &s) in (0u32..).zip(&c.sends) {
+        for (k, &s) in (0u32..).zip(conns.sends_of(c)) {
             positions[(conns.rank_start[c.from as usize] + s) as usize].0 = k;
         }
-        for (k, &r) in (0u32..).zip(&c.recvs) {
+        for (k, &r) in (0u32..).zip(conns.recvs_of(c)) {
             positions[(conns.rank_start[c.to as usize] + r) as usize].1 = k;
         }
     }
@@ -124,11 +124,11 @@ fn conditions(graph: &Graph, calls: u32, slots: u32) -> Vec<u32> {
             let (send_at, recv_at) = graph.positions[b];
             let mut n = deps + u32::from(call > 0 && deps == 0);
             if send != NONE {
-                let at = call * graph.conns.list[send as usize].sends.len() as u32 + send_at;
+                let at = call * graph.conns.sends_of(&graph.conns.list[send as usize]).len() as u32 + send_at;
                 n += u32::from(at > 0) + u32::from(at >= slots);
             }
             if recv != NONE {
-                let at = call * graph.conns.list[recv as usize].recvs.len() as u32 + recv_at;
+                let at = call * graph.conns.recvs_of(&graph.conns.list[recv as usize]).len() as u32 + recv_at;
                 n += 1 + u32::from(at > 0);
             }
             unmet.push(n);
@@ -273,14 +273,14 @@ impl Run<'_> {
         if send != NONE {
             let c = &graph.conns.list[send as usize];
             let ((from, to), alpha) = (starts(c), graph.alpha[send as usize]);
-            met[0] = (self.nth(&c.recvs, to, call, send_at, 0), at + alpha);
-            met[1] = (self.nth(&c.sends, from, call, send_at, 1), at);
+            met[0] = (self.nth(graph.conns.recvs_of(c), to, call, send_at, 0), at + alpha);
+            met[1] = (self.nth(graph.conns.sends_of(c), from, call, send_at, 1), at);
         }
         if recv != NONE {
             let c = &graph.conns.list[recv as usize];
             let ((from, to), alpha) = (starts(c), graph.alpha[recv as usize]);
-            met[2] = (self.nth(&c.sends, from, call, recv_at, self.slots), at + alpha);
-            met[3] = (self.nth(&c.recvs, to, call, recv_at, 1), at);
+            met[2] = (self.nth(graph.conns.sends_of(c), from, call, recv_at, self.slots), at + alpha);
+            met[3] = (self.nth(graph.conns.recvs_of(c), to, call, recv_at, 1), at);
         }
         for (other, when) in met {
             if other != NONE {

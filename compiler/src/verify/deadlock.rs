@@ -119,23 +119,23 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: Graph
         };
         if send != NONE {
             let c = &conns.list[send as usize];
-            if let Some(&r) = c.recvs.get(send_pos as usize) {
+            if let Some(&r) = conns.recvs_of(c).get(send_pos as usize) {
                 meet(c.to, r);
             }
         }
         if recv != NONE {
             let c = &conns.list[recv as usize];
-            if let Some(&s) = c.sends.get((recv_pos + slots) as usize) {
+            if let Some(&s) = conns.sends_of(c).get((recv_pos + slots) as usize) {
                 meet(c.from, s);
             }
         }
         if send != NONE {
-            if let Some(&s) = conns.list[send as usize].sends.get(send_pos as usize + 1) {
+            if let Some(&s) = conns.sends_of(&conns.list[send as usize]).get(send_pos as usize + 1) {
                 meet(rank, s);
             }
         }
         if recv != NONE {
-            if let Some(&r) = conns.list[recv as usize].recvs.get(recv_pos as usize + 1) {
+            if let Some(&r) = conns.recvs_of(&conns.list[recv as usize]).get(recv_pos as usize + 1) {
                 meet(rank, r);
             }
         }
@@ -293,7 +293,7 @@ impl GraphBuilder {
         let mut n_messages = 0u32;
         for (c, &width) in conns.list.iter().zip(&widest) {
             // Rounded up to a power of two: more places than needed are harmless, and `place` can mask.
-            let places = slots.max(1).min(c.recvs.len() as u32).next_power_of_two();
+            let places = slots.max(1).min(conns.recvs_of(c).len() as u32).next_power_of_two();
             rings.push((n_messages, places, width));
             n_messages += places * width;
         }
@@ -332,8 +332,8 @@ impl<'a> Stuck<'a> {
         let prefix = |rank: u32, list: &[u32]| {
             list.iter().take_while(|&&i| done[(rank_start[rank as usize] + i) as usize]).count() as u32
         };
-        let sent = conns.list.iter().map(|c| prefix(c.from, &c.sends)).collect();
-        let received = conns.list.iter().map(|c| prefix(c.to, &c.recvs)).collect();
+        let sent = conns.list.iter().map(|c| prefix(c.from, conns.sends_of(c))).collect();
+        let received = conns.list.iter().map(|c| prefix(c.to, conns.recvs_of(c))).collect();
         Stuck { ctx, conns, done, sent, received }
     }
 
@@ -347,23 +347,26 @@ impl<'a> Stuck<'a> {
         if let Some(&d) = program.deps_of(i as usize).iter().find(|&&d| !self.is_done(rank, d)) {
             return ((rank, d), "depends on");
         }
-        let (send, recv) = self.conns.rank(rank).of(&program.instrs[i as usize]);
+        let conns = self.conns;
+        let (send, recv) = conns.rank(rank).of(&program.instrs[i as usize]);
         if recv != NONE {
-            let c = &self.conns.list[recv as usize];
+            let c = &conns.list[recv as usize];
+            let (sends, recvs) = (conns.sends_of(c), conns.recvs_of(c));
             let got = self.received[recv as usize];
-            if c.recvs[got as usize] != i {
-                return ((rank, c.recvs[got as usize]), "receives after");
+            if recvs[got as usize] != i {
+                return ((rank, recvs[got as usize]), "receives after");
             }
             if self.sent[recv as usize] <= got {
-                return ((c.from, c.sends[self.sent[recv as usize] as usize]), "waits for the message of");
+                return ((c.from, sends[self.sent[recv as usize] as usize]), "waits for the message of");
             }
         }
-        let c = &self.conns.list[send as usize];
+        let c = &conns.list[send as usize];
+        let (sends, recvs) = (conns.sends_of(c), conns.recvs_of(c));
         let sent = self.sent[send as usize];
-        if c.sends[sent as usize] != i {
-            return ((rank, c.sends[sent as usize]), "sends after");
+        if sends[sent as usize] != i {
+            return ((rank, sends[sent as usize]), "sends after");
         }
-        ((c.to, c.recvs[self.received[send as usize] as usize]), "waits for room freed by")
+        ((c.to, recvs[self.received[send as usize] as usize]), "waits for room freed by")
     }
 
     fn cycle_error(&self) -> Error {

@@ -8,21 +8,36 @@ use crate::fxhash::FxBuildHasher;
 use crate::sched::{Instr, RankProgram, Schedule, NO_RANK};
 use std::collections::HashMap;
 
-/// A directed connection and the instructions that use it, in program order.
-#[derive(Default)]
+/// A directed connection and the instructions that use it, in program order (`Connections::sends_of`,
+/// `Connections::recvs_of`).
+#[derive(Clone, Copy)]
 pub(crate) struct Connection {
     pub from: u32,
     pub to: u32,
     pub channel: u8,
-    /// Instruction indices on `from` that send here.
-    pub sends: Vec<u32>,
-    /// Instruction indices on `to` that receive from here.
-    pub recvs: Vec<u32>,
+    /// Where the instruction indices on `from` that send here lie in `Connections::send_list`.
+    sends: Run,
+    /// Where the instruction indices on `to` that receive from here lie in `Connections::recv_list`.
+    recvs: Run,
+}
+
+/// A stretch of a list: `list[start..start + len]`.
+#[derive(Clone, Copy, Default)]
+struct Run {
+    start: u32,
+    len: u32,
 }
 
 /// Every connection of a schedule, and for each rank the connections it sends and receives on.
 pub(crate) struct Connections {
     pub list: Vec<Connection>,
+    /// Every connection's sends, and its receives, each connection's in one stretch: all the sends of a connection
+    /// come from one rank and all its receives go to one, so each stretch is laid out when its rank is added. Two
+    /// lists sized once (at most one entry per instruction), not two per connection, which the system allocator
+    /// served from fresh memory (536 MB at p = 4096, both placements), where these are cut from the pages the
+    /// lowered program freed.
+    send_list: Vec<u32>,
+    recv_list: Vec<u32>,
     /// Where each rank's instructions start in the global numbering; the last entry is the total.
     pub rank_start: Vec<u32>,
     /// Per rank, the connections it sends on (keyed by receiver) and those it receives on (keyed by sender). An
@@ -106,6 +121,16 @@ fn find(entries: &[PeerConnection], peer: u32, channel: u8) -> u32 {
 }
 
 impl Connections {
+    /// The instruction indices on `c.from` that send on `c`, in program order.
+    pub fn sends_of(&self, c: &Connection) -> &[u32] {
+        &self.send_list[c.sends.start as usize..(c.sends.start + c.sends.len) as usize]
+    }
+
+    /// The instruction indices on `c.to` that receive on `c`, in program order.
+    pub fn recvs_of(&self, c: &Connection) -> &[u32] {
+        &self.recv_list[c.recvs.start as usize..(c.recvs.start + c.recvs.len) as usize]
+    }
+
     pub fn rank(&self, rank: u32) -> RankConnections<'_> {
         RankConnections { sending: self.sending.of_rank(rank), receiving: self.receiving.of_rank(rank) }
     }
@@ -142,6 +167,8 @@ impl ConnectionsBuilder {
             index: HashMap::default(),
             connections: Connections {
                 list: Vec::new(),
+                send_list: Vec::with_capacity(sched.n_instrs()),
+                recv_list: Vec::with_capacity(sched.n_instrs()),
                 rank_start,
                 sending: PeerIndex::new(sched.ranks.len()),
                 receiving: PeerIndex::new(sched.ranks.len()),
@@ -151,34 +178,54 @@ impl ConnectionsBuilder {
 
     /// Adds the instructions of `rank`, the rank after the last one added; returns its connections.
     pub fn add_rank(&mut self, rank: u32, program: &RankProgram) -> RankConnections<'_> {
-        let Connections { list, sending, receiving, .. } = &mut self.connections;
+        let Connections { list, sending, receiving, send_list, recv_list, .. } = &mut self.connections;
         let index = &mut self.index;
         let mut conn = |from: u32, to: u32, channel: u8, list: &mut Vec<Connection>| {
             *index.entry((from, to, channel)).or_insert_with(|| {
-                list.push(Connection { from, to, channel, ..Default::default() });
+                let empty = Run::default();
+                list.push(Connection { from, to, channel, sends: empty, recvs: empty });
                 (list.len() - 1) as u32
             })
         };
-        // Most instructions use the connection their rank's previous send (or receive) used: look that up first.
+        // Find the connections and count each one's sends and receives. Most instructions use the connection their
+        // rank's previous send (or receive) used: look that up first.
         let (mut last_send, mut last_recv) = ((NO_RANK, 0u8, 0u32), (NO_RANK, 0u8, 0u32));
-        for (i, instr) in program.instrs.iter().enumerate() {
+        for instr in &program.instrs {
             if let Some(peer) = instr.send_peer() {
                 if (last_send.0, last_send.1) != (peer, instr.channel) {
                     last_send = (peer, instr.channel, conn(rank, peer, instr.channel, list));
                     sending.entries.push(PeerConnection { peer, channel: instr.channel, conn: last_send.2 });
                 }
-                list[last_send.2 as usize].sends.push(i as u32);
+                list[last_send.2 as usize].sends.len += 1;
             }
             if let Some(peer) = instr.recv_peer() {
                 if (last_recv.0, last_recv.1) != (peer, instr.channel) {
                     last_recv = (peer, instr.channel, conn(peer, rank, instr.channel, list));
                     receiving.entries.push(PeerConnection { peer, channel: instr.channel, conn: last_recv.2 });
                 }
-                list[last_recv.2 as usize].recvs.push(i as u32);
+                list[last_recv.2 as usize].recvs.len += 1;
             }
         }
         sending.close_rank();
         receiving.close_rank();
+        // Give each connection its stretch, then fill it in program order.
+        let (sends, recvs) = (sending.of_rank(rank), receiving.of_rank(rank));
+        lay_out(sends, list, |c| &mut c.sends, send_list);
+        lay_out(recvs, list, |c| &mut c.recvs, recv_list);
+        let own = RankConnections { sending: sends, receiving: recvs };
+        for (i, instr) in program.instrs.iter().enumerate() {
+            let (send, recv) = own.of(instr);
+            if send != u32::MAX {
+                let run = &mut list[send as usize].sends;
+                send_list[(run.start + run.len) as usize] = i as u32;
+                run.len += 1;
+            }
+            if recv != u32::MAX {
+                let run = &mut list[recv as usize].recvs;
+                recv_list[(run.start + run.len) as usize] = i as u32;
+                run.len += 1;
+            }
+        }
         self.connections.rank(rank)
     }
 
@@ -187,11 +234,30 @@ impl ConnectionsBuilder {
     }
 }
 
+/// Places the stretches (`run` of each connection) of one rank's connections one after the other at the end of
+/// `list`, each as long as its count, and empties them for filling.
+fn lay_out(
+    rank: &[PeerConnection],
+    connections: &mut [Connection],
+    run: impl Fn(&mut Connection) -> &mut Run,
+    list: &mut Vec<u32>,
+) {
+    let mut end = list.len() as u32;
+    for e in rank {
+        let run = run(&mut connections[e.conn as usize]);
+        let len = run.len;
+        *run = Run { start: end, len: 0 };
+        end += len;
+    }
+    list.resize(end as usize, 0);
+}
+
 pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<Error>) {
     for c in &connections.list {
         let ranks = &ctx.sched.ranks;
-        for k in 0..c.sends.len().max(c.recvs.len()) {
-            let (send, recv) = (c.sends.get(k), c.recvs.get(k));
+        let (sends, recvs) = (connections.sends_of(c), connections.recvs_of(c));
+        for k in 0..sends.len().max(recvs.len()) {
+            let (send, recv) = (sends.get(k), recvs.get(k));
             let problem = match (send, recv) {
                 (Some(&s), Some(&r)) => {
                     let (si, ri) =
@@ -248,8 +314,8 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                         c.to,
                         c.channel,
                         k + 1,
-                        c.sends.len(),
-                        c.recvs.len()
+                        sends.len(),
+                        recvs.len()
                     );
                     ctx.error(
                         "collc::verify::matching",
@@ -267,8 +333,8 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                         c.from,
                         c.channel,
                         k + 1,
-                        c.recvs.len(),
-                        c.sends.len()
+                        recvs.len(),
+                        sends.len()
                     );
                     ctx.error(
                         "collc::verify::matching",

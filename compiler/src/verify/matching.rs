@@ -82,6 +82,7 @@ impl PeerIndex {
         self.start.push(kept as u32);
     }
 
+    #[inline]
     fn of_rank(&self, rank: u32) -> &[PeerConnection] {
         &self.entries[self.start[rank as usize] as usize..self.start[rank as usize + 1] as usize]
     }
@@ -131,6 +132,7 @@ impl Connections {
         &self.recv_list[c.recvs.start as usize..(c.recvs.start + c.recvs.len) as usize]
     }
 
+    #[inline]
     pub fn rank(&self, rank: u32) -> RankConnections<'_> {
         RankConnections { sending: self.sending.of_rank(rank), receiving: self.receiving.of_rank(rank) }
     }

@@ -1,5 +1,8 @@
 //! The `collc` binary as a user runs it: exit codes 0 / 1 / 2, and what each subcommand prints.
 
+mod common;
+
+use common::TempFile;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -13,12 +16,6 @@ fn text(bytes: &[u8]) -> String {
 
 fn repo(path: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
-}
-
-fn temp_file(name: &str, contents: &str) -> PathBuf {
-    let path = std::env::temp_dir().join(format!("collc-cli-{}-{name}", std::process::id()));
-    std::fs::write(&path, contents).expect("temp dir is writable");
-    path
 }
 
 #[test]
@@ -50,8 +47,9 @@ fn build_emits_json_with_one_entry_per_rank() {
 
 #[test]
 fn a_broken_program_exits_1_with_a_located_diagnostic() {
-    let path = temp_file("broken.coll", "algorithm a for allreduce {\n    ranks p\n    send in[0] from 0 to p\n}\n");
-    let out = collc(&["build", path.to_str().expect("utf-8 path"), "--ranks", "4"]);
+    let file =
+        TempFile::with("broken.coll", "algorithm a for allreduce {\n    ranks p\n    send in[0] from 0 to p\n}\n");
+    let out = collc(&["build", file.path(), "--ranks", "4"]);
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(stderr.contains("collc::lower::bounds") && stderr.contains(":3:"), "{stderr}");
@@ -67,8 +65,8 @@ fn usage_errors_exit_2() {
 
 #[test]
 fn a_schedule_round_trips_through_a_file_and_verifies() {
-    let path = std::env::temp_dir().join(format!("collc-cli-{}-ring.sched", std::process::id()));
-    let path = path.to_str().expect("utf-8 path");
+    let file = TempFile::named("ring.sched");
+    let path = file.path();
     let built = collc(&["build", "allreduce/ring", "--ranks", "5", "-o", path]);
     assert_eq!(built.status.code(), Some(0), "{}", text(&built.stderr));
     let checked = collc(&["check", path]);

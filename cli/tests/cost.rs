@@ -1,6 +1,9 @@
 //! `collc cost`, `collc tune` and `collc run COLLECTIVE` as a user runs them: tables, JSON, the selection, and
 //! clear errors for bad topology files, unknown algorithm names and empty size ranges.
 
+mod common;
+
+use common::TempFile;
 use std::process::{Command, Output};
 
 fn collc(args: &[&str]) -> Output {
@@ -11,10 +14,8 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-fn write_topology(name: &str, body: &str) -> String {
-    let path = std::env::temp_dir().join(format!("collc-test-{}-{name}.json", std::process::id()));
-    std::fs::write(&path, body).expect("temp dir is writable");
-    path.to_string_lossy().into_owned()
+fn write_topology(name: &str, body: &str) -> TempFile {
+    TempFile::with(&format!("{name}.json"), body)
 }
 
 const TWO_LEVEL: &str = r#"{"nodes": 2, "ranks_per_node": 4,
@@ -40,17 +41,17 @@ fn cost_prints_time_and_bandwidths_per_size_and_json() {
 #[test]
 fn tune_on_a_two_level_topology_picks_the_hierarchy_for_large_messages() {
     let topo = write_topology("two-level", TWO_LEVEL);
-    let out = collc(&["tune", "allreduce", "--ranks", "8", "--topo", &topo, "--format", "json"]);
+    let out = collc(&["tune", "allreduce", "--ranks", "8", "--topo", topo.path(), "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     let ranges = doc["collectives"][0]["ranges"].as_array().expect("ranges");
     assert_eq!(ranges.first().expect("one")["algorithm"], "one_shot", "{doc}");
     assert_eq!(ranges.last().expect("one")["algorithm"], "hierarchical", "{doc}");
     // A filter for some collectives leaves the others out of a tune of them all, saying so.
-    let out = collc(&["tune", "--ranks", "8", "--topo", &topo, "--algo", "ring,binomial"]);
+    let out = collc(&["tune", "--ranks", "8", "--topo", topo.path(), "--algo", "ring,binomial"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("# alltoall: skipped"), "{}", text(&out.stdout));
-    let out = collc(&["tune", "--ranks", "8", "--topo", &topo]);
+    let out = collc(&["tune", "--ranks", "8", "--topo", topo.path()]);
     let stdout = text(&out.stdout);
     for collective in
         ["allreduce", "allgather", "reducescatter", "broadcast", "reduce", "gather", "scatter", "alltoall"]
@@ -112,8 +113,8 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
     );
     let two_level = write_topology("mismatch", TWO_LEVEL);
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["cost", "allreduce/ring", "--topo", &zero], "links.intra.bandwidth_gbps"),
-        (vec!["cost", "allreduce/ring", "--ranks", "6", "--topo", &two_level], "--ranks is 6"),
+        (vec!["cost", "allreduce/ring", "--topo", zero.path()], "links.intra.bandwidth_gbps"),
+        (vec!["cost", "allreduce/ring", "--ranks", "6", "--topo", two_level.path()], "--ranks is 6"),
         (vec!["cost", "allreduce/ring", "--sizes", "1M..8"], "empty"),
         (vec!["cost", "allreduce/ring", "--sizes", "abc"], "not a range"),
         (vec!["tune", "--ranks", "0"], "at least one rank"),
@@ -135,13 +136,13 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
 
 #[test]
 fn calibrate_writes_a_topology_that_cost_accepts() {
-    let path = std::env::temp_dir().join(format!("collc-test-{}-calibrated.json", std::process::id()));
-    let path = path.to_string_lossy().into_owned();
-    let out = collc(&["cost", "--calibrate", "--runs", "1", "-o", &path]);
+    let file = TempFile::named("calibrated.json");
+    let path = file.path();
+    let out = collc(&["cost", "--calibrate", "--runs", "1", "-o", path]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let out = collc(&["cost", "allreduce/ring", "--ranks", "5", "--topo", &path, "--sizes", "8..1K"]);
+    let out = collc(&["cost", "allreduce/ring", "--ranks", "5", "--topo", path, "--sizes", "8..1K"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).expect("written")).expect("JSON");
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).expect("written")).expect("JSON");
     for field in ["alpha_us", "bandwidth_gbps"] {
         assert!(doc["links"]["intra"][field].as_f64().is_some_and(|v| v > 0.0), "{doc}");
     }

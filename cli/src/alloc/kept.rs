@@ -1,7 +1,8 @@
-//! Freed big blocks, kept mapped for the next ones. At p = 4096 the verifiers' tables (2 GB) are made after the
+//! Freed big blocks, kept mapped for the next ones. At p = 4096 the verifiers' tables (1.5 GB) are made after the
 //! lowered program (1.3 GB) and the scheduler's index (0.3 GB) are freed: a block made from their pages skips the
 //! kernel's first touch of each page (2.1-2.5 GB/s for small pages on the VM collc is developed on, bench/README.md;
-//! a block asked for zeroed is cleared with `write_bytes` instead).
+//! a block asked for zeroed is cleared with `write_bytes` instead). A block no kept range holds may be joined from
+//! several.
 
 use std::sync::Mutex;
 
@@ -44,10 +45,12 @@ pub(super) fn keep(start: usize, bytes: usize, zeroed: bool) {
 
 /// The start of `bytes` (whole pages) taken from the smallest kept range that holds them, if any, and whether
 /// they hold only zeros. The rest of that range stays kept when it is a big block itself, else it goes back
-/// to the kernel.
+/// to the kernel. When no range holds them but several together do, they are joined (`join`).
 pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
     let mut kept = KEPT.lock().unwrap_or_else(|e| e.into_inner());
-    let fit = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes)?;
+    let Some(fit) = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes) else {
+        return join(&mut kept, bytes);
+    };
     let range = kept[fit];
     let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
     kept[fit] = if rest.bytes >= super::BIG { rest } else { EMPTY };
@@ -56,6 +59,54 @@ pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
         unmap(rest.start, rest.bytes);
     }
     Some((range.start, range.zeroed))
+}
+
+/// `bytes` made of several kept ranges, largest first, moved side by side into a new stretch of addresses
+/// (`mremap` moves pages and their page tables, nothing is copied or cleared); `None` unless the kept ranges hold
+/// that much together. At p = 4096 the second verifier's 256 MiB table found only 128 MiB ranges (the scheduler's
+/// index) and pieces of others: each page of a fresh one is cleared by the kernel on first touch, on the critical
+/// path.
+fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
+    if kept.iter().map(|r| r.bytes).sum::<usize>() < bytes {
+        return None;
+    }
+    // Fresh pages first: whatever a failed move leaves in place reads zero, so the block is always whole.
+    let block = super::map(bytes) as usize;
+    if block == 0 {
+        return None;
+    }
+    let mut order: Vec<usize> = (0..RANGES).filter(|&i| kept[i].bytes > 0).collect();
+    order.sort_unstable_by_key(|&i| std::cmp::Reverse(kept[i].bytes));
+    let (mut filled, mut zeroed) = (0, true);
+    for i in order {
+        if filled == bytes {
+            break;
+        }
+        let range = kept[i];
+        let n = range.bytes.min(bytes - filled);
+        // SAFETY: `range.start..+n` is kept (mapped and unused) and `block + filled..+n` lies in `block`; the move
+        // replaces that part of `block` and unmaps the source.
+        let moved = unsafe {
+            libc::mremap(
+                range.start as *mut libc::c_void,
+                n,
+                n,
+                libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                (block + filled) as *mut libc::c_void,
+            )
+        };
+        if moved == libc::MAP_FAILED {
+            break;
+        }
+        let rest = Range { start: range.start + n, bytes: range.bytes - n, ..range };
+        kept[i] = if rest.bytes >= super::BIG { rest } else { EMPTY };
+        if rest.bytes > 0 && rest.bytes < super::BIG {
+            unmap(rest.start, rest.bytes);
+        }
+        zeroed &= range.zeroed;
+        filled += n;
+    }
+    Some((block, zeroed))
 }
 
 /// The kept ranges that hold only zeros.

@@ -170,6 +170,37 @@ fn freed_big_blocks_are_handed_out_again() {
     }
 }
 
+/// A block that no kept range holds is joined from several, largest first: their pages are moved, not cleared
+/// (the bytes at each end of each range are found where the range went); asked for zeroed memory, it comes zeroed.
+#[test]
+fn a_block_no_kept_range_holds_is_joined_from_several() {
+    // No other test's big blocks meanwhile; these are larger than theirs, so they are the two largest kept.
+    let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+    let (first, second, joined, edge) = (120 * BIG, 100 * BIG, 180 * BIG, 64 << 10);
+    // SAFETY: each block is used within its size and freed once with its layout.
+    unsafe {
+        let a = MappedBlocks.alloc(layout(first));
+        let b = MappedBlocks.alloc(layout(second));
+        assert!(!a.is_null() && !b.is_null());
+        fill(a, edge, 1);
+        fill(a.add(first - edge), edge, 2);
+        fill(b, edge, 3);
+        MappedBlocks.dealloc(a, layout(first));
+        MappedBlocks.dealloc(b, layout(second));
+        let block = MappedBlocks.alloc(layout(joined));
+        assert!(!block.is_null());
+        assert!(holds(block, edge, 1) && holds(block.add(first - edge), edge, 2), "the larger range comes first");
+        assert!(holds(block.add(first), edge, 3), "then the next one");
+        MappedBlocks.dealloc(block, layout(joined));
+        // Kept now: the joined block and the rest of the second range; together they hold this one.
+        let zeroed = MappedBlocks.alloc_zeroed(layout(joined + 20 * BIG));
+        assert!(!zeroed.is_null());
+        assert!(std::slice::from_raw_parts(zeroed, joined + 20 * BIG).iter().all(|&b| b == 0));
+        MappedBlocks.dealloc(zeroed, layout(joined + 20 * BIG));
+    }
+}
+
 /// With a `Prefault` held, the part a big block grows by gets faulted in by the helper (the kernel reports its
 /// pages resident) while the block keeps its contents and the new part reads zero; then a reserve of twice the
 /// block is made and faulted in.

@@ -168,7 +168,7 @@ impl Join for InTurn {
 /// (`sched::Layout::needs_cut_pass`); otherwise each placement is compiled on its own, the two in one `join`.
 ///
 /// The program is dropped once the ranks are built, before the verifiers make their tables (at p = 4096 its
-/// transfers are 1.3 GB and the tables 2 GB; an allocator that keeps freed memory can hand its pages on). Should a
+/// transfers are 1.3 GB and the tables 1.5 GB; an allocator that keeps freed memory can hand its pages on). Should a
 /// fused schedule fail to verify, `relower` makes the program again for the unfused schedule (`compile_program`).
 pub fn compile_placements(
     program: ir::Program,

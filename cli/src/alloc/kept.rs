@@ -51,14 +51,20 @@ pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
     let Some(fit) = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes) else {
         return join(&mut kept, bytes);
     };
-    let range = kept[fit];
+    let range = cut_front(&mut kept, fit, bytes);
+    Some((range.start, range.zeroed))
+}
+
+/// Takes the first `bytes` of kept range `i` (returns the range as it was); the rest stays kept when it is a big
+/// block itself, else it goes back to the kernel.
+fn cut_front(kept: &mut [Range; RANGES], i: usize, bytes: usize) -> Range {
+    let range = kept[i];
     let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
-    kept[fit] = if rest.bytes >= super::BIG { rest } else { EMPTY };
-    drop(kept);
+    kept[i] = if rest.bytes >= super::BIG { rest } else { EMPTY };
     if rest.bytes > 0 && rest.bytes < super::BIG {
         unmap(rest.start, rest.bytes);
     }
-    Some((range.start, range.zeroed))
+    range
 }
 
 /// `bytes` made of several kept ranges, largest first, moved side by side into a new stretch of addresses
@@ -75,11 +81,12 @@ fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
     if block == 0 {
         return None;
     }
-    let mut order: Vec<usize> = (0..RANGES).filter(|&i| kept[i].bytes > 0).collect();
+    // No list on the heap: this runs inside the allocator.
+    let mut order: [usize; RANGES] = std::array::from_fn(|i| i);
     order.sort_unstable_by_key(|&i| std::cmp::Reverse(kept[i].bytes));
     let (mut filled, mut zeroed) = (0, true);
     for i in order {
-        if filled == bytes {
+        if filled == bytes || kept[i].bytes == 0 {
             break;
         }
         let range = kept[i];
@@ -98,11 +105,7 @@ fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
         if moved == libc::MAP_FAILED {
             break;
         }
-        let rest = Range { start: range.start + n, bytes: range.bytes - n, ..range };
-        kept[i] = if rest.bytes >= super::BIG { rest } else { EMPTY };
-        if rest.bytes > 0 && rest.bytes < super::BIG {
-            unmap(rest.start, rest.bytes);
-        }
+        cut_front(kept, i, n);
         zeroed &= range.zeroed;
         filled += n;
     }

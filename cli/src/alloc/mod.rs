@@ -2,7 +2,7 @@
 //!
 //! - Blocks of 1 MiB or more get their own mapping and grow in place with `mremap`; a block that grows is advised
 //!   to use transparent huge pages. A freed one stays mapped (`kept`): the next big blocks and slabs are cut from
-//!   it, its pages already faulted in.
+//!   it (or from several joined), its pages already faulted in.
 //! - Blocks of 128 KiB up to 1 MiB come from slabs, in classes an eighth of a power of two apart; a freed one waits
 //!   on its class's free list for the next block of that class and is never handed back to the kernel.
 //! - While a `Prefault` is held (lowering, in `collc check` and `collc build`), a helper thread faults in what a big
@@ -14,7 +14,7 @@
 //! 880 000 page faults per run, where the slabs leave far fewer (bench/README.md). Huge pages fault 512 times less
 //! often, but the kernel's first touch of one has cost from a fifth to four times as much per byte as that of
 //! small pages, depending on the VM's state (bench/README.md has both): the arrays that grow (the lowered program's
-//! transfers, the deadlock graph's dependents) get them; the slabs and the blocks allocated at their full size,
+//! transfers) get them; the slabs and the blocks allocated at their full size,
 //! written once in order, keep small pages (`collc check allreduce/ring --ranks 4096` median 11.1 s against 12.7 s
 //! with huge pages everywhere and 12.6 s with small pages everywhere; no change at 1024). Where the kernel does not give huge
 //! pages (THP off), the mappings still work with small ones. Mid-size blocks are kept for reuse until the process

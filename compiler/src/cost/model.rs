@@ -206,13 +206,15 @@ impl Profile {
                     let comm = (0..2)
                         .filter(|&c| s.port_chunks[c] > 0)
                         .map(|c| {
-                            let bytes = s.port_chunks[c] as f64 * chunk_bytes;
                             let link = &self.links[c];
-                            match link.message_seconds(bytes) {
-                                Some(seconds) if alphas => seconds,
-                                Some(seconds) => seconds - link.message_seconds(0.0).unwrap_or(0.0),
-                                None if alphas => link.alpha() + bytes * regime.rates.beta[c],
-                                None => bytes * regime.rates.beta[c],
+                            let seconds = |bytes: f64| {
+                                link.message_seconds(bytes).unwrap_or(link.alpha() + bytes * regime.rates.beta[c])
+                            };
+                            let bytes = s.port_chunks[c] as f64 * chunk_bytes;
+                            if alphas {
+                                seconds(bytes)
+                            } else {
+                                seconds(bytes) - seconds(0.0)
                             }
                         })
                         .fold(0.0, f64::max);

@@ -28,6 +28,18 @@ struct Run {
     len: u32,
 }
 
+impl Run {
+    fn of(self, list: &[u32]) -> &[u32] {
+        &list[self.start as usize..(self.start + self.len) as usize]
+    }
+
+    /// Writes `value` after the stretch, which `lay_out` made room for, and takes it in.
+    fn push(&mut self, list: &mut [u32], value: u32) {
+        list[(self.start + self.len) as usize] = value;
+        self.len += 1;
+    }
+}
+
 /// Every connection of a schedule, and for each rank the connections it sends and receives on.
 pub(crate) struct Connections {
     pub list: Vec<Connection>,
@@ -124,12 +136,12 @@ fn find(entries: &[PeerConnection], peer: u32, channel: u8) -> u32 {
 impl Connections {
     /// The instruction indices on `c.from` that send on `c`, in program order.
     pub fn sends_of(&self, c: &Connection) -> &[u32] {
-        &self.send_list[c.sends.start as usize..(c.sends.start + c.sends.len) as usize]
+        c.sends.of(&self.send_list)
     }
 
     /// The instruction indices on `c.to` that receive on `c`, in program order.
     pub fn recvs_of(&self, c: &Connection) -> &[u32] {
-        &self.recv_list[c.recvs.start as usize..(c.recvs.start + c.recvs.len) as usize]
+        c.recvs.of(&self.recv_list)
     }
 
     #[inline]
@@ -218,14 +230,10 @@ impl ConnectionsBuilder {
         for (i, instr) in program.instrs.iter().enumerate() {
             let (send, recv) = own.of(instr);
             if send != u32::MAX {
-                let run = &mut list[send as usize].sends;
-                send_list[(run.start + run.len) as usize] = i as u32;
-                run.len += 1;
+                list[send as usize].sends.push(send_list, i as u32);
             }
             if recv != u32::MAX {
-                let run = &mut list[recv as usize].recvs;
-                recv_list[(run.start + run.len) as usize] = i as u32;
-                run.len += 1;
+                list[recv as usize].recvs.push(recv_list, i as u32);
             }
         }
         self.connections.rank(rank)

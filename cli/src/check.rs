@@ -20,6 +20,10 @@ pub struct CheckArgs {
     /// Only print failures and the summary.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Print the diagnostics of every failing rank count; by default a failure that repeats one already printed
+    /// (the same error codes at the same lines) gets one line.
+    #[arg(long)]
+    pub all_errors: bool,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
@@ -31,18 +35,38 @@ enum Outcome {
 }
 
 /// The bindings to check at `n_ranks`: an algorithm with a node split that `--set` leaves open is checked for
-/// every ranks-per-node count that divides `n_ranks`.
-fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<Bindings> {
+/// every ranks-per-node count that divides `n_ranks`, each named by its split (`n=2 g=4`) in what is printed.
+fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<(String, Bindings)> {
     let given = args.bind.bindings(n_ranks);
     let open = node_split(&file.algorithm)
-        .is_some_and(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
-    if !open {
-        return vec![given];
-    }
+        .filter(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
+    let Some((nodes, local)) = open else {
+        return vec![(String::new(), given)];
+    };
     (1..=n_ranks)
         .filter(|g| n_ranks.is_multiple_of(*g))
-        .map(|g| given.clone().with_default_split(&file.algorithm, g))
+        .map(|g| {
+            (format!(" {nodes}={} {local}={g}", n_ranks / g), given.clone().with_default_split(&file.algorithm, g))
+        })
         .collect()
+}
+
+/// What a failure reports, as (code, line of its primary span) pairs: a failure with the same pairs as one whose
+/// diagnostics were printed (at another rank count, split or placement) is summed up in one line.
+fn failure_signature(errors: &Errors, source: &str) -> Vec<(&'static str, usize)> {
+    let mut signature: Vec<_> = errors
+        .0
+        .iter()
+        .map(|e| {
+            let line = e
+                .primary_span()
+                .map_or(0, |s| 1 + source.as_bytes()[..s.start as usize].iter().filter(|&&b| b == b'\n').count());
+            (e.code, line)
+        })
+        .collect();
+    signature.sort_unstable();
+    signature.dedup();
+    signature
 }
 
 /// Lowers once for one binding, then schedules, fuses and verifies each placement.
@@ -144,28 +168,50 @@ pub fn run(args: CheckArgs) -> u8 {
     };
     // Counted per rank count: verified means both placements verified.
     let (mut verified, mut skipped, mut failed) = (0, 0, 0);
+    let mut printed: Vec<(Vec<(&str, usize)>, String)> = Vec::new();
     let started = std::time::Instant::now();
     for &p in &ranks {
         let mut line = Vec::new();
         let splits = bindings(&file, &args, p);
-        if splits.len() > 1 {
-            line.push(format!("{} node splits", splits.len()));
-        }
-        let outcomes: Vec<(Placement, Outcome)> =
-            splits.iter().flat_map(|b| check_binding(&source.text, &file, &args, b)).collect();
-        for (placement, outcome) in &outcomes {
+        let outcomes: Vec<(&str, Placement, Outcome)> = splits
+            .iter()
+            .flat_map(|(split, b)| {
+                check_binding(&source.text, &file, &args, b).into_iter().map(move |(pl, o)| (split.as_str(), pl, o))
+            })
+            .collect();
+        let mut last_split = None;
+        for (split, placement, outcome) in &outcomes {
+            let at = format!("p={p}{split} {placement}");
+            // Each split named once, before its first placement.
+            let named = match last_split.replace(split) {
+                Some(last) if last == split => String::new(),
+                _ if split.is_empty() => String::new(),
+                _ => format!("{}: ", split.trim_start()),
+            };
             match outcome {
-                Outcome::Verified(n) => line.push(format!("{placement} {n} instructions")),
-                Outcome::NotAdmitted(why) => line.push(format!("not admitted: {why}")),
+                Outcome::Verified(n) => line.push(format!("{named}{placement} {n} instructions")),
+                Outcome::NotAdmitted(why) => line.push(format!("{named}not admitted: {why}")),
                 Outcome::Failed(errors) => {
-                    eprintln!("{} p={p} {placement}: FAILED", args.algorithm);
-                    report::print_all(errors, &source.name, &source.text);
+                    let signature = failure_signature(errors, &source.text);
+                    match printed.iter().find(|(s, _)| *s == signature) {
+                        Some((_, first)) if !args.all_errors => eprintln!(
+                            "{} {at}: FAILED with {} error(s), the same codes at the same lines as at {first} \
+                             (--all-errors prints them)",
+                            args.algorithm,
+                            errors.0.len()
+                        ),
+                        _ => {
+                            eprintln!("{} {at}: FAILED", args.algorithm);
+                            report::print_all(errors, &source.name, &source.text);
+                            printed.push((signature, at));
+                        }
+                    }
                 }
             }
         }
         match () {
-            _ if outcomes.iter().any(|(_, o)| matches!(o, Outcome::Failed(_))) => failed += 1,
-            _ if outcomes.iter().any(|(_, o)| matches!(o, Outcome::NotAdmitted(_))) => skipped += 1,
+            _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::Failed(_))) => failed += 1,
+            _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::NotAdmitted(_))) => skipped += 1,
             _ => verified += 1,
         }
         if (!args.quiet || ranks.len() == 1) && !line.is_empty() {

@@ -81,3 +81,44 @@ fn a_deadlocking_schedule_is_rejected_with_its_cycle() {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("collc::verify::deadlock") && stderr.contains("wait-for cycle"), "{stderr}");
 }
+
+/// A hierarchical allreduce whose node reduction skips the last local rank: right only with one rank per node.
+const SKIPS_A_LOCAL_RANK: &str = "algorithm leaders for allreduce {
+    ranks p
+    nodes n local g
+    for i in 0..n {
+        for l in 1..g-1 {
+            send in[0] from i*g + l to i*g reduce
+        }
+    }
+    for i in 1..n {
+        send in[0] from i*g to 0 reduce
+    }
+    for i in 1..n {
+        send in[0] from 0 to i*g
+    }
+    for i in 0..n {
+        for l in 1..g {
+            send in[0] from i*g to i*g + l
+        }
+    }
+}
+";
+
+#[test]
+fn check_names_the_failing_node_split_and_prints_a_repeated_failure_once() {
+    let file = TempFile::with("leaders.coll", SKIPS_A_LOCAL_RANK);
+    let out = collc(&["check", file.path(), "--ranks", "2..=4", "-q"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    // One rank per node (g=1) verifies; every other split fails, named by its split.
+    assert!(!stderr.contains("g=1 "), "{stderr}");
+    assert!(stderr.contains("p=2 n=1 g=2 out-of-place: FAILED\n"), "{stderr}");
+    assert!(stderr.contains("p=4 n=2 g=2 in-place: FAILED"), "{stderr}");
+    assert!(stderr.contains("the same codes at the same lines as at p=2 n=1 g=2 out-of-place"), "{stderr}");
+    assert!(text(&out.stdout).contains("0 rank counts verified in both placements, 0 not admitted, 3 failed"));
+    let every = text(&collc(&["check", file.path(), "--ranks", "2..=4", "-q", "--all-errors"]).stderr);
+    let diagnostics = |s: &str| s.matches("collc::verify::postcondition").count();
+    assert!(diagnostics(&every) > diagnostics(&stderr), "{every}");
+    assert!(!every.contains("the same codes"), "{every}");
+}

@@ -16,7 +16,7 @@ type Result<T> = std::result::Result<T, SyntaxError>;
 /// Parses one `.coll` file. Bounded in time and memory by `limits` (source size, nesting depth).
 pub fn parse(source: &str, limits: &Limits) -> Result<File> {
     check_limits(source, limits)?;
-    let mut pairs = CollParser::parse(Rule::file, source).map_err(|e| from_pest(e, source.len()))?;
+    let mut pairs = CollParser::parse(Rule::file, source).map_err(|e| from_pest(e, source))?;
     let file = pairs.next().expect("pest returns the `file` rule it was asked for");
     let mut doc = Vec::new();
     let mut algorithm = None;
@@ -516,7 +516,8 @@ fn rule_name(rule: &Rule) -> String {
     name.to_string()
 }
 
-fn from_pest(err: pest::error::Error<Rule>, source_len: usize) -> SyntaxError {
+fn from_pest(err: pest::error::Error<Rule>, source: &str) -> SyntaxError {
+    let source_len = source.len();
     let at = match err.location {
         pest::error::InputLocation::Pos(p) => p,
         pest::error::InputLocation::Span((s, _)) => s,
@@ -531,9 +532,12 @@ fn from_pest(err: pest::error::Error<Rule>, source_len: usize) -> SyntaxError {
         pest::error::ErrorVariant::ParsingError { .. } => "unexpected input".to_string(),
         pest::error::ErrorVariant::CustomError { message } => message.clone(),
     };
-    SyntaxError::new(
-        message,
-        Span::new(at.min(source_len), (at + 1).min(source_len)),
-        "see docs/language.md for the grammar; every statement starts with a keyword",
-    )
+    // Habits from other languages get a help line of their own.
+    let help = match source.as_bytes().get(at) {
+        Some(b';') => {
+            "`.coll` has no `;`: a statement ends where the next one starts with its keyword (docs/language.md)"
+        }
+        _ => "see docs/language.md for the grammar; every statement starts with a keyword",
+    };
+    SyntaxError::new(message, Span::new(at.min(source_len), (at + 1).min(source_len)), help)
 }

@@ -445,8 +445,8 @@ impl Exec<'_> {
                     format!("moves chunk position {a} of a block into position {b} ({} chunks per block)", self.chunks),
                     format!(
                         "a chunk keeps its position in its block everywhere it goes, since chunk sizes differ by one \
-                         element when the count does not divide evenly; index scratch so that chunk c lands at a \
-                         multiple of {} plus c",
+                         element when the count does not divide evenly; index every buffer (in, out, scratch) so \
+                         that chunk c lands at a multiple of {} plus c",
                         self.chunks
                     ),
                 )

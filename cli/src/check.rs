@@ -141,6 +141,44 @@ pub fn is_not_admitted(errors: &Errors) -> bool {
     )
 }
 
+/// Both placements of every binding of one rank count, each with its split's name (empty without an open split).
+fn check_rank_count(file: &ast::File, args: &CheckArgs, text: &str, p: u32) -> Vec<(String, Placement, Outcome)> {
+    bindings(file, args, p)
+        .into_iter()
+        .flat_map(|(split, b)| {
+            check_binding(text, file, args, &b).into_iter().map(move |(placement, o)| (split.clone(), placement, o))
+        })
+        .collect()
+}
+
+/// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line.
+struct Failures<'a> {
+    /// The signatures printed in full, with where each was.
+    printed: Vec<(Vec<(&'static str, usize)>, String)>,
+    all: bool,
+    algorithm: &'a str,
+    source: &'a library::Source,
+}
+
+impl Failures<'_> {
+    fn report(&mut self, at: String, errors: &Errors) {
+        let signature = failure_signature(errors, &self.source.text);
+        match self.printed.iter().find(|(s, _)| *s == signature) {
+            Some((_, first)) if !self.all => eprintln!(
+                "{} {at}: FAILED with {} error(s), the same codes at the same lines as at {first} (--all-errors \
+                 prints them)",
+                self.algorithm,
+                errors.0.len()
+            ),
+            _ => {
+                eprintln!("{} {at}: FAILED", self.algorithm);
+                report::print_all(errors, &self.source.name, &self.source.text);
+                self.printed.push((signature, at));
+            }
+        }
+    }
+}
+
 pub fn run(args: CheckArgs) -> u8 {
     let source = match library::resolve(&args.algorithm) {
         Ok(s) => s,
@@ -168,20 +206,14 @@ pub fn run(args: CheckArgs) -> u8 {
     };
     // Counted per rank count: verified means both placements verified.
     let (mut verified, mut skipped, mut failed) = (0, 0, 0);
-    let mut printed: Vec<(Vec<(&str, usize)>, String)> = Vec::new();
+    let mut failures =
+        Failures { printed: Vec::new(), all: args.all_errors, algorithm: &args.algorithm, source: &source };
     let started = std::time::Instant::now();
     for &p in &ranks {
+        let outcomes = check_rank_count(&file, &args, &source.text, p);
         let mut line = Vec::new();
-        let splits = bindings(&file, &args, p);
-        let outcomes: Vec<(&str, Placement, Outcome)> = splits
-            .iter()
-            .flat_map(|(split, b)| {
-                check_binding(&source.text, &file, &args, b).into_iter().map(move |(pl, o)| (split.as_str(), pl, o))
-            })
-            .collect();
         let mut last_split = None;
         for (split, placement, outcome) in &outcomes {
-            let at = format!("p={p}{split} {placement}");
             // Each split named once, before its first placement.
             let named = match last_split.replace(split) {
                 Some(last) if last == split => String::new(),
@@ -191,22 +223,7 @@ pub fn run(args: CheckArgs) -> u8 {
             match outcome {
                 Outcome::Verified(n) => line.push(format!("{named}{placement} {n} instructions")),
                 Outcome::NotAdmitted(why) => line.push(format!("{named}not admitted: {why}")),
-                Outcome::Failed(errors) => {
-                    let signature = failure_signature(errors, &source.text);
-                    match printed.iter().find(|(s, _)| *s == signature) {
-                        Some((_, first)) if !args.all_errors => eprintln!(
-                            "{} {at}: FAILED with {} error(s), the same codes at the same lines as at {first} \
-                             (--all-errors prints them)",
-                            args.algorithm,
-                            errors.0.len()
-                        ),
-                        _ => {
-                            eprintln!("{} {at}: FAILED", args.algorithm);
-                            report::print_all(errors, &source.name, &source.text);
-                            printed.push((signature, at));
-                        }
-                    }
-                }
+                Outcome::Failed(errors) => failures.report(format!("p={p}{split} {placement}"), errors),
             }
         }
         match () {

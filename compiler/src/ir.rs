@@ -9,11 +9,14 @@ use std::fmt;
 pub enum Buf {
     In,
     Out,
-    Scratch(u16),
+    /// Lowering allows at most 252 scratch declarations (`collc::lower::scratch`), as a schedule's `BufId` does.
+    Scratch(u8),
 }
 
-/// A run of `count` chunks starting at `index` of one buffer (on a rank the transfer names).
+/// A run of `count` chunks starting at `index` of one buffer (on a rank the transfer names). Packed (6 bytes), as
+/// programs of thousands of ranks hold tens of millions of transfers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(C, packed)]
 pub struct Loc {
     pub buf: Buf,
     pub index: u32,
@@ -29,20 +32,24 @@ pub enum TransferKind {
     Reduce,
 }
 
-/// One chunk-level transfer. For `Copy` and `Reduce`, `from == to` is the rank it runs on.
+/// One chunk-level transfer. For `Copy` and `Reduce`, `from == to` is the rank it runs on. 32 bytes (asserted): the
+/// word fields first, then the packed locations and the bytes.
 #[derive(Clone, Copy, Debug)]
+#[repr(C)]
 pub struct Transfer {
-    pub kind: TransferKind,
-    pub src: Loc,
-    pub dst: Loc,
     pub count: u32,
     pub from: u32,
     pub to: u32,
-    pub channel: u8,
     pub step: u32,
-    /// Index into `Program::spans`: the statement that emitted this transfer.
-    pub span: u32,
+    pub src: Loc,
+    pub dst: Loc,
+    pub kind: TransferKind,
+    pub channel: u8,
+    /// Index into `Program::spans`: the statement that emitted this transfer (at most `sched::MAX_SPANS`).
+    pub span: u16,
 }
+
+const _: () = assert!(std::mem::size_of::<Transfer>() == 32);
 
 #[derive(Clone, Debug)]
 pub struct ScratchBuf {
@@ -88,9 +95,10 @@ impl Program {
     }
 
     fn fmt_loc(&self, f: &mut fmt::Formatter<'_>, loc: Loc, count: u32) -> fmt::Result {
-        write!(f, "{}[{}", self.buf_name(loc.buf), loc.index)?;
+        let index = loc.index;
+        write!(f, "{}[{index}", self.buf_name(loc.buf))?;
         if count != 1 {
-            write!(f, "..{}", loc.index + count)?;
+            write!(f, "..{}", index + count)?;
         }
         f.write_str("]")
     }

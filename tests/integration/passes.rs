@@ -27,7 +27,8 @@ fn pipelining_staggers_k_slices_over_the_steps() {
         // In step s, hop h carries slice s - h: every hop is busy once the pipeline is full.
         for t in &sliced.transfers {
             let hop = (t.from + p - program.root) % p;
-            assert_eq!(t.src.index, t.step - hop, "p={p} k={k}: {t:?}");
+            let index = t.src.index;
+            assert_eq!(index, t.step - hop, "p={p} k={k}: {t:?}");
         }
     }
 }

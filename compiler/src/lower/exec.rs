@@ -487,7 +487,8 @@ impl Exec<'_> {
             to,
             channel: channel as u8,
             step: self.step,
-            span: t.span_id,
+            // `lower` stopped before running a program of more than `MAX_SPANS` transfer statements.
+            span: t.span_id as u16,
         })
     }
 }

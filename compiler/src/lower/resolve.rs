@@ -276,7 +276,8 @@ impl<'a> Resolver<'a> {
             "in" => Buf::In,
             "out" => Buf::Out,
             name => match self.scratch.iter().position(|s| s == name) {
-                Some(i) => Buf::Scratch(i as u16),
+                // `bind` allowed at most 252 scratch declarations.
+                Some(i) => Buf::Scratch(i as u8),
                 None => {
                     let mut known = vec!["in".to_string(), "out".to_string()];
                     known.extend(self.scratch.iter().cloned());

@@ -160,6 +160,20 @@ impl Exec<'_> {
                     )
                     .at(span, "this step is 0"));
                 }
+                // Each iteration costs fuel: a loop that runs more often than the fuel left fails now, not after
+                // burning it (a bound of 10^12 took 4 s to reach the limit).
+                let trips = trip_count(i, end_value, by_value);
+                if trips > u128::from(self.machine.fuel) {
+                    return Err(Error::new(
+                        "collc::lower::limit",
+                        format!(
+                            "this loop runs {trips} times, more than the {} evaluation steps left (the limit is {})",
+                            self.machine.fuel, self.limits.max_eval_steps
+                        ),
+                        "a loop bound is far larger than intended; raise the limit with --max-eval-steps",
+                    )
+                    .at(end.span(), "this loop bound"));
+                }
                 if let [RStmt::Transfer(t)] = body.as_slice() {
                     let sweep = Sweep::up_to(*slot, i, end_value, by_value);
                     if let Some(sweep) = sweep.filter(|s| (BATCH_MIN..=BATCH_MAX).contains(&s.n)) {
@@ -616,4 +630,13 @@ fn sorted_lists_meet(a: &[u64], b: &[u64]) -> bool {
         j += usize::from(y < x);
     }
     false
+}
+
+/// How many times `for _ in start..end by by` runs (`by` is not 0).
+fn trip_count(start: i64, end: i64, by: i64) -> u128 {
+    let (span, by) = (i128::from(end) - i128::from(start), i128::from(by));
+    if span == 0 || (span > 0) != (by > 0) {
+        return 0;
+    }
+    (span.unsigned_abs()).div_ceil(by.unsigned_abs())
 }

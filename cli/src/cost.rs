@@ -85,6 +85,14 @@ pub fn bindings_for(source: &collc_grammar::ast::File, bind: &BindArgs, n_ranks:
     bind.bindings(n_ranks).with_default_split(&source.algorithm, topo.per_node(n_ranks))
 }
 
+/// An algorithm costed for one rank count.
+pub struct Costed {
+    pub collective: Collective,
+    pub profile: Profile,
+    /// Slices per chunk of the pipelining pass: `--pipeline`, else the algorithm's `pipeline` (1: none).
+    pub slices: u32,
+}
+
 /// Lowers, verifies and profiles `source` for `n_ranks` on `topo`.
 pub fn profile(
     text: &str,
@@ -92,11 +100,12 @@ pub fn profile(
     limits: &collc_compiler::Limits,
     n_ranks: u32,
     topo: &Topology,
-) -> Result<(Collective, Profile), Errors> {
+) -> Result<Costed, Errors> {
     let file = collc_grammar::parse(text, &limits.syntax).map_err(Error::from)?;
     let program = lower(&file, &bindings_for(&file, bind, n_ranks, topo), limits)?;
-    let profile = analyse(&program, text, bind.options(Placement::OutOfPlace), limits, topo)?;
-    Ok((program.collective, profile))
+    let options = bind.options(Placement::OutOfPlace);
+    let profile = analyse(&program, text, options, limits, topo)?;
+    Ok(Costed { collective: program.collective, profile, slices: options.pipeline.unwrap_or(program.pipeline) })
 }
 
 /// Algorithm bandwidth and nccl-tests' bus bandwidth, GB/s.
@@ -119,7 +128,7 @@ pub fn run(args: CostArgs) -> u8 {
             }
         };
     let limits = args.limits.limits();
-    let (collective, profile) = match profile(&source.text, &args.bind, &limits, args.ranks, &topo) {
+    let Costed { collective, profile, slices } = match profile(&source.text, &args.bind, &limits, args.ranks, &topo) {
         Ok(found) => found,
         Err(errors) => {
             report::print_all(&errors, &source.name, &source.text);
@@ -140,6 +149,7 @@ pub fn run(args: CostArgs) -> u8 {
                 "algorithm": name,
                 "collective": collective.name(),
                 "ranks": args.ranks,
+                "pipeline": slices,
                 "steps": profile.n_steps(),
                 "messages": profile.messages,
                 "topology": topo,
@@ -150,8 +160,12 @@ pub fn run(args: CostArgs) -> u8 {
             println!("{}", serde_json::to_string_pretty(&doc).expect("JSON values serialise"));
         }
         Format::Table => {
+            let pipelined = match slices {
+                1 => String::new(),
+                k => format!(", pipelined in {k} slices per chunk (--pipeline to change)"),
+            };
             println!(
-                "# collc cost {name}: {} ranks, {} steps, {} messages",
+                "# collc cost {name}: {} ranks{pipelined}, {} steps, {} messages",
                 args.ranks,
                 profile.n_steps(),
                 profile.messages

@@ -69,7 +69,7 @@ pub fn field(
         let full = format!("{collective}/{name}");
         let text = collc_compiler::library::get(&full).expect("candidates come from the library");
         match cost::profile(text, bind, limits, n_ranks, topo) {
-            Ok((_, profile)) => field.candidates.push(Candidate { name: name.to_string(), profile }),
+            Ok(costed) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
             Err(errors) if crate::check::is_not_admitted(&errors) => {
                 field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
             }

@@ -112,8 +112,13 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
         r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 0}}, "reduce_gbps": 1}"#,
     );
     let two_level = write_topology("mismatch", TWO_LEVEL);
+    let truncated = write_topology("truncated", "{\"nodes\": 1,\n");
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["cost", "allreduce/ring", "--topo", zero.path()], "links.intra.bandwidth_gbps"),
+        (
+            vec!["cost", "allreduce/ring", "--topo", truncated.path()],
+            "line 2 column 0: not JSON: EOF while parsing a value\n",
+        ),
         (vec!["cost", "allreduce/ring", "--ranks", "6", "--topo", two_level.path()], "--ranks is 6"),
         (vec!["cost", "allreduce/ring", "--sizes", "1M..8"], "empty"),
         (vec!["cost", "allreduce/ring", "--sizes", "abc"], "not a range"),
@@ -153,4 +158,29 @@ fn calibrate_writes_a_topology_that_cost_accepts() {
     assert_eq!(points.len(), 16, "{doc}");
     assert_eq!((points[0].0, points[15].0), (8.0, 16777216.0), "{doc}");
     assert!(points.windows(2).all(|w| w[0].0 < w[1].0) && points.iter().all(|p| p.1 > 0.0), "{doc}");
+}
+
+#[test]
+fn a_topology_from_the_environment_is_named_by_its_variable() {
+    let zero = write_topology(
+        "zero-env",
+        r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 0}}, "reduce_gbps": 1}"#,
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce", "--ranks", "2", "-b", "8", "-e", "64"])
+        .env("COLLC_TOPO", zero.path())
+        .output()
+        .expect("collc runs");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains(&format!("COLLC_TOPO={}: links.intra.bandwidth_gbps", zero.path())), "{stderr}");
+}
+
+#[test]
+fn cost_says_how_many_slices_a_pipelined_algorithm_is_costed_with() {
+    let header = |args: &[&str]| text(&collc(args).stdout).lines().next().unwrap_or_default().to_string();
+    let tree = header(&["cost", "allreduce/tree", "--ranks", "8", "--sizes", "1K..1K"]);
+    assert!(tree.contains("pipelined in 8 slices per chunk"), "{tree}");
+    let unpipelined = header(&["cost", "allreduce/tree", "--ranks", "8", "--sizes", "1K..1K", "--pipeline", "1"]);
+    assert!(!unpipelined.contains("pipelined"), "{unpipelined}");
 }

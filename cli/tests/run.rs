@@ -65,6 +65,17 @@ fn every_library_algorithm_runs_correctly_on_both_transports() {
 }
 
 #[test]
+fn the_header_gives_the_size_range_asked_for() {
+    // nccl-tests prints -b and -e, even when the factor stops short of -e (8, 128, ..., 512K here).
+    let out =
+        collc(&["run", "allreduce/ring", "--ranks", "2", "-b", "8", "-e", "1M", "-f", "16", "-n", "1", "-w", "0"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let table = text(&out.stdout);
+    assert!(table.contains("# minBytes 8 maxBytes 1048576 "), "{table}");
+    assert!(wrong_columns(&table).len() == 2 * 5, "{table}");
+}
+
+#[test]
 fn json_output_has_one_row_per_size_with_bandwidths() {
     let out = collc(&["run", "allreduce/ring", "--ranks", "2", "-b", "1K", "-e", "4K", "-n", "2", "--format", "json"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -109,6 +109,8 @@ pub struct Job {
     pub collective: Collective,
     pub n_ranks: u32,
     pub sizes: Vec<usize>,
+    /// `-b` and `-e` as given (nccl-tests' header prints these, not the sizes the factor reaches).
+    pub byte_range: (usize, usize),
     pub dtypes: Vec<DataType>,
     pub ops: Vec<ReduceOp>,
     pub root: u32,
@@ -240,6 +242,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         collective,
         n_ranks,
         sizes,
+        byte_range: (min, max),
         dtypes,
         ops,
         root: args.root,
@@ -310,11 +313,14 @@ fn select(
     sizes: &[usize],
 ) -> Result<(Collective, Algorithms), (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
-    let topo_path = args.topo.clone().or_else(|| std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty()));
+    let from_env = std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty());
     // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
-    let topo = match topo_path {
-        Some(path) => crate::cost::topology(Some(&path), n_ranks).map_err(|e| (2, e))?,
-        None => Topology::uniform_nodes(n_ranks, per_node),
+    let topo = match (&args.topo, from_env) {
+        (Some(path), _) => crate::cost::topology(Some(path), n_ranks).map_err(|e| (2, e))?,
+        (None, Some(path)) => {
+            crate::cost::topology(Some(&path), n_ranks).map_err(|e| (2, e.replacen("--topo ", "COLLC_TOPO=", 1)))?
+        }
+        (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
     let bind = crate::args::BindArgs {

@@ -54,11 +54,10 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
     for (name, why) in &job.algorithms.not_admitted {
         println!("#   not a candidate: {}/{name} ({why})", job.collective);
     }
-    let sizes = (job.sizes.first().copied().unwrap_or(0), job.sizes.last().copied().unwrap_or(0));
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
-        sizes.0,
-        sizes.1,
+        job.byte_range.0,
+        job.byte_range.1,
         job.warmup,
         job.iters,
         u8::from(job.check)

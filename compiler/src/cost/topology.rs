@@ -187,8 +187,13 @@ impl Topology {
 
     /// Parses and checks a topology file's text.
     pub fn from_json(text: &str) -> Result<Self, TopologyError> {
-        let value: Value = serde_json::from_str(text)
-            .map_err(|e| error(&format!("line {} column {}", e.line(), e.column()), format!("not JSON: {e}")))?;
+        let value: Value = serde_json::from_str(text).map_err(|e| {
+            // serde_json's message ends with the place, which the field names already.
+            let message = e.to_string();
+            let place = format!(" at line {} column {}", e.line(), e.column());
+            let message = message.strip_suffix(&place).unwrap_or(&message);
+            error(&format!("line {} column {}", e.line(), e.column()), format!("not JSON: {message}"))
+        })?;
         let root = Fields::new(
             "",
             &value,

@@ -58,9 +58,15 @@ fn failure_signature(errors: &Errors, source: &str) -> Vec<(&'static str, usize)
         .0
         .iter()
         .map(|e| {
-            let line = e
-                .primary_span()
-                .map_or(0, |s| 1 + source.as_bytes()[..s.start as usize].iter().filter(|&&b| b == b'\n').count());
+            let line = e.primary_span().map_or(0, |s| {
+                1 + source
+                    .as_bytes()
+                    .get(..s.start as usize)
+                    .unwrap_or(source.as_bytes())
+                    .iter()
+                    .filter(|&&b| b == b'\n')
+                    .count()
+            });
             (e.code, line)
         })
         .collect();
@@ -214,12 +220,16 @@ pub fn run(args: CheckArgs) -> u8 {
         let mut line = Vec::new();
         let mut last_split = None;
         for (split, placement, outcome) in &outcomes {
-            // Each split named once, before its first placement.
-            let named = match last_split.replace(split) {
+            // Each split named once in the line, before its first entry there (failures go to stderr).
+            let named = match last_split {
+                _ if matches!(outcome, Outcome::Failed(_)) => String::new(),
                 Some(last) if last == split => String::new(),
                 _ if split.is_empty() => String::new(),
                 _ => format!("{}: ", split.trim_start()),
             };
+            if !matches!(outcome, Outcome::Failed(_)) {
+                last_split = Some(split);
+            }
             match outcome {
                 Outcome::Verified(n) => line.push(format!("{named}{placement} {n} instructions")),
                 Outcome::NotAdmitted(why) => line.push(format!("{named}not admitted: {why}")),

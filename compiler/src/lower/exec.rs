@@ -170,7 +170,8 @@ impl Exec<'_> {
                             "this loop runs {trips} times, more than the {} evaluation steps left (the limit is {})",
                             self.machine.fuel, self.limits.max_eval_steps
                         ),
-                        "a loop bound is far larger than intended; raise the limit with --max-eval-steps",
+                        "a loop bound is far larger than intended; raise the limit with --max-eval-steps (the \
+                         transfers a program emits are limited too: --max-transfers)",
                     )
                     .at(end.span(), "this loop bound"));
                 }

@@ -233,7 +233,7 @@ impl Mapper {
             }
             return self.home(rank, view);
         };
-        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s as u8), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
     }
 
     fn write(&mut self, rank: u32, loc: Loc, k: u32) -> Operand {
@@ -245,7 +245,7 @@ impl Mapper {
             self.written[(rank * self.view_chunks + view) as usize] = true;
             return self.home(rank, view);
         };
-        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s as u8), loc.index + k)
+        Operand::new(BufId(BufId::FIRST_SCRATCH.0 + s), loc.index + k)
     }
 
     /// The first pass, out of place only (in place, every chunk run maps to one contiguous run): maps every
@@ -417,8 +417,7 @@ fn base_instr(t: &Transfer, count: u32) -> Instr {
         dst: Operand::NONE,
         send_peer: NO_RANK,
         recv_peer: NO_RANK,
-        // Lowering keeps to `MAX_SPANS` spans.
-        span: t.span as u16,
+        span: t.span,
     }
 }
 

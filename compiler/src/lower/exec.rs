@@ -647,3 +647,43 @@ fn trip_count(start: i64, end: i64, by: i64) -> u128 {
     }
     (span.unsigned_abs()).div_ceil(by.unsigned_abs())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::trip_count;
+
+    #[test]
+    fn trip_count_matches_the_loop_for_every_sign() {
+        // What `for i in start..end by by` runs, counted one iteration at a time (as the loop itself steps).
+        let counted = |start: i64, end: i64, by: i64| {
+            let (mut i, mut n) = (start, 0u128);
+            while (by > 0 && i < end) || (by < 0 && i > end) {
+                n += 1;
+                match i.checked_add(by) {
+                    Some(next) => i = next,
+                    None => break,
+                }
+            }
+            n
+        };
+        for (start, end, by) in [
+            (0, 10, 1),
+            (0, 10, 3),
+            (0, 9, 3),
+            (10, 0, -1),
+            (10, 0, -4),
+            (0, 10, -1),
+            (10, 0, 2),
+            (5, 5, 1),
+            (-7, 7, 5),
+            (i64::MAX - 3, i64::MAX, 2),
+            (i64::MIN + 3, i64::MIN, -2),
+            (i64::MAX, i64::MIN, i64::MIN),
+            (0, -1, i64::MIN),
+        ] {
+            assert_eq!(trip_count(start, end, by), counted(start, end, by), "{start}..{end} by {by}");
+        }
+        assert_eq!(trip_count(0, 1_000_000_000_000, 1), 1_000_000_000_000);
+        assert_eq!(trip_count(i64::MIN, i64::MAX, 1), u64::MAX as u128);
+    }
+}

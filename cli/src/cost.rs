@@ -72,10 +72,17 @@ pub fn topology(path: Option<&str>, n_ranks: u32) -> Result<Topology, String> {
     if n_ranks == 0 {
         return Err("--ranks 0: the model needs at least one rank".into());
     }
-    let Some(path) = path else { return Ok(Topology::uniform(n_ranks)) };
-    let text = std::fs::read_to_string(path).map_err(|e| format!("--topo {path}: cannot read it: {e}"))?;
-    let topo = Topology::from_json(&text).map_err(|e| format!("--topo {path}: {e}"))?;
-    topo.check_ranks(n_ranks).map_err(|e| format!("--topo {path}: {e}"))?;
+    match path {
+        Some(path) => topology_file(&format!("--topo {path}"), path, n_ranks),
+        None => Ok(Topology::uniform(n_ranks)),
+    }
+}
+
+/// The topology file at `path`, checked against the rank count; errors start with `given` (how the user named it).
+pub fn topology_file(given: &str, path: &str, n_ranks: u32) -> Result<Topology, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{given}: cannot read it: {e}"))?;
+    let topo = Topology::from_json(&text).map_err(|e| format!("{given}: {e}"))?;
+    topo.check_ranks(n_ranks).map_err(|e| format!("{given}: {e}"))?;
     Ok(topo)
 }
 

@@ -315,13 +315,12 @@ fn select(
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let from_env = std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty());
     // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
-    let topo = match (&args.topo, from_env) {
-        (Some(path), _) => crate::cost::topology(Some(path), n_ranks).map_err(|e| (2, e))?,
-        (None, Some(path)) => {
-            crate::cost::topology(Some(&path), n_ranks).map_err(|e| (2, e.replacen("--topo ", "COLLC_TOPO=", 1)))?
-        }
-        (None, None) => Topology::uniform_nodes(n_ranks, per_node),
-    };
+    let topo = match (args.topo.as_deref(), from_env.as_deref()) {
+        (Some(path), _) => crate::cost::topology_file(&format!("--topo {path}"), path, n_ranks),
+        (None, Some(path)) => crate::cost::topology_file(&format!("COLLC_TOPO={path}"), path, n_ranks),
+        (None, None) => Ok(Topology::uniform_nodes(n_ranks, per_node)),
+    }
+    .map_err(|e| (2, e))?;
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
     let bind = crate::args::BindArgs {
         root: collective.rooted().then_some(args.root),

@@ -93,7 +93,8 @@ def merged(values, key):
         return {k: merged([v[k] for v in values], k) for k in values[0] if all(k in v for v in values)}
     if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1:
         return [merged([v[i] for v in values], key) for i in range(len(values[0]))]
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values) and key not in ("nodes", "cores_per_node", "max_bytes"):
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        # One of the values (counts such as nodes stay whole); for a rate the lower middle, for a time the higher.
         return (statistics.median_low if key.endswith("gbps") else statistics.median_high)(values)
     return values[0]
 

@@ -45,9 +45,7 @@ fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<(String, Bi
     };
     (1..=n_ranks)
         .filter(|g| n_ranks.is_multiple_of(*g))
-        .map(|g| {
-            (format!(" {nodes}={} {local}={g}", n_ranks / g), given.clone().with_default_split(&file.algorithm, g))
-        })
+        .map(|g| (format!("{nodes}={} {local}={g}", n_ranks / g), given.clone().with_default_split(&file.algorithm, g)))
         .collect()
 }
 
@@ -58,15 +56,7 @@ fn failure_signature(errors: &Errors, source: &str) -> Vec<(&'static str, usize)
         .0
         .iter()
         .map(|e| {
-            let line = e.primary_span().map_or(0, |s| {
-                1 + source
-                    .as_bytes()
-                    .get(..s.start as usize)
-                    .unwrap_or(source.as_bytes())
-                    .iter()
-                    .filter(|&&b| b == b'\n')
-                    .count()
-            });
+            let line = e.primary_span().map_or(0, |s| collc_compiler::diag::line_at(source, s.start as usize));
             (e.code, line)
         })
         .collect();
@@ -220,21 +210,24 @@ pub fn run(args: CheckArgs) -> u8 {
         let mut line = Vec::new();
         let mut last_split = None;
         for (split, placement, outcome) in &outcomes {
-            // Each split named once in the line, before its first entry there (failures go to stderr).
-            let named = match last_split {
-                _ if matches!(outcome, Outcome::Failed(_)) => String::new(),
-                Some(last) if last == split => String::new(),
-                _ if split.is_empty() => String::new(),
-                _ => format!("{}: ", split.trim_start()),
+            let entry = match outcome {
+                Outcome::Verified(n) => format!("{placement} {n} instructions"),
+                Outcome::NotAdmitted(why) => format!("not admitted: {why}"),
+                Outcome::Failed(errors) => {
+                    let at = if split.is_empty() {
+                        format!("p={p} {placement}")
+                    } else {
+                        format!("p={p} {split} {placement}")
+                    };
+                    failures.report(at, errors);
+                    continue;
+                }
             };
-            if !matches!(outcome, Outcome::Failed(_)) {
-                last_split = Some(split);
-            }
-            match outcome {
-                Outcome::Verified(n) => line.push(format!("{named}{placement} {n} instructions")),
-                Outcome::NotAdmitted(why) => line.push(format!("{named}not admitted: {why}")),
-                Outcome::Failed(errors) => failures.report(format!("p={p}{split} {placement}"), errors),
-            }
+            // Each split named once in the line, before its first entry there.
+            let named =
+                if split.is_empty() || last_split == Some(split) { String::new() } else { format!("{split}: ") };
+            last_split = Some(split);
+            line.push(format!("{named}{entry}"));
         }
         match () {
             _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::Failed(_))) => failed += 1,

@@ -112,7 +112,7 @@ pub fn profile(
     let program = lower(&file, &bindings_for(&file, bind, n_ranks, topo), limits)?;
     let options = bind.options(Placement::OutOfPlace);
     let profile = analyse(&program, text, options, limits, topo)?;
-    Ok(Costed { collective: program.collective, profile, slices: options.pipeline.unwrap_or(program.pipeline) })
+    Ok(Costed { collective: program.collective, profile, slices: options.slices(&program) })
 }
 
 /// Algorithm bandwidth and nccl-tests' bus bandwidth, GB/s.

@@ -90,6 +90,11 @@ impl From<Error> for Errors {
     }
 }
 
+/// The 1-based line of byte `offset` in `source` (the last line for an offset past its end).
+pub fn line_at(source: &str, offset: usize) -> usize {
+    source.as_bytes()[..offset.min(source.len())].iter().filter(|&&b| b == b'\n').count() + 1
+}
+
 /// Renders one diagnostic against its source as miette's graphical report; colourless when `plain` (files, CI,
 /// snapshots). The compiler does no I/O: callers print the string.
 pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {

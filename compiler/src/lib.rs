@@ -76,6 +76,11 @@ impl Options {
     pub fn placed(placement: Placement) -> Self {
         Options { placement, ..Options::default() }
     }
+
+    /// The slices per chunk `program` is pipelined in under these options (1: not pipelined).
+    pub fn slices(&self, program: &ir::Program) -> u32 {
+        self.pipeline.unwrap_or(program.pipeline)
+    }
 }
 
 /// Parses, lowers, schedules, optimises and verifies one algorithm for one binding.
@@ -96,7 +101,7 @@ pub fn pipelined<'p>(
     options: Options,
     limits: &Limits,
 ) -> Result<std::borrow::Cow<'p, ir::Program>, Errors> {
-    match options.pipeline.unwrap_or(program.pipeline) {
+    match options.slices(program) {
         0 | 1 => Ok(std::borrow::Cow::Borrowed(program)),
         slices => Ok(std::borrow::Cow::Owned(optimise::pipeline(program, slices, limits)?)),
     }

@@ -56,7 +56,8 @@ fn malformed_texts() -> Vec<(&'static str, String)> {
         let lines: Vec<&str> = base.lines().filter(|l| !l.starts_with(prefix)).collect();
         lines.join("\n") + "\n"
     };
-    let many_buffers: String = (0..BufId::MAX_BUFFERS).map(|i| format!("buffer s{i} 1\n")).collect();
+    // With `in` and `out`, one buffer more than ids allow: the last would take id 255, `BufId::NONE`.
+    let many_buffers: String = (0..BufId::MAX_BUFFERS - 1).map(|i| format!("buffer s{i} 1\n")).collect();
     vec![
         ("empty text", String::new()),
         ("wrong magic", replace_once("collc-schedule 1", "collc-schedule 2")),

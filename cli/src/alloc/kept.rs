@@ -51,20 +51,23 @@ pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
     let Some(fit) = (0..RANGES).filter(|&i| kept[i].bytes >= bytes).min_by_key(|&i| kept[i].bytes) else {
         return join(&mut kept, bytes);
     };
-    let range = cut_front(&mut kept, fit, bytes);
+    let (range, dropped) = cut_front(&mut kept, fit, bytes);
+    // The system call outside the lock, as in `keep`.
+    drop(kept);
+    if dropped.bytes > 0 {
+        unmap(dropped.start, dropped.bytes);
+    }
     Some((range.start, range.zeroed))
 }
 
-/// Takes the first `bytes` of kept range `i` (returns the range as it was); the rest stays kept when it is a big
-/// block itself, else it goes back to the kernel.
-fn cut_front(kept: &mut [Range; RANGES], i: usize, bytes: usize) -> Range {
+/// Takes the first `bytes` of kept range `i`: returns the range as it was, and the rest when it is too small to
+/// keep (no bytes when there is none or it stays kept), for the caller to hand back to the kernel.
+fn cut_front(kept: &mut [Range; RANGES], i: usize, bytes: usize) -> (Range, Range) {
     let range = kept[i];
     let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
-    kept[i] = if rest.bytes >= super::BIG { rest } else { EMPTY };
-    if rest.bytes > 0 && rest.bytes < super::BIG {
-        unmap(rest.start, rest.bytes);
-    }
-    range
+    let keep = rest.bytes >= super::BIG;
+    kept[i] = if keep { rest } else { EMPTY };
+    (range, if keep { EMPTY } else { rest })
 }
 
 /// `bytes` made of several kept ranges, largest first, moved side by side into a new stretch of addresses
@@ -105,7 +108,10 @@ fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
         if moved == libc::MAP_FAILED {
             break;
         }
-        cut_front(kept, i, n);
+        let (_, dropped) = cut_front(kept, i, n);
+        if dropped.bytes > 0 {
+            unmap(dropped.start, dropped.bytes);
+        }
         zeroed &= range.zeroed;
         filled += n;
     }

@@ -71,7 +71,7 @@ struct Graph {
 
 fn build(sched: &Schedule, topo: &Topology) -> Graph {
     let conns = Connections::build(sched);
-    let total = conns.n_instrs();
+    let total = sched.n_instrs();
     let of_instr: Vec<(u32, u32)> = (0u32..)
         .zip(&sched.ranks)
         .flat_map(|(rank, program)| program.instrs.iter().map(move |instr| (rank, instr)))

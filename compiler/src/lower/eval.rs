@@ -163,13 +163,12 @@ pub(crate) struct Sweep {
 }
 
 impl Sweep {
-    /// `for slot in first..end by by`, when it counts up and runs at least once.
-    pub fn up_to(slot: u32, first: i64, end: i64, by: i64) -> Option<Sweep> {
-        if by <= 0 || first >= end {
+    /// A loop from `first` by `by` that runs `trips` times, when it counts up and runs at least once.
+    pub fn up_to(slot: u32, first: i64, by: i64, trips: u128) -> Option<Sweep> {
+        if by <= 0 || trips == 0 {
             return None;
         }
-        let n = (end as i128 - first as i128 + by as i128 - 1) / by as i128;
-        Some(Sweep { slot, first, by, n: usize::try_from(n).ok()? })
+        Some(Sweep { slot, first, by, n: usize::try_from(trips).ok()? })
     }
 }
 

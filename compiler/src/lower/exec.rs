@@ -176,7 +176,7 @@ impl Exec<'_> {
                     .at(end.span(), "this loop bound"));
                 }
                 if let [RStmt::Transfer(t)] = body.as_slice() {
-                    let sweep = Sweep::up_to(*slot, i, end_value, by_value);
+                    let sweep = Sweep::up_to(*slot, i, by_value, trips);
                     if let Some(sweep) = sweep.filter(|s| (BATCH_MIN..=BATCH_MAX).contains(&s.n)) {
                         if self.batch(t, sweep, frame)? {
                             return Ok(());

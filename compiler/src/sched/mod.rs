@@ -222,8 +222,9 @@ pub struct RankProgram {
     pub instrs: Vec<Instr>,
     /// Where instruction i's dependencies end in `deps`; they start where those of i - 1 end (4 bytes per
     /// instruction, where a start and an end took 8: schedules of thousands of ranks hold tens of millions).
-    /// Empty when no instruction has a dependency (`compacted`), as in every rank of a fused ring, where at
-    /// p = 4096 the two placements' lists would be 268 MB of zeros.
+    /// May be empty when no instruction has a dependency: `compacted` (what scheduling keeps) drops it then, as in
+    /// every rank of a fused ring, where at p = 4096 the two placements' lists would be 268 MB of zeros. Read it
+    /// through `deps_of`; `expand_deps` restores an entry per instruction for passes that rewrite it.
     pub dep_ends: Vec<u32>,
     pub deps: Vec<u32>,
 }
@@ -400,8 +401,7 @@ impl Schedule {
     }
 
     pub fn line_of(&self, source: &str, span: usize) -> usize {
-        let offset = self.spans.get(span).map_or(0, |s| s.start as usize).min(source.len());
-        source[..offset].bytes().filter(|&b| b == b'\n').count() + 1
+        crate::diag::line_at(source, self.spans.get(span).map_or(0, |s| s.start as usize))
     }
 }
 

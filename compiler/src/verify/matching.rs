@@ -149,11 +149,6 @@ impl Connections {
         RankConnections { sending: self.sending.of_rank(rank), receiving: self.receiving.of_rank(rank) }
     }
 
-    /// The number of instructions.
-    pub fn n_instrs(&self) -> usize {
-        *self.rank_start.last().unwrap_or(&0) as usize
-    }
-
     pub fn build(sched: &Schedule) -> Self {
         let mut builder = ConnectionsBuilder::new(sched);
         for (rank, program) in sched.ranks.iter().enumerate() {

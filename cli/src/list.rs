@@ -33,10 +33,40 @@ pub fn run(args: ListArgs) -> u8 {
         return 0;
     }
     let width = rows.iter().map(|r| r.0.len() + r.1.len() + 1).max().unwrap_or(4);
-    let cost_width = rows.iter().map(|r| r.2.len()).max().unwrap_or(4);
+    let cost_width = rows.iter().map(|r| r.2.chars().count()).max().unwrap_or(4).min(COST_COLUMN);
     println!("{:<14} {:<width$}  {:<cost_width$}  DOC", "COLLECTIVE", "NAME", "COST");
+    let mut cut = false;
     for (collective, algo, cost, doc) in rows {
-        println!("{collective:<14} {:<width$}  {cost:<cost_width$}  {doc}", format!("{collective}/{algo}"));
+        let shown = shortened(&cost, COST_COLUMN);
+        cut |= shown.len() < cost.len();
+        println!("{collective:<14} {:<width$}  {shown:<cost_width$}  {doc}", format!("{collective}/{algo}"));
+    }
+    if cut {
+        println!(
+            "# cost formulas cut at {COST_COLUMN} characters end in `...`: `collc list --format json` has them whole"
+        );
     }
     0
+}
+
+/// The widest COST column of the table: a few formulas carry their cases for other p (recursive halving's is 272
+/// characters), which would push every DOC off the screen.
+const COST_COLUMN: usize = 64;
+
+/// `text` itself if it has at most `max` characters, else its words up to `max - 4` characters and ` ...`.
+fn shortened(text: &str, max: usize) -> String {
+    if text.chars().count() <= max {
+        return text.to_string();
+    }
+    let mut kept = String::new();
+    for word in text.split(' ') {
+        if kept.chars().count() + word.chars().count() + 1 > max - 4 {
+            break;
+        }
+        if !kept.is_empty() {
+            kept.push(' ');
+        }
+        kept.push_str(word);
+    }
+    kept + " ..."
 }

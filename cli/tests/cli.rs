@@ -34,6 +34,14 @@ fn list_shows_every_library_algorithm_with_its_cost() {
         assert!(stdout.contains(name), "{name} missing from:\n{stdout}");
     }
     assert!(stdout.contains("2(p-1)a + 2(p-1)/p n b + (p-1)/p n g"), "{stdout}");
+    // A formula with its cases for other p is cut in the table, at a word, and whole in the JSON.
+    let halving = stdout.lines().find(|l| l.contains("reducescatter/recursive_halving")).expect("listed");
+    assert!(halving.contains("log2(p) a + (p-1)/p n b + (p-1)/p n g (p a power of two; ..."), "{halving}");
+    assert!(stdout.lines().all(|l| !l.contains("to deliver)")), "{stdout}");
+    let json: serde_json::Value = serde_json::from_slice(&collc(&["list", "--format", "json"]).stdout).expect("JSON");
+    let entry = json.as_array().expect("a list").iter().find(|e| e["name"] == "reducescatter/recursive_halving");
+    let cost = entry.and_then(|e| e["cost"].as_str()).expect("its cost");
+    assert!(cost.ends_with("plus a + n b + n g to fold and a + n/p b to deliver)"), "{cost}");
 }
 
 #[test]

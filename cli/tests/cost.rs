@@ -67,8 +67,23 @@ fn run_with_a_collective_says_what_it_selected_and_checks_it() {
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("selected per size") && stdout.contains("(predicted fastest)"), "{stdout}");
     assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
+    // Without a topology file it says it selected on the built-in constants, and how to measure this host's.
+    assert!(stdout.contains("#   cost model on the built-in topology (1 node(s) x 3 ranks;"), "{stdout}");
+    assert!(stdout.contains("collc cost --calibrate -o host.json"), "{stdout}");
     let out = collc(&["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "64", "--algo", "ring", "-n", "2"]);
     assert!(text(&out.stdout).contains("sizes 8..=64: allreduce/ring"), "{}", text(&out.stdout));
+    let topo = write_topology(
+        "run-topo",
+        r#"{"nodes": 1, "links": {"intra": {"alpha_us": 2, "bandwidth_gbps": 5}}, "reduce_gbps": 5}"#,
+    );
+    let out =
+        collc(&["run", "allreduce", "--ranks", "3", "-e", "64", "-n", "2", "--topo", topo.path(), "--format", "json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let on = doc["topology"].as_str().expect("the topology it selected on");
+    assert!(
+        on.starts_with(&format!("--topo {}: 1 node(s) x any number of ranks; intra alpha 2 us, 5 GB/s", topo.path())),
+        "{on}"
+    );
     let env = Command::new(env!("CARGO_BIN_EXE_collc"))
         .args(["run", "broadcast", "--ranks", "3", "-b", "8", "-e", "64", "-n", "2"])
         .env("COLLC_ALGO", "allreduce:ring;broadcast:chain")

@@ -268,6 +268,8 @@ pub struct Algorithms {
     pub compared: Vec<Choice>,
     /// Candidates of a selection that the rank count or node split does not admit, with why.
     pub not_admitted: Vec<(String, String)>,
+    /// For a selection: the topology the cost model selected on, where it came from and what it says.
+    pub topology: Option<String>,
 }
 
 /// Compiles a named algorithm once here, so a broken one is reported once, with its diagnostics, before any rank
@@ -299,8 +301,13 @@ fn compile_fixed(
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params };
-    let algorithms =
-        Algorithms { choices: vec![choice], selected: false, compared: Vec::new(), not_admitted: Vec::new() };
+    let algorithms = Algorithms {
+        choices: vec![choice],
+        selected: false,
+        compared: Vec::new(),
+        not_admitted: Vec::new(),
+        topology: None,
+    };
     Ok((collective, algorithms))
 }
 
@@ -321,6 +328,15 @@ fn select(
         (None, None) => Ok(Topology::uniform_nodes(n_ranks, per_node)),
     }
     .map_err(|e| (2, e))?;
+    let topology = match (args.topo.as_deref(), from_env.as_deref()) {
+        (Some(path), _) => format!("--topo {path}: {}", topo.describe()),
+        (None, Some(path)) => format!("COLLC_TOPO={path}: {}", topo.describe()),
+        (None, None) => format!(
+            "the built-in topology ({}); for this host's own numbers: collc cost --calibrate -o host.json, then \
+             --topo host.json or COLLC_TOPO=host.json",
+            topo.describe()
+        ),
+    };
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
     let bind = crate::args::BindArgs {
         root: collective.rooted().then_some(args.root),
@@ -349,7 +365,11 @@ fn select(
         true => field.candidates.iter().map(|c| choice(&c.name, usize::MAX)).collect(),
         false => Vec::new(),
     };
-    Ok((collective, Algorithms { choices: selection, selected: true, compared, not_admitted: field.not_admitted }))
+    let not_admitted = field.not_admitted;
+    Ok((
+        collective,
+        Algorithms { choices: selection, selected: true, compared, not_admitted, topology: Some(topology) },
+    ))
 }
 
 /// A communicator set up with the job's algorithm.

@@ -54,6 +54,9 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
     for (name, why) in &job.algorithms.not_admitted {
         println!("#   not a candidate: {}/{name} ({why})", job.collective);
     }
+    if let Some(topology) = &job.algorithms.topology {
+        println!("#   cost model on {topology}");
+    }
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
         job.byte_range.0,
@@ -137,7 +140,8 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         "algorithm": algorithm_label(job, header),
         "collective": job.collective.name(), "ranks": job.n_ranks,
         "transport": header.transport, "executor": header.executor,
-        "iters": job.iters, "warmup": job.warmup, "check": job.check, "rows": rows,
+        "iters": job.iters, "warmup": job.warmup, "check": job.check, "topology": job.algorithms.topology,
+        "rows": rows,
     });
     println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialise"));
 }

@@ -328,9 +328,10 @@ fn select(
         (None, None) => Ok(Topology::uniform_nodes(n_ranks, per_node)),
     }
     .map_err(|e| (2, e))?;
+    let named = if topo.name.is_empty() { String::new() } else { format!(" ({})", topo.name) };
     let topology = match (args.topo.as_deref(), from_env.as_deref()) {
-        (Some(path), _) => format!("--topo {path}: {}", topo.describe()),
-        (None, Some(path)) => format!("COLLC_TOPO={path}: {}", topo.describe()),
+        (Some(path), _) => format!("--topo {path}{named}: {}", topo.describe()),
+        (None, Some(path)) => format!("COLLC_TOPO={path}{named}: {}", topo.describe()),
         (None, None) => format!(
             "the built-in topology ({}); for this host's own numbers: collc cost --calibrate -o host.json, then \
              --topo host.json or COLLC_TOPO=host.json",

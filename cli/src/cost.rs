@@ -177,7 +177,7 @@ pub fn run(args: CostArgs) -> u8 {
                 profile.n_steps(),
                 profile.messages
             );
-            println!("# topology: {}: {}", if topo.name.is_empty() { "file" } else { &topo.name }, topo.describe());
+            println!("# topology: {}: {}", topo.title(), topo.describe());
             println!("#");
             println!("# {:>12} {:>14} {:>12} {:>12}", "size", "time(us)", "algbw(GB/s)", "busbw(GB/s)");
             for (size, seconds, algbw, busbw) in rows {

@@ -108,8 +108,7 @@ pub fn run(args: TuneArgs) -> u8 {
     let limits = args.limits.limits();
     let mut report_json = Vec::new();
     if args.format == Format::Table {
-        let name = if topo.name.is_empty() { "file" } else { &topo.name };
-        println!("# collc tune: {} ranks; topology: {name}: {}", args.ranks, topo.describe());
+        println!("# collc tune: {} ranks; topology: {}: {}", args.ranks, topo.title(), topo.describe());
     }
     let every_collective = collectives.len() > 1;
     for collective in collectives {

@@ -321,18 +321,19 @@ fn select(
 ) -> Result<(Collective, Algorithms), (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let from_env = std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty());
+    let file = match (args.topo.as_deref(), from_env.as_deref()) {
+        (Some(path), _) => Some((format!("--topo {path}"), path)),
+        (None, Some(path)) => Some((format!("COLLC_TOPO={path}"), path)),
+        (None, None) => None,
+    };
     // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
-    let topo = match (args.topo.as_deref(), from_env.as_deref()) {
-        (Some(path), _) => crate::cost::topology_file(&format!("--topo {path}"), path, n_ranks),
-        (None, Some(path)) => crate::cost::topology_file(&format!("COLLC_TOPO={path}"), path, n_ranks),
-        (None, None) => Ok(Topology::uniform_nodes(n_ranks, per_node)),
-    }
-    .map_err(|e| (2, e))?;
-    let named = if topo.name.is_empty() { String::new() } else { format!(" ({})", topo.name) };
-    let topology = match (args.topo.as_deref(), from_env.as_deref()) {
-        (Some(path), _) => format!("--topo {path}{named}: {}", topo.describe()),
-        (None, Some(path)) => format!("COLLC_TOPO={path}{named}: {}", topo.describe()),
-        (None, None) => format!(
+    let topo = match &file {
+        Some((origin, path)) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
+        None => Topology::uniform_nodes(n_ranks, per_node),
+    };
+    let topology = match &file {
+        Some((origin, _)) => format!("{origin} ({}): {}", topo.title(), topo.describe()),
+        None => format!(
             "the built-in topology ({}); for this host's own numbers: collc cost --calibrate -o host.json, then \
              --topo host.json or COLLC_TOPO=host.json",
             topo.describe()

@@ -376,6 +376,15 @@ impl Topology {
         self.copy_gbps.map_or(0.0, |gbps| 1e-9 / gbps)
     }
 
+    /// What report headers call the topology: its `name`, or `file` for a file that gives none.
+    pub fn title(&self) -> &str {
+        if self.name.is_empty() {
+            "file"
+        } else {
+            &self.name
+        }
+    }
+
     /// One line for report headers.
     pub fn describe(&self) -> String {
         let link = |l: &Link| match &l.message_us {

@@ -11,7 +11,7 @@
 use super::fuse::{fuse_rank, fused, hazard, overlaps};
 use super::receive_reduce::reduces_scratch;
 use crate::fxhash::FxBuildHasher;
-use crate::sched::build::{add_dependencies, with_hazards, Hazards};
+use crate::sched::hazards::{add_dependencies, with_hazards, Hazards};
 use crate::sched::slots::NONE;
 use crate::sched::{BufferDecl, Instr, Op, Operand, RankProgram, NO_RANK};
 use std::cell::RefCell;

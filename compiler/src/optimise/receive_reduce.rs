@@ -4,7 +4,7 @@
 //! send that forwards it.
 
 use super::fuse::overlaps;
-use crate::sched::build::with_dependencies;
+use crate::sched::hazards::with_dependencies;
 use crate::sched::{BufferDecl, Dependents, Instr, Op, Operand, RankProgram, NO_RANK};
 
 /// Fuses the receive-then-reduce pairs of one rank. The joined receive moves to its reduction's place, so a changed

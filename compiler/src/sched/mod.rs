@@ -1,7 +1,9 @@
 //! `sched::Schedule`: per-rank instruction lists with explicit local-read, local-write and peer operands, channels
-//! and the dependencies that data hazards require. `build.rs` makes one from an `ir::Program`.
+//! and the dependencies that data hazards require. `build.rs` makes one from an `ir::Program`, `hazards.rs` its
+//! dependencies.
 
 pub(crate) mod build;
+pub(crate) mod hazards;
 mod index;
 pub(crate) mod slots;
 
@@ -10,7 +12,8 @@ use collc_grammar::ast::Span;
 use serde::Serialize;
 use std::fmt;
 
-pub use build::{add_dependencies, schedule, schedule_ranks, schedule_with, Layout};
+pub use build::{schedule, schedule_ranks, schedule_with, Layout};
+pub use hazards::add_dependencies;
 pub use index::{IndexPart, TransferIndex};
 
 /// Whether `in` and `out` are one buffer (NCCL's in-place call) or two.

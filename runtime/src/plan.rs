@@ -121,15 +121,66 @@ pub(crate) struct PlanInput<'a> {
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
     let PlanInput { name, rank, count, dtype, op, source, segments, slot_bytes } = input;
     let elem = dtype.size_bytes();
-    let chunks = sched.chunks.max(1) as usize;
-    let capacity = count.div_ceil(chunks);
+    let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
         .checked_mul(elem)
         .and_then(|b| b.checked_mul(sched.n_ranks as usize))
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
-    let program = &sched.ranks[rank as usize];
     let layout = ChunkLayout::new(count, sched.chunks);
-    // Every rank must cut a call into the same tiles, so the widest message of any rank sets the tile size.
+    let (tile, n_tiles) = tiles(sched, elem, capacity, slot_bytes)?;
+    let Translated { steps, pieces, labels, fifos } =
+        translate(sched, rank, source, &layout, capacity, segments, slot_bytes)?;
+    let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
+    let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
+    let (bases, scratch) = scratch_buffers(sched, capacity * elem);
+    let user_elements = user_elements(sched, &layout);
+    let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    let (out_buf, out_offset) = sched.output_window(rank);
+    let output = (out_buf.0, layout.elements(out_offset, out_chunks));
+    let mut peers: Vec<u32> = fifos.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    let (n_steps, n_fifos) = (steps.len(), fifos.len());
+    Ok(Plan {
+        rank,
+        n_ranks: sched.n_ranks,
+        collective: sched.collective,
+        algorithm: name.to_string(),
+        dtype,
+        op,
+        elem,
+        tile,
+        n_tiles,
+        capacity,
+        streaming: (user_elements[0].max(user_elements[1]) * elem) >= STREAMING_BYTES,
+        steps,
+        pieces,
+        labels,
+        dependents_start,
+        dependents,
+        unmet_at_start,
+        roots,
+        fifos,
+        peers,
+        _scratch: scratch,
+        user_elements,
+        output,
+        fingerprint: fingerprint(sched, count, dtype, op),
+        unmet: vec![0; n_steps],
+        fired_on: vec![0; n_fifos],
+        waiting: Vec::with_capacity(n_steps),
+        bases,
+    })
+}
+
+/// Elements per tile of one chunk, and tiles per call. Every rank must cut a call into the same tiles, so the
+/// widest message of any rank sets the tile size.
+fn tiles(
+    sched: &VerifiedSchedule,
+    elem: usize,
+    capacity: usize,
+    slot_bytes: usize,
+) -> Result<(usize, usize), RuntimeError> {
     let max_n = sched.ranks.iter().flat_map(|p| &p.instrs).map(|i| i.count as usize).max().unwrap_or(1).max(1);
     if slot_bytes < max_n * elem {
         return Err(RuntimeError::Config(format!(
@@ -138,8 +189,28 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         )));
     }
     let tile = (slot_bytes / (max_n * elem)).min(capacity).max(1);
-    let n_tiles = capacity.div_ceil(tile);
-    let (in_chunks, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    Ok((tile, capacity.div_ceil(tile)))
+}
+
+/// One rank's instructions as the executor runs them.
+struct Translated {
+    steps: Vec<Step>,
+    pieces: Vec<Piece>,
+    labels: Vec<StepLabel>,
+    fifos: Vec<Fifo>,
+}
+
+/// `rank`'s instructions as steps with the element places of every chunk they touch, and the FIFOs of its
+/// connections (opened in `segments`), each step with its position on them.
+fn translate(
+    sched: &VerifiedSchedule,
+    rank: u32,
+    source: &str,
+    layout: &ChunkLayout,
+    capacity: usize,
+    segments: &dyn Segments,
+    slot_bytes: usize,
+) -> Result<Translated, RuntimeError> {
     // A user buffer's chunk j sits in block j / C at the chunk layout's offset; scratch chunks are padded.
     let place = |operand: Operand, k: u32| -> Place {
         let Some(operand) = operand.get() else { return Place::NONE };
@@ -159,6 +230,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         fifos.push(Fifo::open(segments, from, to, channel, slot_bytes)?);
         Ok((fifos.len() - 1) as u16)
     };
+    let program = &sched.ranks[rank as usize];
     let mut steps = Vec::with_capacity(program.len());
     let mut pieces = Vec::new();
     let mut labels = Vec::with_capacity(program.len());
@@ -190,20 +262,28 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
         labels.push(StepLabel { index, op: instr.op, line: sched.line_of(source, instr.span.into()) });
     }
-    let (dependents_start, dependents, unmet_at_start) = dependents_of(program);
-    let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
-    // `in` and `out` are the caller's, set per call; scratch is this plan's, set once (a Vec's heap storage does not
-    // move when the plan does).
+    Ok(Translated { steps, pieces, labels, fifos })
+}
+
+/// Where each buffer starts (`in` and `out` left null, set per call) and the storage of the scratch buffers, each
+/// 64-byte aligned, `chunk_bytes` per chunk (a Vec's heap storage does not move when the plan does).
+fn scratch_buffers(sched: &VerifiedSchedule, chunk_bytes: usize) -> (Vec<*mut u8>, Vec<Vec<u8>>) {
     let mut bases = vec![std::ptr::null_mut(); sched.buffers.len()];
     let mut scratch = Vec::with_capacity(sched.buffers.len().saturating_sub(2));
     for (b, decl) in sched.buffers.iter().enumerate().skip(2) {
-        let mut storage = vec![0u8; decl.chunks as usize * capacity * elem + 64];
+        let mut storage = vec![0u8; decl.chunks as usize * chunk_bytes + 64];
         let offset = storage.as_ptr().align_offset(64);
         bases[b] = storage[offset..].as_mut_ptr();
         scratch.push(storage);
     }
+    (bases, scratch)
+}
+
+/// Elements the user's `in` and `out` must hold (in place, only the buffer both share).
+fn user_elements(sched: &VerifiedSchedule, layout: &ChunkLayout) -> [usize; 2] {
+    let (in_chunks, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
     let block_elements = |chunks_in_buffer: u32| layout.elements(0, chunks_in_buffer).end;
-    let user_elements = match sched.placement {
+    match sched.placement {
         Placement::OutOfPlace => [block_elements(in_chunks), block_elements(out_chunks)],
         Placement::InPlace => {
             let shared = block_elements(in_chunks.max(out_chunks));
@@ -213,45 +293,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
                 [0, shared]
             }
         }
-    };
-    let (out_buf, out_offset) = sched.output_window(rank);
-    let output = (out_buf.0, layout.elements(out_offset, out_chunks));
-    let mut peers: Vec<u32> = fifos.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
-    peers.sort_unstable();
-    peers.dedup();
-    let fingerprint = fingerprint(sched, count, dtype, op);
-    let n_steps = steps.len();
-    let n_fifos = fifos.len();
-    Ok(Plan {
-        rank,
-        n_ranks: sched.n_ranks,
-        collective: sched.collective,
-        algorithm: name.to_string(),
-        dtype,
-        op,
-        elem,
-        tile,
-        n_tiles,
-        capacity,
-        streaming: (user_elements[0].max(user_elements[1]) * elem) >= STREAMING_BYTES,
-        steps,
-        pieces,
-        labels,
-        dependents_start,
-        dependents,
-        unmet_at_start,
-        roots,
-        fifos,
-        peers,
-        _scratch: scratch,
-        user_elements,
-        output,
-        fingerprint,
-        unmet: vec![0; n_steps],
-        fired_on: vec![0; n_fifos],
-        waiting: Vec::with_capacity(n_steps),
-        bases,
-    })
+    }
 }
 
 /// Local dependents of each instruction (CSR) and how many dependencies each waits for.

@@ -38,55 +38,7 @@ fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
 }
 
 fn print_table(job: &Job, header: &Header, rows: &[Row]) {
-    println!(
-        "# collc run: algorithm {} ({}), {} ranks, transport {}, executor {}",
-        algorithm_label(job, header),
-        job.collective,
-        job.n_ranks,
-        header.transport,
-        header.executor
-    );
-    let mut from = job.sizes.first().copied().unwrap_or(0);
-    for choice in job.algorithms.choices.iter().filter(|_| job.algorithms.selected) {
-        println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
-        from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
-    }
-    for (name, why) in &job.algorithms.not_admitted {
-        println!("#   not a candidate: {}/{name} ({why})", job.collective);
-    }
-    if let Some(topology) = &job.algorithms.topology {
-        println!("#   cost model on {topology}");
-    }
-    println!(
-        "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
-        job.byte_range.0,
-        job.byte_range.1,
-        job.warmup,
-        job.iters,
-        u8::from(job.check)
-    );
-    println!("#");
-    println!("#{:>77}{:>35}", "out-of-place", "in-place");
-    println!(
-        "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
-        "size",
-        "count",
-        "type",
-        "redop",
-        "root",
-        "time",
-        "algbw",
-        "busbw",
-        "#wrong",
-        "time",
-        "algbw",
-        "busbw",
-        "#wrong"
-    );
-    println!(
-        "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
-        "(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)", ""
-    );
+    print_header(job, header);
     let compare = !job.algorithms.compared.is_empty();
     let mut busbw_sum = 0.0;
     let mut wrong_total = 0u64;
@@ -117,6 +69,61 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
     println!("#");
     if compare {
         print_comparison(job, rows);
+    }
+}
+
+/// nccl-tests' header: what ran (and, for a selection, what the cost model chose on which topology), the sweep,
+/// and the column titles.
+fn print_header(job: &Job, header: &Header) {
+    println!(
+        "# collc run: algorithm {} ({}), {} ranks, transport {}, executor {}",
+        algorithm_label(job, header),
+        job.collective,
+        job.n_ranks,
+        header.transport,
+        header.executor
+    );
+    let mut from = job.sizes.first().copied().unwrap_or(0);
+    for choice in job.algorithms.choices.iter().filter(|_| job.algorithms.selected) {
+        println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
+        from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
+    }
+    for (name, why) in &job.algorithms.not_admitted {
+        println!("#   not a candidate: {}/{name} ({why})", job.collective);
+    }
+    if let Some(topology) = &job.algorithms.topology {
+        println!("#   cost model on {topology}");
+    }
+    println!(
+        "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
+        job.byte_range.0,
+        job.byte_range.1,
+        job.warmup,
+        job.iters,
+        u8::from(job.check)
+    );
+    println!("#");
+    println!("#{:>77}{:>35}", "out-of-place", "in-place");
+    let columns = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"];
+    let units = ["(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""];
+    for titles in [columns, units] {
+        let in_place = &titles[5..];
+        println!(
+            "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
+            titles[0],
+            titles[1],
+            titles[2],
+            titles[3],
+            titles[4],
+            titles[5],
+            titles[6],
+            titles[7],
+            titles[8],
+            in_place[0],
+            in_place[1],
+            in_place[2],
+            in_place[3]
+        );
     }
 }
 

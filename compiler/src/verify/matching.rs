@@ -262,8 +262,7 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
         let ranks = &ctx.sched.ranks;
         let (sends, recvs) = (connections.sends_of(c), connections.recvs_of(c));
         for k in 0..sends.len().max(recvs.len()) {
-            let (send, recv) = (sends.get(k), recvs.get(k));
-            let problem = match (send, recv) {
+            match (sends.get(k), recvs.get(k)) {
                 (Some(&s), Some(&r)) => {
                     let (si, ri) =
                         (&ranks[c.from as usize].instrs[s as usize], &ranks[c.to as usize].instrs[r as usize]);
@@ -274,88 +273,89 @@ pub(crate) fn check(ctx: &Context, connections: &Connections, errors: &mut Vec<E
                     if si.count == ri.count && same_position {
                         continue;
                     }
-                    if si.count == ri.count {
-                        let (sent_at, received_at) = (si.position(chunks), ri.position(chunks));
-                        let message = format!(
-                            "{} sends chunk position {} of a block into position {} on {}",
-                            ctx.describe(c.from, s as usize),
-                            sent_at.unwrap_or(0),
-                            received_at.unwrap_or(0),
-                            ctx.describe(c.to, r as usize),
-                        );
-                        errors.push(
-                            ctx.error(
-                                "collc::verify::matching",
-                                message,
-                                "a chunk keeps its position in its block (index modulo chunks) everywhere it goes",
-                                si,
-                                "this send",
-                            )
-                            .at(ctx.span(ri), "this receive"),
-                        );
-                        continue;
+                    errors.push(mismatch(ctx, c, (s, si), (r, ri)));
+                    // A chunk at the wrong position leaves the pairs after it in step; a wrong size does not.
+                    if si.count != ri.count {
+                        break;
                     }
-                    let message = format!(
-                        "{} sends {} chunks but {} receives {}",
-                        ctx.describe(c.from, s as usize),
-                        si.count,
-                        ctx.describe(c.to, r as usize),
-                        ri.count
-                    );
-                    ctx.error(
-                        "collc::verify::matching",
-                        message,
-                        "the n-th send and the n-th receive of a connection must have the same size",
-                        si,
-                        "this send",
-                    )
-                    .at(ctx.span(ri), "this receive")
                 }
                 (Some(&s), None) => {
-                    let si = &ranks[c.from as usize].instrs[s as usize];
-                    let message = format!(
-                        "{} sends to rank {} on channel {}, which never receives it (send {} of {}, {} receives)",
-                        ctx.describe(c.from, s as usize),
-                        c.to,
-                        c.channel,
-                        k + 1,
-                        sends.len(),
-                        recvs.len()
-                    );
-                    ctx.error(
-                        "collc::verify::matching",
-                        message,
-                        "every send needs a matching receive on the peer",
-                        si,
-                        "unmatched send",
-                    )
+                    errors.push(unmatched(ctx, c, Unmatched::Send(s), k, sends.len(), recvs.len()));
+                    break;
                 }
                 (None, Some(&r)) => {
-                    let ri = &ranks[c.to as usize].instrs[r as usize];
-                    let message = format!(
-                        "{} receives from rank {} on channel {}, which never sends it (receive {} of {}, {} sends)",
-                        ctx.describe(c.to, r as usize),
-                        c.from,
-                        c.channel,
-                        k + 1,
-                        recvs.len(),
-                        sends.len()
-                    );
-                    ctx.error(
-                        "collc::verify::matching",
-                        message,
-                        "every receive needs a matching send on the peer",
-                        ri,
-                        "unmatched receive",
-                    )
+                    errors.push(unmatched(ctx, c, Unmatched::Receive(r), k, sends.len(), recvs.len()));
+                    break;
                 }
                 (None, None) => unreachable!("k is below the longer list's length"),
-            };
-            errors.push(problem);
-            break;
+            }
         }
         if errors.len() >= ctx.limits.max_errors {
             return;
+        }
+    }
+}
+
+/// A send and its receive (instruction index and instruction each) that differ in size, or else in the position of
+/// their chunk within its block.
+fn mismatch(ctx: &Context, c: &Connection, (s, si): (u32, &Instr), (r, ri): (u32, &Instr)) -> Error {
+    let (sender, receiver) = (ctx.describe(c.from, s as usize), ctx.describe(c.to, r as usize));
+    if si.count == ri.count {
+        let chunks = ctx.sched.chunks;
+        let (sent_at, received_at) = (si.position(chunks).unwrap_or(0), ri.position(chunks).unwrap_or(0));
+        let message =
+            format!("{sender} sends chunk position {sent_at} of a block into position {received_at} on {receiver}");
+        let help = "a chunk keeps its position in its block (index modulo chunks) everywhere it goes";
+        return ctx.error("collc::verify::matching", message, help, si, "this send").at(ctx.span(ri), "this receive");
+    }
+    let message = format!("{sender} sends {} chunks but {receiver} receives {}", si.count, ri.count);
+    let help = "the n-th send and the n-th receive of a connection must have the same size";
+    ctx.error("collc::verify::matching", message, help, si, "this send").at(ctx.span(ri), "this receive")
+}
+
+/// The instruction (index on its rank) of a connection whose other side has no counterpart.
+enum Unmatched {
+    Send(u32),
+    Receive(u32),
+}
+
+/// The `k`-th send or receive of connection `c`, which has `n_sends` sends and `n_recvs` receives, unmatched.
+fn unmatched(ctx: &Context, c: &Connection, side: Unmatched, k: usize, n_sends: usize, n_recvs: usize) -> Error {
+    let ranks = &ctx.sched.ranks;
+    match side {
+        Unmatched::Send(s) => {
+            let message = format!(
+                "{} sends to rank {} on channel {}, which never receives it (send {} of {n_sends}, {n_recvs} receives)",
+                ctx.describe(c.from, s as usize),
+                c.to,
+                c.channel,
+                k + 1,
+            );
+            let si = &ranks[c.from as usize].instrs[s as usize];
+            ctx.error(
+                "collc::verify::matching",
+                message,
+                "every send needs a matching receive on the peer",
+                si,
+                "unmatched send",
+            )
+        }
+        Unmatched::Receive(r) => {
+            let message = format!(
+                "{} receives from rank {} on channel {}, which never sends it (receive {} of {n_recvs}, {n_sends} sends)",
+                ctx.describe(c.to, r as usize),
+                c.from,
+                c.channel,
+                k + 1,
+            );
+            let ri = &ranks[c.to as usize].instrs[r as usize];
+            ctx.error(
+                "collc::verify::matching",
+                message,
+                "every receive needs a matching send on the peer",
+                ri,
+                "unmatched receive",
+            )
         }
     }
 }

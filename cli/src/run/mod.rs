@@ -197,28 +197,8 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         )));
     }
     let fixed = if selecting { None } else { Some(fixed.map_err(usage)?) };
-    let min = parse_size(&args.min_bytes).map_err(|e| usage(format!("-b: {e}")))?;
-    let max = parse_size(&args.max_bytes).map_err(|e| usage(format!("-e: {e}")))?;
-    if min > max {
-        return Err(usage(format!("-b {min} is larger than -e {max}: the size range is empty")));
-    }
-    let step = args.step_bytes.as_deref().map(parse_size).transpose().map_err(|e| usage(format!("-i: {e}")))?;
-    if step.is_none() && args.factor < 2 && min != max {
-        return Err(usage("-f must be at least 2 (or give -i)".into()));
-    }
-    if step == Some(0) {
-        return Err(usage("-i 0 would never reach -e".into()));
-    }
-    let dtypes = if args.dtype == "all" {
-        DataType::ALL.to_vec()
-    } else {
-        vec![args.dtype.parse::<DataType>().map_err(|e| usage(e.to_string()))?]
-    };
-    let ops = if args.op == "all" {
-        ReduceOp::ALL.to_vec()
-    } else {
-        vec![args.op.parse::<ReduceOp>().map_err(|e| usage(e.to_string()))?]
-    };
+    let ((min, max), sizes) = sweep(args).map_err(usage)?;
+    let (dtypes, ops) = types_and_ops(args).map_err(usage)?;
     if args.iters == 0 {
         return Err(usage("-n 0: at least one timed iteration".into()));
     }
@@ -233,7 +213,6 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
-    let sizes = size_sweep(min, max, args.factor, step);
     let (collective, algorithms) = match fixed {
         None => select(args, n_ranks, per_node, peer, &sizes)?,
         Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
@@ -255,6 +234,36 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         options,
         algorithms,
     })
+}
+
+/// `-b`, `-e` and the sizes from one to the other by `-f` (or `-i`), as nccl-tests sweeps them.
+fn sweep(args: &RunArgs) -> Result<((usize, usize), Vec<usize>), String> {
+    let min = parse_size(&args.min_bytes).map_err(|e| format!("-b: {e}"))?;
+    let max = parse_size(&args.max_bytes).map_err(|e| format!("-e: {e}"))?;
+    if min > max {
+        return Err(format!("-b {min} is larger than -e {max}: the size range is empty"));
+    }
+    let step = args.step_bytes.as_deref().map(parse_size).transpose().map_err(|e| format!("-i: {e}"))?;
+    if step.is_none() && args.factor < 2 && min != max {
+        return Err("-f must be at least 2 (or give -i)".into());
+    }
+    if step == Some(0) {
+        return Err("-i 0 would never reach -e".into());
+    }
+    Ok(((min, max), size_sweep(min, max, args.factor, step)))
+}
+
+/// `-d` and `-o`: one data type and op, or `all` of them.
+fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), String> {
+    let dtypes = match args.dtype.as_str() {
+        "all" => DataType::ALL.to_vec(),
+        name => vec![name.parse::<DataType>().map_err(|e| e.to_string())?],
+    };
+    let ops = match args.op.as_str() {
+        "all" => ReduceOp::ALL.to_vec(),
+        name => vec![name.parse::<ReduceOp>().map_err(|e| e.to_string())?],
+    };
+    Ok((dtypes, ops))
 }
 
 /// What runs: one algorithm for every size, or the ones the cost model selected per size range.

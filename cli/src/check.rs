@@ -148,6 +148,29 @@ fn check_rank_count(file: &ast::File, args: &CheckArgs, text: &str, p: u32) -> V
 }
 
 /// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line.
+/// What `collc check` prints for one rank count: each split and placement that verified or was not admitted (a split
+/// named once, before its first entry); a failure goes to `failures` instead.
+fn outcome_line(p: u32, outcomes: &[(String, Placement, Outcome)], failures: &mut Failures) -> Vec<String> {
+    let mut line = Vec::new();
+    let mut last_split = None;
+    for (split, placement, outcome) in outcomes {
+        let entry = match outcome {
+            Outcome::Verified(n) => format!("{placement} {n} instructions"),
+            Outcome::NotAdmitted(why) => format!("not admitted: {why}"),
+            Outcome::Failed(errors) => {
+                let at =
+                    if split.is_empty() { format!("p={p} {placement}") } else { format!("p={p} {split} {placement}") };
+                failures.report(at, errors);
+                continue;
+            }
+        };
+        let named = if split.is_empty() || last_split == Some(split) { String::new() } else { format!("{split}: ") };
+        last_split = Some(split);
+        line.push(format!("{named}{entry}"));
+    }
+    line
+}
+
 struct Failures<'a> {
     /// The signatures printed in full, with where each was.
     printed: Vec<(Vec<(&'static str, usize)>, String)>,
@@ -207,28 +230,7 @@ pub fn run(args: CheckArgs) -> u8 {
     let started = std::time::Instant::now();
     for &p in &ranks {
         let outcomes = check_rank_count(&file, &args, &source.text, p);
-        let mut line = Vec::new();
-        let mut last_split = None;
-        for (split, placement, outcome) in &outcomes {
-            let entry = match outcome {
-                Outcome::Verified(n) => format!("{placement} {n} instructions"),
-                Outcome::NotAdmitted(why) => format!("not admitted: {why}"),
-                Outcome::Failed(errors) => {
-                    let at = if split.is_empty() {
-                        format!("p={p} {placement}")
-                    } else {
-                        format!("p={p} {split} {placement}")
-                    };
-                    failures.report(at, errors);
-                    continue;
-                }
-            };
-            // Each split named once in the line, before its first entry there.
-            let named =
-                if split.is_empty() || last_split == Some(split) { String::new() } else { format!("{split}: ") };
-            last_split = Some(split);
-            line.push(format!("{named}{entry}"));
-        }
+        let line = outcome_line(p, &outcomes, &mut failures);
         match () {
             _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::Failed(_))) => failed += 1,
             _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::NotAdmitted(_))) => skipped += 1,

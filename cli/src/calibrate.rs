@@ -206,15 +206,15 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
 /// A warning when large messages between the two calibrating ranks moved at under `SLOW_SHARE` of the host's copy
 /// rate (both in GB/s). A one-way message is two copies, into the FIFO and out of it, on two CPUs that work at once,
 /// so it usually runs at about half the copy rate or more. Of 42 calibrations on the development VM, 31 measured
-/// 0.47-0.67 of it, the 10 that fell into a phase where the VM's two CPUs exchanged data three times slower 0.17-0.22,
-/// and one that fell partly into it 0.31.
+/// 0.47-0.67 of it; the 10 that fell into a phase where the VM's two CPUs exchanged data three times slower measured
+/// 0.17-0.22, and one that fell partly into it 0.31.
 fn slow_messages(message_gbps: f64, copy_gbps: f64) -> Option<String> {
     let share = message_gbps / copy_gbps;
     (share < SLOW_SHARE).then(|| {
         format!(
             "warning: large messages moved at {message_gbps:.2} GB/s, {:.0}% of this host's copy rate ({copy_gbps:.2} \
-             GB/s), where two copies at once usually reach half of it or more: the two CPUs may be busy or far apart \
-             (on a shared VM, a passing phase of the host). Calibrate again and compare before predicting with this file.",
+             GB/s); they usually reach about 50%. The CPUs were probably busy or slowed (on a shared VM, a passing \
+             phase of the host): calibrate again and compare before predicting with this file.",
             share * 100.0
         )
     })

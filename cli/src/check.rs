@@ -147,7 +147,6 @@ fn check_rank_count(file: &ast::File, args: &CheckArgs, text: &str, p: u32) -> V
         .collect()
 }
 
-/// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line.
 /// What `collc check` prints for one rank count: each split and placement that verified or was not admitted (a split
 /// named once, before its first entry); a failure goes to `failures` instead.
 fn outcome_line(p: u32, outcomes: &[(String, Placement, Outcome)], failures: &mut Failures) -> Vec<String> {
@@ -171,6 +170,7 @@ fn outcome_line(p: u32, outcomes: &[(String, Placement, Outcome)], failures: &mu
     line
 }
 
+/// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line.
 struct Failures<'a> {
     /// The signatures printed in full, with where each was.
     printed: Vec<(Vec<(&'static str, usize)>, String)>,

@@ -28,7 +28,8 @@ pub fn run(args: ListArgs) -> u8 {
         })
         .collect();
     if args.format == "json" {
-        let items: Vec<_> = rows.iter().map(|(c, a, cost, doc)| serde_json::json!({"collective": c, "name": format!("{c}/{a}"), "cost": cost, "doc": doc})).collect();
+        let item = |(c, a, cost, doc): &(&str, &str, String, String)| serde_json::json!({"collective": c, "name": format!("{c}/{a}"), "cost": cost, "doc": doc});
+        let items: Vec<_> = rows.iter().map(item).collect();
         println!("{}", serde_json::to_string_pretty(&items).expect("JSON of strings"));
         return 0;
     }
@@ -38,7 +39,7 @@ pub fn run(args: ListArgs) -> u8 {
     let mut cut = false;
     for (collective, algo, cost, doc) in rows {
         let shown = shortened(&cost, COST_COLUMN);
-        cut |= shown.len() < cost.len();
+        cut |= shown != cost;
         println!("{collective:<14} {:<width$}  {shown:<cost_width$}  {doc}", format!("{collective}/{algo}"));
     }
     if cut {
@@ -53,14 +54,17 @@ pub fn run(args: ListArgs) -> u8 {
 /// characters), which would push every DOC off the screen.
 const COST_COLUMN: usize = 64;
 
-/// `text` itself if it has at most `max` characters, else its words up to `max - 4` characters and ` ...`.
+/// `text` itself if it has at most `max` characters, else as many of its words as fit in `max - 4` characters and
+/// ` ...` (a first word longer than that is cut inside).
 fn shortened(text: &str, max: usize) -> String {
     if text.chars().count() <= max {
         return text.to_string();
     }
+    let room = max.saturating_sub(4);
     let mut kept = String::new();
     for word in text.split(' ') {
-        if kept.chars().count() + word.chars().count() + 1 > max - 4 {
+        let needed = kept.chars().count() + usize::from(!kept.is_empty()) + word.chars().count();
+        if needed > room {
             break;
         }
         if !kept.is_empty() {
@@ -68,5 +72,21 @@ fn shortened(text: &str, max: usize) -> String {
         }
         kept.push_str(word);
     }
+    if kept.is_empty() {
+        kept = text.chars().take(room).collect();
+    }
     kept + " ..."
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shortened;
+
+    #[test]
+    fn shortened_keeps_short_texts_and_cuts_long_ones_at_a_word() {
+        assert_eq!(shortened("a + n b", 64), "a + n b");
+        assert_eq!(shortened("log2(p) a + (p-1)/p n b (p a power of two)", 24), "log2(p) a + (p-1)/p ...");
+        assert_eq!(shortened("ceil(log2(p))(a+nb)+more words", 12), "ceil(log ...");
+        assert!(shortened("x y z", 2).ends_with(" ..."));
+    }
 }

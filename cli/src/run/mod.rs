@@ -341,10 +341,17 @@ fn select(
         None => Topology::uniform_nodes(n_ranks, per_node),
     };
     let topology = match &file {
-        Some((origin, _)) => format!("{origin} ({}): {}", topo.title(), topo.describe()),
-        None => format!(
+        Some((origin, _)) if topo.name.is_empty() => format!("{origin}: {}", topo.describe()),
+        Some((origin, _)) => format!("{origin} ({}): {}", topo.name, topo.describe()),
+        // `collc cost --calibrate` measures one host; a cluster's topology file is written by hand.
+        None if topo.nodes == 1 => format!(
             "the built-in topology ({}); for this host's own numbers: collc cost --calibrate -o host.json, then \
              --topo host.json or COLLC_TOPO=host.json",
+            topo.describe()
+        ),
+        None => format!(
+            "the built-in topology ({}); for this cluster's own numbers, give a topology file (docs/language.md, \
+             cost model) with --topo or COLLC_TOPO",
             topo.describe()
         ),
     };

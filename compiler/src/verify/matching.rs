@@ -325,7 +325,8 @@ fn unmatched(ctx: &Context, c: &Connection, side: Unmatched, k: usize, n_sends: 
     match side {
         Unmatched::Send(s) => {
             let message = format!(
-                "{} sends to rank {} on channel {}, which never receives it (send {} of {n_sends}, {n_recvs} receives)",
+                "{} sends to rank {} on channel {}, which never receives it (send {} of {n_sends}, {n_recvs} \
+                 receives)",
                 ctx.describe(c.from, s as usize),
                 c.to,
                 c.channel,
@@ -342,7 +343,8 @@ fn unmatched(ctx: &Context, c: &Connection, side: Unmatched, k: usize, n_sends: 
         }
         Unmatched::Receive(r) => {
             let message = format!(
-                "{} receives from rank {} on channel {}, which never sends it (receive {} of {n_recvs}, {n_sends} sends)",
+                "{} receives from rank {} on channel {}, which never sends it (receive {} of {n_recvs}, {n_sends} \
+                 sends)",
                 ctx.describe(c.to, r as usize),
                 c.from,
                 c.channel,

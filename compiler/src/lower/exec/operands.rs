@@ -7,7 +7,7 @@ use crate::ir::{Buf, Loc, Transfer, TransferKind};
 use crate::lower::resolve::{RBufRef, RExpr, RTransfer};
 
 impl Exec<'_> {
-    pub(super) fn rank(&mut self, value: i64, expr: &RExpr, what: &str) -> Option<u32> {
+    fn rank(&mut self, value: i64, expr: &RExpr, what: &str) -> Option<u32> {
         if (0..self.n_ranks as i64).contains(&value) {
             return Some(value as u32);
         }
@@ -33,7 +33,7 @@ impl Exec<'_> {
         }
     }
 
-    pub(super) fn buf_size(&self, buf: Buf) -> u32 {
+    fn buf_size(&self, buf: Buf) -> u32 {
         match buf {
             Buf::In => self.buffer_sizes[0],
             Buf::Out => self.buffer_sizes[1],
@@ -42,7 +42,7 @@ impl Exec<'_> {
     }
 
     /// Evaluates `buf[a]` or `buf[a..b]` to a location and a count, checking bounds.
-    pub(super) fn chunk_range(&mut self, r: &RBufRef, frame: &[i64]) -> Result<Option<(Loc, u32)>> {
+    fn chunk_range(&mut self, r: &RBufRef, frame: &[i64]) -> Result<Option<(Loc, u32)>> {
         let start = self.machine.eval(&r.start, frame)?;
         let end = match &r.end {
             Some(e) => self.machine.eval(e, frame)?,

@@ -321,43 +321,31 @@ enum Unmatched {
 
 /// The `k`-th send or receive of connection `c`, which has `n_sends` sends and `n_recvs` receives, unmatched.
 fn unmatched(ctx: &Context, c: &Connection, side: Unmatched, k: usize, n_sends: usize, n_recvs: usize) -> Error {
-    let ranks = &ctx.sched.ranks;
-    match side {
-        Unmatched::Send(s) => {
-            let message = format!(
-                "{} sends to rank {} on channel {}, which never receives it (send {} of {n_sends}, {n_recvs} \
-                 receives)",
-                ctx.describe(c.from, s as usize),
-                c.to,
-                c.channel,
-                k + 1,
-            );
-            let si = &ranks[c.from as usize].instrs[s as usize];
-            ctx.error(
-                "collc::verify::matching",
-                message,
-                "every send needs a matching receive on the peer",
-                si,
-                "unmatched send",
-            )
-        }
-        Unmatched::Receive(r) => {
-            let message = format!(
-                "{} receives from rank {} on channel {}, which never sends it (receive {} of {n_recvs}, {n_sends} \
-                 sends)",
-                ctx.describe(c.to, r as usize),
-                c.from,
-                c.channel,
-                k + 1,
-            );
-            let ri = &ranks[c.to as usize].instrs[r as usize];
-            ctx.error(
-                "collc::verify::matching",
-                message,
-                "every receive needs a matching send on the peer",
-                ri,
-                "unmatched receive",
-            )
-        }
-    }
+    let k = k + 1;
+    let (rank, index, peer, does, never, counts, help, label) = match side {
+        Unmatched::Send(s) => (
+            c.from,
+            s,
+            c.to,
+            "sends to",
+            "never receives it",
+            format!("send {k} of {n_sends}, {n_recvs} receives"),
+            "every send needs a matching receive on the peer",
+            "unmatched send",
+        ),
+        Unmatched::Receive(r) => (
+            c.to,
+            r,
+            c.from,
+            "receives from",
+            "never sends it",
+            format!("receive {k} of {n_recvs}, {n_sends} sends"),
+            "every receive needs a matching send on the peer",
+            "unmatched receive",
+        ),
+    };
+    let who = ctx.describe(rank, index as usize);
+    let message = format!("{who} {does} rank {peer} on channel {}, which {never} ({counts})", c.channel);
+    let instr = &ctx.sched.ranks[rank as usize].instrs[index as usize];
+    ctx.error("collc::verify::matching", message, help, instr, label)
 }

@@ -71,43 +71,7 @@ pub(crate) fn run(
         .at(span, "one too many")
         .into());
     }
-    let n_ranks = bound.n_ranks;
-    let (in_chunks, out_chunks) = collective.buffer_chunks(n_ranks, bound.chunks);
-    let mut buffer_sizes = vec![in_chunks, out_chunks];
-    buffer_sizes.extend(bound.scratch.iter().map(|(_, n)| *n));
-    let mut exec = Exec {
-        machine: Machine {
-            fns: &bound.fns,
-            globals: bound.values.clone(),
-            fuel: limits.max_eval_steps,
-            depth: 0,
-            limits,
-        },
-        limits,
-        collective,
-        n_ranks,
-        chunks: bound.chunks,
-        buffer_sizes,
-        scratch_names: scratch_names.clone(),
-        transfers: Vec::new(),
-        max_count: 0,
-        step: 0,
-        in_step: false,
-        errors: Vec::new(),
-        reported: HashSet::new(),
-        spans: std::mem::take(&mut resolver.spans),
-        slots_per_rank: 0,
-        scratch_base: Vec::new(),
-        step_keys: (Vec::new(), Vec::new()),
-        batch_values: Default::default(),
-        step_access: HashMap::default(),
-    };
-    let mut next = in_chunks.max(out_chunks);
-    for (_, size) in &bound.scratch {
-        exec.scratch_base.push(next);
-        next += size;
-    }
-    exec.slots_per_rank = next;
+    let mut exec = Exec::new(&bound, collective, limits, scratch_names.clone(), std::mem::take(&mut resolver.spans));
     let mut frame = vec![0i64; resolver.frame_size as usize];
     let outcome = exec.block(&body, &mut frame);
     if let Err(e) = outcome {
@@ -122,18 +86,71 @@ pub(crate) fn run(
     Ok(Program {
         name: algo.name.name.clone(),
         collective,
-        n_ranks,
+        n_ranks: bound.n_ranks,
         chunks: bound.chunks,
         pipeline: bound.pipeline,
         root: bound.root,
         peer: bound.peer,
         params,
-        scratch: bound.scratch.into_iter().map(|(name, chunks)| ScratchBuf { name, chunks }).collect(),
+        scratch: bound
+            .scratch
+            .iter()
+            .map(|(name, chunks)| ScratchBuf { name: name.clone(), chunks: *chunks })
+            .collect(),
         n_steps: exec.step,
         max_count: exec.max_count,
         transfers: exec.transfers,
         spans: exec.spans,
     })
+}
+
+impl<'a> Exec<'a> {
+    /// The state for running `bound`'s statements: buffer sizes, and each rank's slots in the shared in-place view
+    /// (`in`/`out` first, then each scratch buffer) that the race check indexes.
+    fn new(
+        bound: &'a Bound,
+        collective: Collective,
+        limits: &'a Limits,
+        scratch_names: Vec<String>,
+        spans: Vec<Span>,
+    ) -> Self {
+        let (in_chunks, out_chunks) = collective.buffer_chunks(bound.n_ranks, bound.chunks);
+        let mut buffer_sizes = vec![in_chunks, out_chunks];
+        buffer_sizes.extend(bound.scratch.iter().map(|(_, n)| *n));
+        let mut scratch_base = Vec::with_capacity(bound.scratch.len());
+        let mut next = in_chunks.max(out_chunks);
+        for (_, size) in &bound.scratch {
+            scratch_base.push(next);
+            next += size;
+        }
+        Exec {
+            machine: Machine {
+                fns: &bound.fns,
+                globals: bound.values.clone(),
+                fuel: limits.max_eval_steps,
+                depth: 0,
+                limits,
+            },
+            limits,
+            collective,
+            n_ranks: bound.n_ranks,
+            chunks: bound.chunks,
+            buffer_sizes,
+            scratch_names,
+            transfers: Vec::new(),
+            max_count: 0,
+            step: 0,
+            in_step: false,
+            errors: Vec::new(),
+            reported: HashSet::new(),
+            spans,
+            slots_per_rank: next,
+            scratch_base,
+            step_keys: (Vec::new(), Vec::new()),
+            batch_values: Default::default(),
+            step_access: HashMap::default(),
+        }
+    }
 }
 
 impl Exec<'_> {

@@ -23,6 +23,9 @@ const EMPTY: Range = Range { start: 0, bytes: 0, zeroed: false };
 static KEPT: Mutex<[Range; RANGES]> = Mutex::new([EMPTY; RANGES]);
 
 fn unmap(start: usize, bytes: usize) {
+    if bytes == 0 {
+        return;
+    }
     // SAFETY: `start..start + bytes` is a page range of mappings this allocator made, no longer in use.
     unsafe { libc::munmap(start as *mut libc::c_void, bytes) };
 }
@@ -54,14 +57,13 @@ pub(super) fn take(bytes: usize) -> Option<(usize, bool)> {
     let (range, dropped) = cut_front(&mut kept, fit, bytes);
     // The system call outside the lock, as in `keep`.
     drop(kept);
-    if dropped.bytes > 0 {
-        unmap(dropped.start, dropped.bytes);
-    }
+    unmap(dropped.start, dropped.bytes);
     Some((range.start, range.zeroed))
 }
 
 /// Takes the first `bytes` of kept range `i`: returns the range as it was, and the rest when it is too small to
-/// keep (no bytes when there is none or it stays kept), for the caller to hand back to the kernel.
+/// keep (no bytes when there is none or it stays kept), for the caller to hand back to the kernel (`unmap` skips
+/// an empty range).
 fn cut_front(kept: &mut [Range; RANGES], i: usize, bytes: usize) -> (Range, Range) {
     let range = kept[i];
     let rest = Range { start: range.start + bytes, bytes: range.bytes - bytes, ..range };
@@ -109,9 +111,7 @@ fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
             break;
         }
         let (_, dropped) = cut_front(kept, i, n);
-        if dropped.bytes > 0 {
-            unmap(dropped.start, dropped.bytes);
-        }
+        unmap(dropped.start, dropped.bytes);
         zeroed &= range.zeroed;
         filled += n;
     }

@@ -104,26 +104,14 @@ fn print_header(job: &Job, header: &Header) {
     );
     println!("#");
     println!("#{:>77}{:>35}", "out-of-place", "in-place");
-    let columns = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"];
-    let units = ["(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""];
-    for titles in [columns, units] {
-        let in_place = &titles[5..];
-        println!(
-            "#{:>11} {:>13} {:>9} {:>7} {:>7} {:>8} {:>7} {:>7} {:>6} {:>8} {:>7} {:>7} {:>6}",
-            titles[0],
-            titles[1],
-            titles[2],
-            titles[3],
-            titles[4],
-            titles[5],
-            titles[6],
-            titles[7],
-            titles[8],
-            in_place[0],
-            in_place[1],
-            in_place[2],
-            in_place[3]
-        );
+    // The five columns of the call, then the four of each placement (as the rows print them).
+    let titles = [
+        (["size", "count", "type", "redop", "root"], ["time", "algbw", "busbw", "#wrong"]),
+        (["(B)", "(elements)", "", "", ""], ["(us)", "(GB/s)", "(GB/s)", ""]),
+    ];
+    for (call, cell) in titles {
+        let cell = format!(" {:>8} {:>7} {:>7} {:>6}", cell[0], cell[1], cell[2], cell[3]);
+        println!("#{:>11} {:>13} {:>9} {:>7} {:>7}{cell}{cell}", call[0], call[1], call[2], call[3], call[4]);
     }
 }
 

@@ -71,7 +71,7 @@ pub(crate) fn run(
         .at(span, "one too many")
         .into());
     }
-    let mut exec = Exec::new(&bound, collective, limits, scratch_names.clone(), std::mem::take(&mut resolver.spans));
+    let mut exec = Exec::new(&bound, collective, limits, std::mem::take(&mut resolver.spans));
     let mut frame = vec![0i64; resolver.frame_size as usize];
     let outcome = exec.block(&body, &mut frame);
     if let Err(e) = outcome {
@@ -81,8 +81,9 @@ pub(crate) fn run(
         return Err(Errors(exec.errors));
     }
     let params = bound.globals.iter().cloned().zip(bound.values.iter().copied()).collect();
+    let Exec { mut transfers, spans, step, max_count, .. } = exec;
     // The list grew by doubling: the unused end goes back (for a list of hundreds of megabytes, a remap).
-    exec.transfers.shrink_to_fit();
+    transfers.shrink_to_fit();
     Ok(Program {
         name: algo.name.name.clone(),
         collective,
@@ -92,28 +93,18 @@ pub(crate) fn run(
         root: bound.root,
         peer: bound.peer,
         params,
-        scratch: bound
-            .scratch
-            .iter()
-            .map(|(name, chunks)| ScratchBuf { name: name.clone(), chunks: *chunks })
-            .collect(),
-        n_steps: exec.step,
-        max_count: exec.max_count,
-        transfers: exec.transfers,
-        spans: exec.spans,
+        scratch: bound.scratch.into_iter().map(|(name, chunks)| ScratchBuf { name, chunks }).collect(),
+        n_steps: step,
+        max_count,
+        transfers,
+        spans,
     })
 }
 
 impl<'a> Exec<'a> {
     /// The state for running `bound`'s statements: buffer sizes, and each rank's slots in the shared in-place view
     /// (`in`/`out` first, then each scratch buffer) that the race check indexes.
-    fn new(
-        bound: &'a Bound,
-        collective: Collective,
-        limits: &'a Limits,
-        scratch_names: Vec<String>,
-        spans: Vec<Span>,
-    ) -> Self {
+    fn new(bound: &'a Bound, collective: Collective, limits: &'a Limits, spans: Vec<Span>) -> Self {
         let (in_chunks, out_chunks) = collective.buffer_chunks(bound.n_ranks, bound.chunks);
         let mut buffer_sizes = vec![in_chunks, out_chunks];
         buffer_sizes.extend(bound.scratch.iter().map(|(_, n)| *n));
@@ -136,7 +127,7 @@ impl<'a> Exec<'a> {
             n_ranks: bound.n_ranks,
             chunks: bound.chunks,
             buffer_sizes,
-            scratch_names,
+            scratch_names: bound.scratch.iter().map(|(name, _)| name.clone()).collect(),
             transfers: Vec::new(),
             max_count: 0,
             step: 0,

@@ -8,6 +8,23 @@ pub struct BindArgs {
     /// Root rank (broadcast, reduce, gather, scatter; the source of sendrecv).
     #[arg(long)]
     pub root: Option<u32>,
+    #[command(flatten)]
+    pub params: ParamArgs,
+}
+
+impl BindArgs {
+    pub fn options(&self, placement: Placement) -> Options {
+        self.params.options(placement)
+    }
+
+    pub fn bindings(&self, n_ranks: u32) -> Bindings {
+        self.params.bindings(n_ranks, self.root)
+    }
+}
+
+/// The bindings besides the root: `collc check` takes a list of roots (`--root all|N,M,..`) instead of one.
+#[derive(Args, Clone, Debug)]
+pub struct ParamArgs {
     /// Destination rank of sendrecv (default: root + 1).
     #[arg(long)]
     pub peer: Option<u32>,
@@ -19,13 +36,13 @@ pub struct BindArgs {
     pub pipeline: Option<u32>,
 }
 
-impl BindArgs {
+impl ParamArgs {
     pub fn options(&self, placement: Placement) -> Options {
         Options { pipeline: self.pipeline, ..Options::placed(placement) }
     }
 
-    pub fn bindings(&self, n_ranks: u32) -> Bindings {
-        Bindings { n_ranks, root: self.root, peer: self.peer, params: self.set.clone() }
+    pub fn bindings(&self, n_ranks: u32, root: Option<u32>) -> Bindings {
+        Bindings { n_ranks, root, peer: self.peer, params: self.set.clone() }
     }
 }
 
@@ -127,4 +144,30 @@ pub fn size_sweep(min: usize, max: usize, factor: u64, step: Option<usize>) -> V
         }
     }
     sizes
+}
+
+/// How the postcondition is checked: `--exact`, or keyed with `--seed` (default: exactly up to 64 ranks, keyed
+/// above with a seed drawn from the OS).
+#[derive(Args, Clone, Debug)]
+pub struct VerifyArgs {
+    /// Verify with the multisets of contributions themselves at every rank count (default: exactly up to 64
+    /// ranks, keyed above, with an error bound of 2^-105 per schedule).
+    #[arg(long, conflicts_with = "seed")]
+    pub exact: bool,
+    /// Replay a keyed verification with the seed it printed (32 hexadecimal digits; `-v` or `--format json`
+    /// shows it). Default: a fresh seed from the OS for each invocation.
+    #[arg(long, value_name = "HEX")]
+    pub seed: Option<collc_compiler::Seed>,
+}
+
+impl VerifyArgs {
+    /// The verification to run; one seed for the whole invocation.
+    pub fn verification(&self) -> collc_compiler::Verification {
+        use collc_compiler::Verification;
+        match (self.exact, self.seed) {
+            (true, _) => Verification::Exact,
+            (false, Some(seed)) => Verification::Auto(seed),
+            (false, None) => Verification::Auto(collc_compiler::Seed::from_os()),
+        }
+    }
 }

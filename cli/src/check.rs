@@ -1,12 +1,22 @@
-//! `collc check`: verify an algorithm for every requested rank count, in both placements.
+//! `collc check`: verify an algorithm for every requested rank count, in both placements, for every root of a
+//! rooted collective (or a spread of roots at large p), exactly or keyed.
 
-use crate::args::{parse_rank_list, BindArgs, LimitArgs};
+use crate::args::{parse_rank_list, LimitArgs, ParamArgs, VerifyArgs};
 use crate::library;
 use crate::report;
-use clap::Args;
+use clap::{Args, ValueEnum};
 use collc_compiler::lower::node_split;
-use collc_compiler::{compile_placements, lower, verify, Bindings, Error, Errors, Join, Placement};
+use collc_compiler::{
+    compile_placements, lower, Bindings, Collective, Error, Errors, Join, Placement, Seed, Verdict, Verification,
+};
 use collc_grammar::ast;
+use serde_json::json;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Table,
+    Json,
+}
 
 #[derive(Args)]
 pub struct CheckArgs {
@@ -15,42 +25,156 @@ pub struct CheckArgs {
     /// Rank counts: `8`, `2..=64`, `2..64`, `2,4,8`.
     #[arg(long, default_value = "2..=64")]
     pub ranks: String,
+    /// Roots of a rooted collective (broadcast, reduce, gather, scatter; the source of sendrecv): `all` or
+    /// `N,M,..`. Default: every root up to 64 ranks; above, 0, 1, p/2, p-1 and four drawn from the seed.
+    #[arg(long, value_name = "all|N,M,..")]
+    pub root: Option<String>,
     #[command(flatten)]
-    pub bind: BindArgs,
+    pub params: ParamArgs,
+    #[command(flatten)]
+    pub verify: VerifyArgs,
     /// Only print failures and the summary.
     #[arg(short, long)]
     pub quiet: bool,
+    /// Print the verification's seed too.
+    #[arg(short, long)]
+    pub verbose: bool,
     /// Print the diagnostics of every failing rank count; by default a failure that repeats one already printed
     /// (the same error codes at the same lines) gets one line.
     #[arg(long)]
     pub all_errors: bool,
+    /// Print lines of text, or one JSON document (every binding's outcome, the seed, the summary).
+    #[arg(long, value_enum, default_value = "table")]
+    pub format: Format,
     #[command(flatten)]
     pub limits: LimitArgs,
 }
 
 enum Outcome {
-    Verified(usize),
+    Verified(usize, Verdict),
     NotAdmitted(String),
     Failed(Errors),
 }
 
-/// The bindings to check at `n_ranks`: an algorithm with a node split that `--set` leaves open is checked for
-/// every ranks-per-node count that divides `n_ranks`, each named by its split (`n=2 g=4`) in what is printed.
-fn bindings(file: &ast::File, args: &CheckArgs, n_ranks: u32) -> Vec<(String, Bindings)> {
-    let given = args.bind.bindings(n_ranks);
-    let open = node_split(&file.algorithm)
-        .filter(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
-    let Some((nodes, local)) = open else {
-        return vec![(String::new(), given)];
+/// One binding to check at a rank count: its name in what is printed (`root=3 n=2 g=4`, empty for none), and the
+/// root and peer it binds.
+struct Binding {
+    name: String,
+    bindings: Bindings,
+}
+
+/// Which roots `--root` asks for.
+enum Roots {
+    /// Every root up to `EXACT_AUTO_RANKS` ranks, a spread above.
+    Default,
+    All,
+    List(Vec<u32>),
+}
+
+/// `all` or `N,M,..`.
+fn parse_roots(text: Option<&str>) -> Result<Roots, String> {
+    match text.map(str::trim) {
+        None => Ok(Roots::Default),
+        Some("all") => Ok(Roots::All),
+        Some(list) => list
+            .split(',')
+            .map(|n| {
+                n.trim().parse::<u32>().map_err(|_| format!("`{n}` in `{list}` is not a rank; write all or N,M,.."))
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Roots::List),
+    }
+}
+
+/// Up to `EXACT_AUTO_RANKS` ranks every root; above, 0, 1, p/2, p-1 and four roots drawn from the seed (so that
+/// `--seed` replays them).
+fn root_spread(p: u32, seed: Option<Seed>) -> Vec<u32> {
+    if p <= collc_compiler::verify::EXACT_AUTO_RANKS {
+        return (0..p).collect();
+    }
+    let mut roots = vec![0, 1, p / 2, p - 1];
+    let mut state = seed.map_or(0, |s| (s.0 as u64) ^ ((s.0 >> 64) as u64)) ^ u64::from(p);
+    for _ in 0..4 {
+        // splitmix64: any well-spread sequence does; the roots only need to be replayable.
+        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        roots.push(((z ^ (z >> 31)) % u64::from(p)) as u32);
+    }
+    roots.sort_unstable();
+    roots.dedup();
+    roots
+}
+
+/// The (root, peer) pairs to check at `p`: none but the given peer for a collective without a root; for
+/// sendrecv without `--peer`, every destination up to 16 ranks, and the neighbours and the opposite rank above.
+fn roots_and_peers(
+    collective: Option<Collective>,
+    p: u32,
+    args: &CheckArgs,
+    roots: &Roots,
+    seed: Option<Seed>,
+) -> Vec<(Option<u32>, Option<u32>)> {
+    let Some(collective) = collective.filter(|c| c.rooted()) else { return vec![(None, args.params.peer)] };
+    let roots = match roots {
+        Roots::Default => root_spread(p, seed),
+        Roots::All => (0..p).collect(),
+        Roots::List(list) => list.clone(),
     };
-    (1..=n_ranks)
-        .filter(|g| n_ranks.is_multiple_of(*g))
-        .map(|g| (format!("{nodes}={} {local}={g}", n_ranks / g), given.clone().with_default_split(&file.algorithm, g)))
-        .collect()
+    let peers = |root: u32| -> Vec<Option<u32>> {
+        if collective != Collective::SendRecv || args.params.peer.is_some() {
+            return vec![args.params.peer];
+        }
+        let mut peers: Vec<u32> = match p <= 16 {
+            true => (0..p).collect(),
+            false => vec![(root + 1) % p, (root + p - 1) % p, (root + p / 2) % p],
+        };
+        peers.retain(|&q| q != root);
+        peers.sort_unstable();
+        peers.dedup();
+        if peers.is_empty() {
+            return vec![None];
+        }
+        peers.into_iter().map(Some).collect()
+    };
+    roots.into_iter().flat_map(|root| peers(root).into_iter().map(move |peer| (Some(root), peer))).collect()
+}
+
+/// The bindings to check at `n_ranks`: each root (and peer) asked for, and for an algorithm with a node split
+/// that `--set` leaves open every ranks-per-node count that divides `n_ranks`, each named (`root=3 n=2 g=4`).
+fn bindings(file: &ast::File, args: &CheckArgs, roots: &Roots, seed: Option<Seed>, n_ranks: u32) -> Vec<Binding> {
+    let collective = file.algorithm.collective.name.parse::<Collective>().ok();
+    let sweep = collective.is_some_and(|c| c.rooted());
+    let mut out = Vec::new();
+    for (root, peer) in roots_and_peers(collective, n_ranks, args, roots, seed) {
+        let given = Bindings { peer, ..args.params.bindings(n_ranks, root) };
+        let mut name = match (sweep, root, peer) {
+            (true, Some(root), Some(peer)) if collective == Some(Collective::SendRecv) => {
+                format!("root={root} peer={peer}")
+            }
+            (true, Some(root), _) => format!("root={root}"),
+            _ => String::new(),
+        };
+        let open = node_split(&file.algorithm)
+            .filter(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
+        let Some((nodes, local)) = open else {
+            out.push(Binding { name, bindings: given });
+            continue;
+        };
+        if !name.is_empty() {
+            name.push(' ');
+        }
+        for g in (1..=n_ranks).filter(|g| n_ranks.is_multiple_of(*g)) {
+            let split = format!("{name}{nodes}={} {local}={g}", n_ranks / g);
+            out.push(Binding { name: split, bindings: given.clone().with_default_split(&file.algorithm, g) });
+        }
+    }
+    out
 }
 
 /// What a failure reports, as (code, line of its primary span) pairs: a failure with the same pairs as one whose
-/// diagnostics were printed (at another rank count, split or placement) is summed up in one line.
+/// diagnostics were printed (at another rank count, binding or placement) is summed up in one line.
 fn failure_signature(errors: &Errors, source: &str) -> Vec<(&'static str, usize)> {
     let mut signature: Vec<_> = errors
         .0
@@ -66,10 +190,15 @@ fn failure_signature(errors: &Errors, source: &str) -> Vec<(&'static str, usize)
 }
 
 /// Lowers once for one binding, then schedules, fuses and verifies each placement.
-fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bindings) -> Vec<(Placement, Outcome)> {
-    let limits = args.limits.limits();
+fn check_binding(
+    text: &str,
+    file: &ast::File,
+    args: &CheckArgs,
+    limits: &collc_compiler::Limits,
+    bindings: &Bindings,
+) -> Vec<(Placement, Outcome)> {
     // Lowering runs on one core and fills one growing list; the other core faults in its pages meanwhile.
-    let program = crate::alloc::while_prefaulting(|| lower(file, bindings, &limits));
+    let program = crate::alloc::while_prefaulting(|| lower(file, bindings, limits));
     let program = match program {
         Ok(program) => program,
         Err(errors) if is_not_admitted(&errors) => {
@@ -79,15 +208,15 @@ fn check_binding(text: &str, file: &ast::File, args: &CheckArgs, bindings: &Bind
     };
     // Two threads (the compiler itself starts none): the two halves of the ranks for both placements, then the two
     // placements' verifications.
-    let options = Placement::BOTH.map(|placement| args.bind.options(placement));
-    let relower = || lower(file, bindings, &limits);
-    let results = compile_placements(program, &relower, text, options, &limits, &Threads);
+    let options = Placement::BOTH.map(|placement| args.params.options(placement));
+    let relower = || lower(file, bindings, limits);
+    let results = compile_placements(program, &relower, text, options, limits, &Threads);
     Placement::BOTH
         .into_iter()
         .zip(results)
         .map(|(placement, result)| {
             let outcome = match result {
-                Ok(verified) => Outcome::Verified(verified.n_instrs()),
+                Ok(verified) => Outcome::Verified(verified.n_instrs(), verified.verdict()),
                 Err(errors) => Outcome::Failed(errors),
             };
             (placement, outcome)
@@ -109,24 +238,65 @@ impl Join for Threads {
 }
 
 /// A `.sched` file (as `collc build --emit sched` writes it, or by hand) is verified as it stands: its header fixes
-/// the rank count and placement, so `--ranks` does not apply.
-fn check_schedule(args: &CheckArgs, source: &library::Source) -> u8 {
-    let limits = args.limits.limits();
-    let outcome = collc_compiler::emit::parse_sched(&source.text)
-        .map_err(|e| Errors(vec![e]))
-        .and_then(|sched| verify(sched, "", &limits));
-    match outcome {
-        Ok(verified) => {
+/// the rank count, placement and root, so `--ranks` and `--root` do not apply.
+fn check_schedule(args: &CheckArgs, source: &library::Source, limits: &collc_compiler::Limits) -> u8 {
+    match crate::library::verify_schedule(source, limits) {
+        Ok((verified, _)) => {
             let (n, placement) = (verified.n_ranks, verified.placement);
-            println!("{}: verified ({n} ranks, {placement}, {} instructions)", source.name, verified.n_instrs());
+            let verdict = verified.verdict();
+            match args.format {
+                Format::Table => println!(
+                    "{}: {verdict} ({n} ranks, {placement}, {} instructions)",
+                    source.name,
+                    verified.n_instrs()
+                ),
+                Format::Json => println!(
+                    "{}",
+                    json!({
+                        "algorithm": source.name, "seed": seed_of(limits), "results": [{
+                            "ranks": n, "root": verified.root, "placement": placement.to_string(),
+                            "outcome": "verified", "instructions": verified.n_instrs(), "verdict": verdict_json(verdict),
+                        }],
+                    })
+                ),
+            }
             0
         }
         Err(errors) => {
-            report::print_all(&errors, &source.name, "");
-            println!("{}: failed with {} error(s)", source.name, errors.0.len());
+            report::print_all(&errors, &source.name, &source.text);
+            match args.format {
+                Format::Table => println!("{}: failed with {} error(s)", source.name, errors.0.len()),
+                Format::Json => println!(
+                    "{}",
+                    json!({"algorithm": source.name, "seed": seed_of(limits), "results": [{
+                        "outcome": "failed", "errors": errors_json(&errors, &source.text),
+                    }]})
+                ),
+            }
             1
         }
     }
+}
+
+fn seed_of(limits: &collc_compiler::Limits) -> Option<String> {
+    match limits.verification {
+        Verification::Auto(seed) | Verification::Keyed(seed) => Some(seed.to_string()),
+        Verification::Exact => None,
+    }
+}
+
+fn verdict_json(verdict: Verdict) -> serde_json::Value {
+    match verdict {
+        Verdict::Exact => json!({"mode": "exact"}),
+        Verdict::Keyed(seed) => json!({
+            "mode": "keyed", "seed": seed.to_string(), "error_bound_log2": -(collc_compiler::verify::ERROR_BOUND_BITS as i64),
+        }),
+    }
+}
+
+fn errors_json(errors: &Errors, source: &str) -> serde_json::Value {
+    let line = |e: &Error| e.primary_span().map(|s| collc_compiler::diag::line_at(source, s.start as usize));
+    errors.0.iter().map(|e| json!({"code": e.code, "message": e.message, "line": line(e), "note": e.note})).collect()
 }
 
 /// A rank count the algorithm's `where`, node split or root does not admit is skipped in a sweep, not a failure.
@@ -137,43 +307,117 @@ pub fn is_not_admitted(errors: &Errors) -> bool {
     )
 }
 
-/// Both placements of every binding of one rank count, each with its split's name (empty without an open split).
-fn check_rank_count(file: &ast::File, args: &CheckArgs, text: &str, p: u32) -> Vec<(String, Placement, Outcome)> {
-    bindings(file, args, p)
-        .into_iter()
-        .flat_map(|(split, b)| {
-            check_binding(text, file, args, &b).into_iter().map(move |(placement, o)| (split.clone(), placement, o))
-        })
-        .collect()
+/// Every binding and placement of one rank count, each with its binding's name. A failure of a binding with a root
+/// says which root in each of its diagnostics.
+fn check_rank_count(
+    file: &ast::File,
+    args: &CheckArgs,
+    roots: &Roots,
+    limits: &collc_compiler::Limits,
+    text: &str,
+    p: u32,
+) -> Vec<(String, Placement, Outcome)> {
+    let mut outcomes = Vec::new();
+    let seed = match limits.verification {
+        Verification::Auto(seed) | Verification::Keyed(seed) => Some(seed),
+        Verification::Exact => None,
+    };
+    for binding in bindings(file, args, roots, seed, p) {
+        for (placement, mut outcome) in check_binding(text, file, args, limits, &binding.bindings) {
+            if let (Outcome::Failed(errors), Some(root)) = (&mut outcome, binding.bindings.root) {
+                let peer = binding.bindings.peer.map_or(String::new(), |q| format!(", peer {q}"));
+                for error in &mut errors.0 {
+                    let bound = format!("with root {root}{peer} ({p} ranks, {placement})");
+                    error.note = Some(error.note.take().map_or(bound.clone(), |note| format!("{bound}\n{note}")));
+                }
+            }
+            outcomes.push((binding.name.clone(), placement, outcome));
+        }
+    }
+    outcomes
 }
 
-/// What `collc check` prints for one rank count: each split and placement that verified or was not admitted (a split
-/// named once, before its first entry); a failure goes to `failures` instead.
+/// Instruction counts of the verified entries, as `14` or `12-16`, and how many there were.
+fn instruction_range(counts: &[usize]) -> String {
+    let (lo, hi) = (counts.iter().min().copied().unwrap_or(0), counts.iter().max().copied().unwrap_or(0));
+    if lo == hi {
+        format!("{lo} instructions")
+    } else {
+        format!("{lo}-{hi} instructions")
+    }
+}
+
+/// What `collc check` prints for one rank count: each split and placement that verified (over all roots, as a
+/// range of instruction counts) or was not admitted; failures go to `failures` instead.
 fn outcome_line(p: u32, outcomes: &[(String, Placement, Outcome)], failures: &mut Failures) -> Vec<String> {
-    let mut line = Vec::new();
-    let mut last_split = None;
-    for (split, placement, outcome) in outcomes {
-        let entry = match outcome {
-            Outcome::Verified(n) => format!("{placement} {n} instructions"),
-            Outcome::NotAdmitted(why) => format!("not admitted: {why}"),
+    // A binding's name is `root=R [peer=Q] split` or `split`: the entries are grouped by split, over the roots.
+    let split_of = |name: &str| {
+        let rest: Vec<&str> = name.split(' ').filter(|w| !w.starts_with("root=") && !w.starts_with("peer=")).collect();
+        rest.join(" ")
+    };
+    let mut groups: Vec<(String, Placement, Vec<usize>)> = Vec::new();
+    let mut not_admitted: Vec<&str> = Vec::new();
+    let mut roots: Vec<&str> = Vec::new();
+    for (name, placement, outcome) in outcomes {
+        if let Some(root) = name.split(' ').find(|w| w.starts_with("root=")) {
+            if !roots.contains(&root) {
+                roots.push(root);
+            }
+        }
+        match outcome {
+            Outcome::Verified(n, _) => {
+                let split = split_of(name);
+                match groups.iter_mut().find(|(s, pl, _)| *s == split && pl == placement) {
+                    Some((_, _, counts)) => counts.push(*n),
+                    None => groups.push((split, *placement, vec![*n])),
+                }
+            }
+            Outcome::NotAdmitted(why) => {
+                if !not_admitted.contains(&why.as_str()) {
+                    not_admitted.push(why);
+                }
+            }
             Outcome::Failed(errors) => {
                 let at =
-                    if split.is_empty() { format!("p={p} {placement}") } else { format!("p={p} {split} {placement}") };
+                    if name.is_empty() { format!("p={p} {placement}") } else { format!("p={p} {name} {placement}") };
                 failures.report(at, errors);
-                continue;
             }
-        };
+        }
+    }
+    failures.flush(p);
+    let mut line = Vec::new();
+    let mut last_split = None;
+    for (split, placement, counts) in &groups {
         let named = if split.is_empty() || last_split == Some(split) { String::new() } else { format!("{split}: ") };
         last_split = Some(split);
-        line.push(format!("{named}{entry}"));
+        line.push(format!("{named}{placement} {}", instruction_range(counts)));
+    }
+    line.extend(not_admitted.iter().map(|why| format!("not admitted: {why}")));
+    if roots.len() > 1 && !line.is_empty() {
+        line[0] = format!("{} roots: {}", roots.len(), line[0]);
     }
     line
 }
 
-/// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line.
+/// `verified exactly`, `verified, error bound 2^-105`, or both with their counts, for a set of verdicts.
+fn verdicts_summary(verdicts: &[Verdict]) -> String {
+    let exact = verdicts.iter().filter(|v| **v == Verdict::Exact).count();
+    let keyed = verdicts.len() - exact;
+    let bound = collc_compiler::verify::ERROR_BOUND_BITS;
+    match (exact, keyed) {
+        (_, 0) => "verified exactly".to_string(),
+        (0, _) => format!("verified, error bound 2^-{bound}"),
+        (exact, keyed) => format!("{exact} verified exactly, {keyed} with error bound 2^-{bound}"),
+    }
+}
+
+/// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line,
+/// or, for more than two repeats at one rank count (a sweep of roots), one line for them all.
 struct Failures<'a> {
     /// The signatures printed in full, with where each was.
     printed: Vec<(Vec<(&'static str, usize)>, String)>,
+    /// Repeats at the current rank count: where, how many errors, and where the one printed was.
+    repeats: Vec<(String, usize, String)>,
     all: bool,
     algorithm: &'a str,
     source: &'a library::Source,
@@ -183,18 +427,38 @@ impl Failures<'_> {
     fn report(&mut self, at: String, errors: &Errors) {
         let signature = failure_signature(errors, &self.source.text);
         match self.printed.iter().find(|(s, _)| *s == signature) {
-            Some((_, first)) if !self.all => eprintln!(
-                "{} {at}: FAILED with {} error(s), the same codes at the same lines as at {first} (--all-errors \
-                 prints them)",
-                self.algorithm,
-                errors.0.len()
-            ),
+            Some((_, first)) if !self.all => self.repeats.push((at, errors.0.len(), first.clone())),
             _ => {
                 eprintln!("{} {at}: FAILED", self.algorithm);
                 report::print_all(errors, &self.source.name, &self.source.text);
                 self.printed.push((signature, at));
             }
         }
+    }
+
+    /// Prints the repeats of rank count `p`.
+    fn flush(&mut self, p: u32) {
+        let repeats = std::mem::take(&mut self.repeats);
+        if repeats.len() <= 2 {
+            for (at, n, first) in &repeats {
+                eprintln!(
+                    "{} {at}: FAILED with {n} error(s), the same codes at the same lines as at {first} (--all-errors \
+                     prints them)",
+                    self.algorithm
+                );
+            }
+            return;
+        }
+        let names: Vec<&str> = repeats.iter().map(|(at, _, _)| at.trim_start_matches(&format!("p={p} "))).collect();
+        let more = if names.len() > 4 { format!(" and {} more", names.len() - 4) } else { String::new() };
+        eprintln!(
+            "{} p={p}: FAILED at {} more bindings ({}{more}), the same codes at the same lines as at {} (--all-errors \
+             prints them)",
+            self.algorithm,
+            repeats.len(),
+            names[..names.len().min(4)].join(", "),
+            repeats[0].2
+        );
     }
 }
 
@@ -206,50 +470,119 @@ pub fn run(args: CheckArgs) -> u8 {
             return 2;
         }
     };
-    if source.name.ends_with(".sched") {
-        return check_schedule(&args, &source);
+    let limits = collc_compiler::Limits { verification: args.verify.verification(), ..args.limits.limits() };
+    if args.verbose && args.format == Format::Table {
+        match seed_of(&limits) {
+            Some(seed) => println!("# seed {seed} (--seed {seed} replays this verification)"),
+            None => println!("# exact verification (--exact): no seed"),
+        }
     }
-    let ranks = match parse_rank_list(&args.ranks) {
-        Ok(r) => r,
-        Err(message) => {
+    if library::is_schedule(&source) {
+        return check_schedule(&args, &source, &limits);
+    }
+    let (ranks, roots) = match (parse_rank_list(&args.ranks), parse_roots(args.root.as_deref())) {
+        (Ok(ranks), Ok(roots)) => (ranks, roots),
+        (Err(message), _) => {
             eprintln!("error: --ranks: {message}");
             return 2;
         }
+        (_, Err(message)) => {
+            eprintln!("error: --root: {message}");
+            return 2;
+        }
     };
-    let file = match collc_grammar::parse(&source.text, &args.limits.limits().syntax) {
+    let file = match collc_grammar::parse(&source.text, &limits.syntax) {
         Ok(file) => file,
         Err(e) => {
             report::print_all(&Errors(vec![Error::from(e)]), &source.name, &source.text);
             return 1;
         }
     };
-    // Counted per rank count: verified means both placements verified.
+    // Counted per rank count: verified means every binding verified in both placements.
     let (mut verified, mut skipped, mut failed) = (0, 0, 0);
-    let mut failures =
-        Failures { printed: Vec::new(), all: args.all_errors, algorithm: &args.algorithm, source: &source };
+    let mut failures = Failures {
+        printed: Vec::new(),
+        repeats: Vec::new(),
+        all: args.all_errors,
+        algorithm: &args.algorithm,
+        source: &source,
+    };
+    let mut verdicts = Vec::new();
+    let mut results = Vec::new();
     let started = std::time::Instant::now();
     for &p in &ranks {
-        let outcomes = check_rank_count(&file, &args, &source.text, p);
+        let outcomes = check_rank_count(&file, &args, &roots, &limits, &source.text, p);
         let line = outcome_line(p, &outcomes, &mut failures);
+        let rank_verdicts: Vec<Verdict> = outcomes
+            .iter()
+            .filter_map(|(_, _, o)| match o {
+                Outcome::Verified(_, verdict) => Some(*verdict),
+                _ => None,
+            })
+            .collect();
         match () {
             _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::Failed(_))) => failed += 1,
             _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::NotAdmitted(_))) => skipped += 1,
             _ => verified += 1,
         }
-        if (!args.quiet || ranks.len() == 1) && !line.is_empty() {
-            println!("{} p={p}: {}", args.algorithm, line.join(", "));
+        if args.format == Format::Json {
+            results.extend(
+                outcomes
+                    .iter()
+                    .map(|(name, placement, outcome)| result_json(p, name, *placement, outcome, &source.text)),
+            );
+        } else if (!args.quiet || ranks.len() == 1) && !line.is_empty() {
+            let verdict = if rank_verdicts.is_empty() {
+                String::new()
+            } else {
+                format!("; {}", verdicts_summary(&rank_verdicts))
+            };
+            println!("{} p={p}: {}{verdict}", args.algorithm, line.join(", "));
         }
+        verdicts.extend(rank_verdicts);
     }
     let seconds = started.elapsed().as_secs_f64();
-    println!(
-        "{}: {verified} rank counts verified in both placements, {skipped} not admitted, {failed} failed ({} rank counts, {seconds:.2} s)",
-        args.algorithm,
-        ranks.len()
-    );
+    match args.format {
+        Format::Table => {
+            let verdict =
+                if verdicts.is_empty() { String::new() } else { format!("; {}", verdicts_summary(&verdicts)) };
+            println!(
+                "{}: {verified} rank counts verified in both placements, {skipped} not admitted, {failed} failed ({} rank counts, {seconds:.2} s){verdict}",
+                args.algorithm,
+                ranks.len()
+            );
+        }
+        Format::Json => println!(
+            "{}",
+            json!({
+                "algorithm": args.algorithm, "seed": seed_of(&limits), "results": results,
+                "summary": {"verified": verified, "not_admitted": skipped, "failed": failed, "seconds": seconds},
+            })
+        ),
+    }
     let single_not_admitted = ranks.len() == 1 && skipped == 1;
     if failed > 0 || single_not_admitted || verified == 0 {
         1
     } else {
         0
     }
+}
+
+/// One binding's outcome in one placement, for `--format json`.
+fn result_json(p: u32, name: &str, placement: Placement, outcome: &Outcome, source: &str) -> serde_json::Value {
+    let field = |key: &str| name.split(' ').find_map(|w| w.strip_prefix(key)).and_then(|v| v.parse::<u32>().ok());
+    let mut entry = json!({
+        "ranks": p, "binding": name, "root": field("root="), "peer": field("peer="), "placement": placement.to_string(),
+    });
+    let details = match outcome {
+        Outcome::Verified(n, verdict) => {
+            json!({"outcome": "verified", "instructions": n, "verdict": verdict_json(*verdict)})
+        }
+        Outcome::NotAdmitted(why) => json!({"outcome": "not admitted", "why": why}),
+        Outcome::Failed(errors) => json!({"outcome": "failed", "errors": errors_json(errors, source)}),
+    };
+    if let (Some(entry), serde_json::Value::Object(details)) = (entry.as_object_mut(), details) {
+        entry.extend(details);
+    }
+    entry
 }

@@ -15,12 +15,13 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct CostArgs {
-    /// A library name such as `allreduce/ring`, or a path to a `.coll` file (not needed with --calibrate).
+    /// A library name such as `allreduce/ring`, a path to a `.coll` file, or a `.sched` schedule file (verified,
+    /// then costed as it stands); not needed with --calibrate.
     #[arg(required_unless_present = "calibrate")]
     pub algorithm: Option<String>,
-    /// Number of ranks.
-    #[arg(long, default_value_t = 8)]
-    pub ranks: u32,
+    /// Number of ranks [default: 8, or a schedule file's].
+    #[arg(long)]
+    pub ranks: Option<u32>,
     #[command(flatten)]
     pub sizes: SizeArgs,
     /// Topology file (JSON); without it, one node with the built-in constants.
@@ -115,6 +116,27 @@ pub fn profile(
     Ok(Costed { collective: program.collective, profile, slices: options.slices(&program) })
 }
 
+/// A `.sched` file, verified as `collc check` verifies it, then profiled on `topo` (its rank count must be
+/// `n_ranks`).
+fn profile_schedule(
+    source: &library::Source,
+    limits: &collc_compiler::Limits,
+    n_ranks: u32,
+    topo: &Topology,
+) -> Result<Costed, Errors> {
+    let (verified, _) = library::verify_schedule(source, limits)?;
+    if verified.n_ranks != n_ranks {
+        let message = format!("{} is a schedule for {} ranks, not --ranks {n_ranks}", source.name, verified.n_ranks);
+        return Err(Errors(vec![Error::new(
+            "collc::cost::ranks",
+            message,
+            format!("give --ranks {}", verified.n_ranks),
+        )]));
+    }
+    let profile = collc_compiler::cost::analyse_schedule(&verified, limits, topo)?;
+    Ok(Costed { collective: verified.collective, profile, slices: 1 })
+}
+
 /// Algorithm bandwidth and nccl-tests' bus bandwidth, GB/s.
 pub fn bandwidths(collective: Collective, n_ranks: u32, bytes: u64, seconds: f64) -> (f64, f64) {
     let algbw = bytes as f64 / seconds.max(1e-15) / 1e9;
@@ -126,16 +148,30 @@ pub fn run(args: CostArgs) -> u8 {
         return calibrate::run(&args.calibration);
     }
     let name = args.algorithm.as_deref().expect("clap requires it without --calibrate");
-    let (sizes, topo, source) =
-        match (args.sizes.list(), topology(args.topo.as_deref(), args.ranks), library::resolve(name)) {
-            (Ok(s), Ok(t), Ok(src)) => (s, t, src),
-            (Err(e), _, _) | (_, Err(e), _) | (_, _, Err(e)) => {
-                eprintln!("error: {e}");
-                return 2;
-            }
-        };
+    let source = match library::resolve(name) {
+        Ok(source) => source,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
+    let file_ranks = library::is_schedule(&source)
+        .then(|| collc_compiler::emit::parse_sched(&source.text).ok().map(|s| s.n_ranks))
+        .flatten();
+    let n_ranks = args.ranks.or(file_ranks).unwrap_or(8);
+    let (sizes, topo) = match (args.sizes.list(), topology(args.topo.as_deref(), n_ranks)) {
+        (Ok(s), Ok(t)) => (s, t),
+        (Err(e), _) | (_, Err(e)) => {
+            eprintln!("error: {e}");
+            return 2;
+        }
+    };
     let limits = args.limits.limits();
-    let Costed { collective, profile, slices } = match profile(&source.text, &args.bind, &limits, args.ranks, &topo) {
+    let costed = match library::is_schedule(&source) {
+        true => profile_schedule(&source, &limits, n_ranks, &topo),
+        false => profile(&source.text, &args.bind, &limits, n_ranks, &topo),
+    };
+    let Costed { collective, profile, slices } = match costed {
         Ok(found) => found,
         Err(errors) => {
             report::print_all(&errors, &source.name, &source.text);
@@ -146,7 +182,7 @@ pub fn run(args: CostArgs) -> u8 {
         .iter()
         .map(|&bytes| {
             let seconds = profile.seconds(bytes as f64);
-            let (algbw, busbw) = bandwidths(collective, args.ranks, bytes, seconds);
+            let (algbw, busbw) = bandwidths(collective, n_ranks, bytes, seconds);
             (bytes, seconds, algbw, busbw)
         })
         .collect();
@@ -155,7 +191,7 @@ pub fn run(args: CostArgs) -> u8 {
             let doc = serde_json::json!({
                 "algorithm": name,
                 "collective": collective.name(),
-                "ranks": args.ranks,
+                "ranks": n_ranks,
                 "pipeline": slices,
                 "steps": profile.n_steps(),
                 "messages": profile.messages,
@@ -173,7 +209,7 @@ pub fn run(args: CostArgs) -> u8 {
             };
             println!(
                 "# collc cost {name}: {} ranks{pipelined}, {} steps, {} messages",
-                args.ranks,
+                n_ranks,
                 profile.n_steps(),
                 profile.messages
             );

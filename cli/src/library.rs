@@ -33,3 +33,20 @@ pub fn resolve(arg: &str) -> Result<Source, String> {
     };
     Err(format!("`{arg}` is neither a library algorithm nor a file; {hint} (see `collc list`)"))
 }
+
+/// Whether `source` is a schedule file (`collc build --emit sched`), which runs as it stands.
+pub fn is_schedule(source: &Source) -> bool {
+    source.name.ends_with(".sched") || source.text.starts_with("collc-schedule ")
+}
+
+/// A `.sched` file's schedule, verified as `collc check` verifies it, its diagnostics at the file's own lines, and
+/// where each instruction stands in the file.
+pub fn verify_schedule(
+    source: &Source,
+    limits: &collc_compiler::Limits,
+) -> Result<(collc_compiler::VerifiedSchedule, collc_compiler::emit::SchedLines), collc_compiler::Errors> {
+    let (sched, lines) =
+        collc_compiler::emit::parse_sched_located(&source.text).map_err(|e| collc_compiler::Errors(vec![e]))?;
+    let verified = collc_compiler::verify_sched(sched, &source.text, &lines, limits)?;
+    Ok((verified, lines))
+}

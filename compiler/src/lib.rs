@@ -1,7 +1,8 @@
 //! collc-compiler: lowering, scheduling, optimisation and verification of collective algorithms.
 //!
 //! `compile` chains the stages: parse -> lower -> schedule -> optimise -> verify. Each stage is one public
-//! function. Architecture invariant: this crate does no I/O and starts no threads; only `verify` makes a
+//! function. Architecture invariant: this crate does no I/O (but for drawing a verification seed from the OS's
+//! random source) and starts no threads; only `verify` makes a
 //! `VerifiedSchedule`, and emitters take nothing else.
 
 pub mod collective;
@@ -21,7 +22,7 @@ pub use collective::Collective;
 pub use diag::{Error, Errors};
 pub use lower::{lower, Bindings};
 pub use sched::{schedule, Placement, Schedule};
-pub use verify::{verify, VerifiedSchedule};
+pub use verify::{verify, verify_sched, Seed, Verdict, Verification, VerifiedSchedule};
 
 /// Bounds on every stage, so that no input can take unbounded time or memory. All are configurable from the CLI.
 #[derive(Clone, Debug)]
@@ -38,6 +39,9 @@ pub struct Limits {
     pub max_errors: usize,
     /// Messages a connection holds before a send blocks, in the deadlock check (NCCL's NCCL_STEPS is 8).
     pub channel_slots: u32,
+    /// How the postcondition compares multisets: exactly, or keyed (by default exactly for small schedules and
+    /// keyed above, with a seed drawn from the OS when the limits are made).
+    pub verification: verify::Verification,
 }
 
 impl Default for Limits {
@@ -52,6 +56,7 @@ impl Default for Limits {
             max_channels: 32,
             max_errors: 20,
             channel_slots: 8,
+            verification: verify::Verification::default(),
         }
     }
 }

@@ -5,8 +5,9 @@
 use crate::control::{CallInfo, Control, Status};
 use crate::error::RuntimeError;
 use crate::exec::{self, Call};
-use crate::plan::{self, Plan, PlanInput};
+use crate::plan::{self, Origin, Plan, PlanInput};
 use crate::segment::{Heap, Segments, Shm};
+use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::Placement;
 use collc_compiler::{compile, library, Bindings, Collective, Limits, Options as CompileOptions, VerifiedSchedule};
@@ -84,6 +85,9 @@ struct Algorithm {
     name: String,
     source: String,
     params: Vec<(String, i64)>,
+    /// A schedule read from a `.sched` file and verified (`set_schedule`), with its instructions' lines there: it
+    /// runs as it is, for its placement, root and peer only.
+    fixed: Option<Arc<(VerifiedSchedule, SchedLines)>>,
 }
 
 type ScheduleKey = (Collective, Placement, u32, u32);
@@ -178,7 +182,21 @@ impl Communicator {
     /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with
     /// `params` bound (`--set`). Every rank must choose the same algorithm.
     pub fn set_algorithm(&mut self, collective: Collective, name: &str, source: &str, params: Vec<(String, i64)>) {
-        let algorithm = Algorithm { name: name.to_string(), source: source.to_string(), params };
+        let algorithm = Algorithm { name: name.to_string(), source: source.to_string(), params, fixed: None };
+        self.install(collective, algorithm);
+    }
+
+    /// Runs `collective` with a verified schedule (read from the `.sched` file `name`, whose instructions stand at
+    /// `lines`) from now on: calls in its placement with its root and peer run it; others fail naming the file.
+    /// Every rank must set the same schedule.
+    pub fn set_schedule(&mut self, name: &str, schedule: Arc<(VerifiedSchedule, SchedLines)>) {
+        let collective = schedule.0.collective;
+        let algorithm =
+            Algorithm { name: name.to_string(), source: String::new(), params: Vec::new(), fixed: Some(schedule) };
+        self.install(collective, algorithm);
+    }
+
+    fn install(&mut self, collective: Collective, algorithm: Algorithm) {
         self.algorithms.insert(collective, algorithm);
         self.schedules.retain(|key, _| key.0 != collective);
         // Plans are cheap to prepare again; dropping them all keeps the index simple.
@@ -297,7 +315,10 @@ impl Communicator {
                     count: shape.count,
                     dtype: shape.dtype,
                     op: shape.op,
-                    source: &algorithm.source,
+                    origin: match &algorithm.fixed {
+                        Some(fixed) => Origin::Sched(&fixed.1),
+                        None => Origin::Coll(&algorithm.source),
+                    },
                     segments: self.segments.as_ref(),
                     slot_bytes: self.options.slot_bytes_for(self.n_ranks),
                 },
@@ -327,7 +348,7 @@ impl Communicator {
         self.algorithms.get(&collective).cloned().unwrap_or_else(|| {
             let name = library::default_for(collective);
             let source = library::get(name).unwrap_or_default().to_string();
-            Algorithm { name: name.to_string(), source, params: Vec::new() }
+            Algorithm { name: name.to_string(), source, params: Vec::new(), fixed: None }
         })
     }
 
@@ -338,7 +359,22 @@ impl Communicator {
         root: u32,
         peer: u32,
     ) -> Result<VerifiedSchedule, RuntimeError> {
-        let Algorithm { name, source, params } = self.algorithm_for(collective);
+        let Algorithm { name, source, params, fixed } = self.algorithm_for(collective);
+        if let Some(fixed) = fixed {
+            let sched = &fixed.0;
+            let wanted = (sched.placement, sched.root, sched.peer, sched.n_ranks);
+            let (root, peer) = (
+                if collective.rooted() { root } else { sched.root },
+                if collective == Collective::SendRecv { peer } else { sched.peer },
+            );
+            if (placement, root, peer, self.n_ranks) != wanted {
+                return Err(RuntimeError::Compile(format!(
+                    "{name} is a schedule for {} calls on {} ranks with root {} and peer {}; this call is {placement} on {} ranks with root {root} and peer {peer} (collc build writes one for it)",
+                    sched.placement, sched.n_ranks, sched.root, sched.peer, self.n_ranks
+                )));
+            }
+            return Ok(sched.clone());
+        }
         let bindings = Bindings {
             n_ranks: self.n_ranks,
             root: collective.rooted().then_some(root),

@@ -12,6 +12,7 @@ use crate::error::RuntimeError;
 use crate::fifo::Fifo;
 use crate::layout::ChunkLayout;
 use crate::segment::Segments;
+use collc_compiler::emit::SchedLines;
 use collc_compiler::sched::{BufId, Op, Operand, Placement};
 use collc_compiler::{Collective, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
@@ -105,6 +106,23 @@ pub struct Plan {
 
 unsafe impl Send for Plan {}
 
+/// The text a schedule came from, for the lines errors name: its `.coll` source (the schedule's spans point into
+/// it), or the `.sched` file it was read from (each instruction's own line there).
+#[derive(Clone, Copy)]
+pub enum Origin<'a> {
+    Coll(&'a str),
+    Sched(&'a SchedLines),
+}
+
+impl Origin<'_> {
+    fn line(self, sched: &VerifiedSchedule, rank: u32, index: usize) -> usize {
+        match self {
+            Origin::Coll(source) => sched.line_of(source, sched.ranks[rank as usize].instrs[index].span.into()),
+            Origin::Sched(lines) => lines.line(rank, index) as usize,
+        }
+    }
+}
+
 /// What `prepare` needs besides the schedule.
 pub(crate) struct PlanInput<'a> {
     /// How errors name the algorithm: its library name or file.
@@ -113,13 +131,13 @@ pub(crate) struct PlanInput<'a> {
     pub count: usize,
     pub dtype: DataType,
     pub op: ReduceOp,
-    pub source: &'a str,
+    pub origin: Origin<'a>,
     pub segments: &'a dyn Segments,
     pub slot_bytes: usize,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { name, rank, count, dtype, op, source, segments, slot_bytes } = input;
+    let PlanInput { name, rank, count, dtype, op, origin, segments, slot_bytes } = input;
     let elem = dtype.size_bytes();
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
@@ -129,7 +147,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let layout = ChunkLayout::new(count, sched.chunks);
     let (tile, n_tiles) = tiles(sched, elem, capacity, slot_bytes)?;
     let Translated { steps, pieces, labels, fifos } =
-        translate(sched, rank, source, &layout, capacity, segments, slot_bytes)?;
+        translate(sched, rank, origin, &layout, capacity, segments, slot_bytes)?;
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
     let (bases, scratch) = scratch_buffers(sched, capacity * elem);
@@ -205,7 +223,7 @@ struct Translated {
 fn translate(
     sched: &VerifiedSchedule,
     rank: u32,
-    source: &str,
+    origin: Origin,
     layout: &ChunkLayout,
     capacity: usize,
     segments: &dyn Segments,
@@ -260,7 +278,7 @@ fn translate(
             pieces.push(piece);
         }
         steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
-        labels.push(StepLabel { index, op: instr.op, line: sched.line_of(source, instr.span.into()) });
+        labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }
     Ok(Translated { steps, pieces, labels, fifos })
 }

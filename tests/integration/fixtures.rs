@@ -129,13 +129,15 @@ fn sched_failure_report(path: &Path) -> (String, String) {
         .unwrap_or_else(|| panic!("{file_name} has no `# test: error=CODE` header"))
         .trim()
         .to_string();
-    let sched = collc_compiler::emit::parse_sched(&text).unwrap_or_else(|e| panic!("{file_name} does not parse: {e}"));
-    let Err(errors) = collc_compiler::verify(sched, "", &Limits::default()) else {
+    let (sched, lines) =
+        collc_compiler::emit::parse_sched_located(&text).unwrap_or_else(|e| panic!("{file_name} does not parse: {e}"));
+    let Err(errors) = collc_compiler::verify_sched(sched, &text, &lines, &Limits::default()) else {
         panic!("{file_name} verified, but it must fail with {code}");
     };
     let codes: Vec<&str> = errors.0.iter().map(|e| e.code).collect();
     assert!(codes.iter().all(|c| *c == code), "{file_name}: codes {codes:?}, not {code}");
-    (code, render_all(&errors, &file_name, ""))
+    // Diagnostics point at the schedule's own lines, not at the `.coll` source it was built from.
+    (code, render_all(&errors, &file_name, &text))
 }
 
 #[test]

@@ -16,6 +16,7 @@ mod contract;
 mod corpus;
 mod cost;
 mod fixtures;
+mod forge;
 mod library;
 mod mutation;
 mod oracle;

@@ -10,9 +10,12 @@ use crate::args::{parse_size, size_sweep};
 use crate::library;
 use clap::{Args, ValueEnum};
 use collc_compiler::cost::Topology;
+use collc_compiler::emit::SchedLines;
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
+use collc_compiler::{Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
 use collc_runtime::{Communicator, Options};
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Transport {
@@ -30,11 +33,12 @@ pub enum Format {
 
 #[derive(Args, Clone, Debug)]
 pub struct RunArgs {
-    /// A library name such as `allreduce/ring`, or a path to a `.coll` file.
+    /// A library name such as `allreduce/ring`, a path to a `.coll` file, a `.sched` schedule file (verified, then
+    /// run as it stands, in its placement), or a collective (`allreduce`: the cost model picks per size).
     pub algorithm: String,
-    /// Number of ranks (ignored when a launcher's environment sets the world size).
-    #[arg(long, default_value_t = 2)]
-    pub ranks: u32,
+    /// Number of ranks [default: 2, or a schedule file's] (a launcher's environment sets the world size instead).
+    #[arg(long)]
+    pub ranks: Option<u32>,
     #[arg(long, value_enum, default_value = "threads")]
     pub transport: Transport,
     /// Smallest message size in bytes (K, M, G suffixes are powers of 1024), as nccl-tests' -b.
@@ -64,9 +68,9 @@ pub struct RunArgs {
     /// Reduction: sum, prod, max, min, avg, or `all`.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
-    /// Root rank for rooted collectives (the sender of sendrecv).
-    #[arg(short = 'r', long = "root", default_value_t = 0)]
-    pub root: u32,
+    /// Root rank for rooted collectives (the sender of sendrecv) [default: 0, or a schedule file's].
+    #[arg(short = 'r', long = "root")]
+    pub root: Option<u32>,
     /// Destination rank of sendrecv (default: root + 1).
     #[arg(long)]
     pub peer: Option<u32>,
@@ -101,6 +105,8 @@ pub struct Choice {
     pub name: String,
     pub source: String,
     pub params: Vec<(String, i64)>,
+    /// A `.sched` file's verified schedule (and its instructions' lines there), which runs as it stands.
+    pub schedule: Option<Arc<(VerifiedSchedule, SchedLines)>>,
 }
 
 /// Everything a rank needs to run the sweep, resolved once.
@@ -132,6 +138,11 @@ impl Job {
         choices.iter().find(|c| bytes <= c.max_bytes).unwrap_or(&choices[choices.len() - 1])
     }
 
+    /// Whether rows measure `placement`: both, unless a schedule file fixes one.
+    pub fn runs(&self, placement: Placement) -> bool {
+        self.algorithms.choices[0].schedule.as_ref().is_none_or(|s| s.0.placement == placement)
+    }
+
     /// The algorithms timed at `bytes`, in turn: every candidate with `--compare`, else the one that runs.
     pub fn timed_at(&self, bytes: usize) -> Vec<&Choice> {
         match self.algorithms.compared.is_empty() {
@@ -146,7 +157,8 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(launched) => launched,
         Err(message) => return usage(&message),
     };
-    let n_ranks = launched.as_ref().map_or(args.ranks, |l| l.world_size);
+    let schedule_ranks = schedule_file_ranks(&args.algorithm);
+    let n_ranks = launched.as_ref().map_or(args.ranks.or(schedule_ranks).unwrap_or(2), |l| l.world_size);
     // A launcher says how many ranks share a node; ranks spawned here are all on this one.
     let per_node = launched.as_ref().and_then(|l| l.local_world_size).unwrap_or(n_ranks);
     let job = match resolve(&args, n_ranks, per_node, launched.is_some()) {
@@ -202,10 +214,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     if args.iters == 0 {
         return Err(usage("-n 0: at least one timed iteration".into()));
     }
-    if args.root >= n_ranks {
-        return Err(usage(format!("-r {}: the root must be below the rank count {n_ranks}", args.root)));
+    let root = args.root.unwrap_or(0);
+    if root >= n_ranks {
+        return Err(usage(format!("-r {root}: the root must be below the rank count {n_ranks}")));
     }
-    let peer = args.peer.unwrap_or((args.root + 1) % n_ranks);
+    let mut peer = args.peer.unwrap_or((root + 1) % n_ranks);
+    let mut root = root;
     let mut options = Options::from_env().map_err(|e| usage(e.to_string()))?;
     if let Some(seconds) = args.timeout {
         if !(seconds > 0.0 && seconds.is_finite()) {
@@ -214,8 +228,14 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
     let (collective, algorithms) = match fixed {
-        None => select(args, n_ranks, per_node, peer, &sizes)?,
-        Some(source) => compile_fixed(args, source, n_ranks, per_node, peer)?,
+        None => select(args, n_ranks, per_node, root, peer, &sizes)?,
+        Some(source) if library::is_schedule(&source) => {
+            let (collective, algorithms) = schedule_file(args, source, n_ranks)?;
+            let sched = &algorithms.choices[0].schedule.as_ref().expect("a schedule file's choice has it").0;
+            (root, peer) = (sched.root, sched.peer);
+            (collective, algorithms)
+        }
+        Some(source) => compile_fixed(args, source, n_ranks, per_node, root, peer)?,
     };
     Ok(Job {
         collective,
@@ -224,7 +244,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         byte_range: (min, max),
         dtypes,
         ops,
-        root: args.root,
+        root,
         peer,
         iters: args.iters,
         warmup: args.warmup,
@@ -288,6 +308,7 @@ fn compile_fixed(
     source: library::Source,
     n_ranks: u32,
     per_node: u32,
+    root: u32,
     peer: u32,
 ) -> Result<(Collective, Algorithms), (u8, String)> {
     let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
@@ -296,7 +317,7 @@ fn compile_fixed(
             let collective = file.algorithm.collective.name.parse::<Collective>().unwrap_or(Collective::AllReduce);
             let bindings = Bindings {
                 n_ranks,
-                root: collective.rooted().then_some(args.root),
+                root: collective.rooted().then_some(root),
                 peer: (collective == Collective::SendRecv).then_some(peer),
                 params: args.set.clone(),
             }
@@ -309,7 +330,63 @@ fn compile_fixed(
         (1, format!("{} does not compile for {n_ranks} ranks", source.name))
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
-    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params };
+    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None };
+    let algorithms = Algorithms {
+        choices: vec![choice],
+        selected: false,
+        compared: Vec::new(),
+        not_admitted: Vec::new(),
+        topology: None,
+    };
+    Ok((collective, algorithms))
+}
+
+/// The rank count in a schedule file's header, if `algorithm` names one (the file's rank count is the run's
+/// default).
+fn schedule_file_ranks(algorithm: &str) -> Option<u32> {
+    let source = library::resolve(algorithm).ok().filter(library::is_schedule)?;
+    collc_compiler::emit::parse_sched(&source.text).ok().map(|sched| sched.n_ranks)
+}
+
+/// A schedule file, verified here as `collc check` verifies it, before any rank starts: it runs as it stands, in
+/// its placement, with its root and peer, on its rank count.
+fn schedule_file(
+    args: &RunArgs,
+    source: library::Source,
+    n_ranks: u32,
+) -> Result<(Collective, Algorithms), (u8, String)> {
+    let usage = |message: String| (2u8, message);
+    let (verified, lines) = library::verify_schedule(&source, &Limits::default()).map_err(|errors| {
+        crate::report::print_all(&errors, &source.name, &source.text);
+        (1, format!("{} does not verify", source.name))
+    })?;
+    let sched = &verified;
+    if sched.n_ranks != n_ranks {
+        return Err(usage(format!(
+            "{} is a schedule for {} ranks, not {n_ranks}; `collc build ... --ranks {n_ranks}` writes one",
+            source.name, sched.n_ranks
+        )));
+    }
+    let differs = |given: Option<u32>, fixed: u32| given.is_some_and(|g| g != fixed);
+    if (sched.collective.rooted() && differs(args.root, sched.root))
+        || (sched.collective == Collective::SendRecv && differs(args.peer, sched.peer))
+    {
+        return Err(usage(format!(
+            "{} is a schedule for root {} and peer {}; `collc build ... --root R` writes one for another",
+            source.name, sched.root, sched.peer
+        )));
+    }
+    if !args.set.is_empty() {
+        return Err(usage(format!("--set binds parameters of a .coll program; {} is already bound", source.name)));
+    }
+    let collective = sched.collective;
+    let choice = Choice {
+        max_bytes: usize::MAX,
+        name: source.name.clone(),
+        source: String::new(),
+        params: Vec::new(),
+        schedule: Some(Arc::new((verified, lines))),
+    };
     let algorithms = Algorithms {
         choices: vec![choice],
         selected: false,
@@ -325,6 +402,7 @@ fn select(
     args: &RunArgs,
     n_ranks: u32,
     per_node: u32,
+    root: u32,
     peer: u32,
     sizes: &[usize],
 ) -> Result<(Collective, Algorithms), (u8, String)> {
@@ -357,10 +435,12 @@ fn select(
     };
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
     let bind = crate::args::BindArgs {
-        root: collective.rooted().then_some(args.root),
-        peer: (collective == Collective::SendRecv).then_some(peer),
-        set: args.set.clone(),
-        pipeline: None,
+        root: collective.rooted().then_some(root),
+        params: crate::args::ParamArgs {
+            peer: (collective == Collective::SendRecv).then_some(peer),
+            set: args.set.clone(),
+            pipeline: None,
+        },
     };
     let field = crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default())?;
     let choice = |name: &str, max_bytes: usize| {
@@ -368,7 +448,7 @@ fn select(
         let source = collc_compiler::library::get(&name).expect("candidates come from the library");
         let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
         let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
-        Choice { max_bytes, name, source: source.to_string(), params }
+        Choice { max_bytes, name, source: source.to_string(), params, schedule: None }
     };
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {
@@ -393,6 +473,9 @@ fn select(
 /// A communicator set up with the job's algorithm.
 pub fn configure(mut comm: Communicator, job: &Job) -> Communicator {
     let first = &job.algorithms.choices[0];
-    comm.set_algorithm(job.collective, &first.name, &first.source, first.params.clone());
+    match &first.schedule {
+        Some(schedule) => comm.set_schedule(&first.name, schedule.clone()),
+        None => comm.set_algorithm(job.collective, &first.name, &first.source, first.params.clone()),
+    }
     comm
 }

@@ -2,7 +2,7 @@
 //! place and in place, check one call of each on crafted data, and report to rank 0.
 
 use super::{Choice, Job};
-use collc_compiler::Collective;
+use collc_compiler::{Collective, Placement};
 use collc_kernels::{DataType, ReduceOp};
 use collc_runtime::{check, Buffers, CallShape, Communicator, RuntimeError};
 use std::time::Instant;
@@ -21,8 +21,9 @@ pub struct Row {
     pub dtype: DataType,
     pub op: Option<ReduceOp>,
     pub root: Option<u32>,
-    pub out_of_place: Cell,
-    pub in_place: Cell,
+    /// `None` for a placement the job does not run (a `.sched` file holds one).
+    pub out_of_place: Option<Cell>,
+    pub in_place: Option<Cell>,
     /// The algorithm that ran this row (the job's, or the one selected for its size).
     pub algorithm: String,
     /// `Some(true)` when the cost model chose this row's algorithm for its size, `Some(false)` when `--compare` timed
@@ -88,9 +89,14 @@ fn measure_row(
         root: job.root,
         peer: job.peer,
     };
-    let out_of_place = measure(comm, job, &shape, false, buffers)?;
-    let in_place = measure(comm, job, &shape, true, buffers)?;
-    Ok(out_of_place.zip(in_place).map(|(out_of_place, in_place)| Row {
+    let mut cells = [None, None];
+    for (cell, placement) in cells.iter_mut().zip(Placement::BOTH) {
+        if job.runs(placement) {
+            *cell = measure(comm, job, &shape, placement == Placement::InPlace, buffers)?;
+        }
+    }
+    let [out_of_place, in_place] = cells;
+    Ok((comm.rank() == 0).then(|| Row {
         bytes: count * dtype.size_bytes() * size_factor(job.collective, job.n_ranks),
         count: count * size_factor(job.collective, job.n_ranks),
         dtype,
@@ -116,7 +122,8 @@ fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<
     Ok(())
 }
 
-/// `-w` untimed calls of `bytes` out of place with the algorithm that runs now.
+/// `-w` untimed calls of `bytes` out of place (in place where the job runs only that) with the algorithm that runs
+/// now.
 fn warm_up_at(
     comm: &mut Communicator,
     job: &Job,
@@ -127,9 +134,10 @@ fn warm_up_at(
 ) -> Result<(), RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
     let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
-    let windows = check::windows(&shape, job.n_ranks, comm.rank(), false);
+    let in_place = !job.runs(Placement::OutOfPlace);
+    let windows = check::windows(&shape, job.n_ranks, comm.rank(), in_place);
     for _ in 0..job.warmup {
-        scratch.call(comm, &shape, &windows, false)?;
+        scratch.call(comm, &shape, &windows, in_place)?;
     }
     Ok(())
 }

@@ -52,6 +52,10 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
             row.root.map_or(-1, i64::from)
         );
         for cell in [&row.out_of_place, &row.in_place] {
+            let Some(cell) = cell else {
+                line += &format!(" {:>8} {:>7} {:>7} {:>6}", "N/A", "N/A", "N/A", "N/A");
+                continue;
+            };
             let (algbw, busbw) = bandwidths(job, row.bytes, cell);
             busbw_sum += busbw;
             wrong_total += cell.wrong.unwrap_or(0);
@@ -64,7 +68,8 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
         println!("{line}");
     }
     println!("# Out of bounds values : {} {}", wrong_total, if wrong_total == 0 { "OK" } else { "FAILED" });
-    let cells = (2 * rows.len()).max(1) as f64;
+    let cells = rows.iter().map(|r| usize::from(r.out_of_place.is_some()) + usize::from(r.in_place.is_some()));
+    let cells = cells.sum::<usize>().max(1) as f64;
     println!("# Avg bus bandwidth    : {:.3}", busbw_sum / cells);
     println!("#");
     if compare {
@@ -116,9 +121,13 @@ fn print_header(job: &Job, header: &Header) {
 }
 
 fn print_json(job: &Job, header: &Header, rows: &[Row]) {
-    let cell = |bytes: usize, cell: &Cell| {
+    let measured = |bytes: usize, cell: &Cell| {
         let (algbw, busbw) = bandwidths(job, bytes, cell);
         json!({ "time_us": cell.seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": cell.wrong })
+    };
+    let cell = |bytes: usize, cell: &Option<Cell>| match cell {
+        Some(cell) => measured(bytes, cell),
+        None => serde_json::Value::Null,
     };
     let rows: Vec<_> = rows
         .iter()
@@ -151,7 +160,7 @@ fn print_comparison(job: &Job, rows: &[Row]) {
     println!("# compared out of place: the measured fastest, and the cost model's choice");
     let (mut close, mut total) = (0, 0);
     for group in comparisons(job, rows) {
-        let time = |row: &Row| row.out_of_place.seconds;
+        let time = |row: &Row| row.out_of_place.map_or(f64::INFINITY, |c| c.seconds);
         let Some(fastest) = group.iter().min_by(|a, b| time(a).total_cmp(&time(b))) else { continue };
         let Some(chosen) = group.iter().find(|r| r.predicted == Some(true)) else { continue };
         let ratio = time(chosen) / time(fastest).max(f64::MIN_POSITIVE);
@@ -173,5 +182,6 @@ fn print_comparison(job: &Job, rows: &[Row]) {
 
 /// Whether any checked cell found a wrong element: `collc run` then exits non-zero, as nccl-tests does.
 pub fn any_wrong(rows: &[Row]) -> bool {
-    rows.iter().any(|r| r.out_of_place.wrong.unwrap_or(0) + r.in_place.wrong.unwrap_or(0) > 0)
+    let wrong = |cell: &Option<Cell>| cell.and_then(|c| c.wrong).unwrap_or(0);
+    rows.iter().any(|r| wrong(&r.out_of_place) + wrong(&r.in_place) > 0)
 }

@@ -5,6 +5,7 @@
 mod cores;
 mod fields;
 mod model;
+mod rounds;
 mod select;
 mod topology;
 
@@ -30,4 +31,18 @@ pub fn analyse(
     let program = pipelined(program, options, limits)?;
     let verified = compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
     Ok(model::profile(&program, &verified, topo, limits.channel_slots))
+}
+
+/// The cost profile of a verified schedule that comes without its program (a `.sched` file) on `topo`: its
+/// transfers in the rounds its dataflow allows (`rounds`) stand for the program's steps.
+pub fn analyse_schedule(sched: &crate::VerifiedSchedule, limits: &Limits, topo: &Topology) -> Result<Profile, Errors> {
+    topo.check_ranks(sched.n_ranks).map_err(|e| {
+        Error::new(
+            "collc::cost::topology",
+            e.to_string(),
+            "describe as many ranks as the schedule has in the topology file",
+        )
+    })?;
+    let program = rounds::program_of(sched);
+    Ok(model::profile(&program, sched, topo, limits.channel_slots))
 }

@@ -4,4 +4,4 @@ mod json;
 mod text;
 
 pub use json::to_json;
-pub use text::{parse_sched, write_sched};
+pub use text::{parse_sched, parse_sched_located, write_sched, InstrLine, SchedLines};

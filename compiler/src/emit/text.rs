@@ -79,6 +79,49 @@ fn num<T: std::str::FromStr>(line_no: usize, text: &str, what: &str) -> Result<T
 
 /// Reads a `.sched` text back into a schedule.
 pub fn parse_sched(text: &str) -> Result<Schedule, Error> {
+    parse_sched_located(text).map(|(sched, _)| sched)
+}
+
+/// Where each instruction of a schedule read from text stands in that text, for diagnostics that name the
+/// `.sched` line and column: per rank, per instruction, its line number and the byte range of its line from its `#`.
+#[derive(Clone, Debug, Default)]
+pub struct SchedLines {
+    pub ranks: Vec<Vec<InstrLine>>,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct InstrLine {
+    pub line: u32,
+    pub start: u32,
+    pub end: u32,
+}
+
+impl SchedLines {
+    fn get(&self, rank: u32, index: usize) -> InstrLine {
+        self.ranks.get(rank as usize).and_then(|r| r.get(index)).copied().unwrap_or_default()
+    }
+
+    pub fn span(&self, rank: u32, index: usize) -> Span {
+        let at = self.get(rank, index);
+        Span { start: at.start, end: at.end }
+    }
+
+    /// The 1-based line of an instruction.
+    pub fn line(&self, rank: u32, index: usize) -> u32 {
+        self.get(rank, index).line
+    }
+
+    /// `line 12:3`: the line and column of an instruction in `text`.
+    pub fn location(&self, text: &str, rank: u32, index: usize) -> String {
+        let at = self.get(rank, index);
+        let start = (at.start as usize).min(text.len());
+        let line_start = text.as_bytes()[..start].iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+        format!("line {}:{}", at.line, start - line_start + 1)
+    }
+}
+
+/// `parse_sched`, and where each instruction's line is in `text`.
+pub fn parse_sched_located(text: &str) -> Result<(Schedule, SchedLines), Error> {
     const MAX_BYTES: usize = 1 << 30;
     if text.len() > MAX_BYTES {
         return Err(parse_error(
@@ -102,21 +145,39 @@ pub fn parse_sched(text: &str) -> Result<Schedule, Error> {
         ranks: Vec::new(),
         spans: Vec::new(),
     };
-    for (line_no, raw) in text.lines().enumerate().skip(1).map(|(i, l)| (i + 1, l.trim())) {
+    let mut lines = SchedLines::default();
+    let mut offset = 0usize;
+    for (i, line) in text.split_inclusive('\n').enumerate() {
+        let (line_no, line_start) = (i + 1, offset);
+        offset += line.len();
+        let raw = line.trim();
+        if line_no == 1 {
+            continue;
+        }
         if raw.starts_with('#') && raw[1..].starts_with(|c: char| c.is_ascii_digit()) {
             let program =
                 sched.ranks.last_mut().ok_or_else(|| parse_error(line_no, "an instruction before any `rank` line"))?;
             let words: Vec<&str> = raw.split_whitespace().collect();
             let (instr, deps) = parse_instr(line_no, &words, &sched.buffers, program.len())?;
             program.push(instr, &deps);
+            let start = line_start + line.find('#').unwrap_or(0);
+            let end = line_start + line.trim_end().len();
+            let at = InstrLine { line: line_no as u32, start: start as u32, end: end as u32 };
+            match lines.ranks.last_mut() {
+                Some(rank) => rank.push(at),
+                None => lines.ranks.push(vec![at]),
+            }
             continue;
         }
         let words: Vec<&str> = raw.split('#').next().unwrap_or("").split_whitespace().collect();
         if !words.is_empty() {
             parse_header(line_no, &words, &mut sched)?;
+            if words[0] == "rank" {
+                lines.ranks.resize(sched.ranks.len(), Vec::new());
+            }
         }
     }
-    Ok(sched)
+    Ok((sched, lines))
 }
 
 fn parse_header(line_no: usize, words: &[&str], sched: &mut Schedule) -> Result<(), Error> {

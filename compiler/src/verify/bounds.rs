@@ -25,7 +25,7 @@ pub(crate) fn check_rank(ctx: &Context, rank: u32, program: &RankProgram, errors
                 "collc::verify::bounds",
                 message,
                 "the schedule is malformed; rebuild it from the .coll source",
-                instr,
+                (rank, i),
                 "emitted by this transfer",
             ));
         }
@@ -35,7 +35,7 @@ pub(crate) fn check_rank(ctx: &Context, rank: u32, program: &RankProgram, errors
                 "collc::verify::order",
                 message,
                 "dependencies must point to earlier instructions of the same rank",
-                instr,
+                (rank, i),
                 "this instruction",
             ));
         }

@@ -9,22 +9,53 @@
 //! ruled out before this runs, so any order the sort picks computes the same values.
 
 use super::matching::{Connections, ConnectionsBuilder, RankConnections};
-use super::postcondition::initial_values;
-use super::value::Value;
+use super::value::{initial_values, Value};
 use super::Context;
 use crate::diag::Error;
-use crate::sched::{Dependents, Operand, RankProgram, Schedule};
+use crate::sched::{BufId, Dependents, Operand, Placement, RankProgram, Schedule};
 
-/// The final state of a completed execution.
+/// The final state of a completed execution. Out of place, `in` is never written (`bounds` checked it), so its
+/// slots are not stored: a read of one makes the input's value on the spot (at p = 4096 they were half the state).
 pub(crate) struct Finished<V> {
+    /// Per buffer, where its slots start in a rank's values; `UNSTORED` for `in` out of place.
     pub base: Vec<u32>,
     pub slots_per_rank: u32,
     pub values: Vec<V>,
 }
 
+const UNSTORED: u32 = u32::MAX;
+
+/// Marks a node's operand as chunk `index` of the unstored `in` (the firing rank's): `VIRTUAL | index`.
+const VIRTUAL: u32 = 1 << 31;
+
 impl<V> Finished<V> {
+    /// The value index of a stored slot.
     pub fn slot(&self, rank: u32, op: Operand) -> usize {
         (rank * self.slots_per_rank + self.base[op.buf.0 as usize] + op.index) as usize
+    }
+
+    /// A node's operand: the stored slot's index, or `VIRTUAL | index` in the unstored `in`.
+    fn operand(&self, rank: u32, op: Operand) -> u32 {
+        match self.base[op.buf.0 as usize] {
+            UNSTORED => VIRTUAL | op.index,
+            _ => self.slot(rank, op) as u32,
+        }
+    }
+}
+
+/// What reads of the unstored `in` make: rank r's input chunk c where r's input is significant, else undefined.
+struct Inputs<'k, V: Value> {
+    key: &'k V::Key,
+    significant: Vec<bool>,
+    chunks: u32,
+}
+
+impl<V: Value> Inputs<'_, V> {
+    fn value(&self, rank: u32, index: u32) -> V {
+        match self.significant[rank as usize] && index < self.chunks {
+            true => V::input(self.key, rank, index),
+            false => V::undefined(self.key),
+        }
     }
 }
 
@@ -61,13 +92,23 @@ impl Graph {
     }
 }
 
-pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: GraphBuilder) -> Result<Finished<V>, Error> {
+pub(crate) fn simulate<V: Value>(
+    ctx: &Context,
+    key: &V::Key,
+    conns: Connections,
+    graph: GraphBuilder,
+) -> Result<Finished<V>, Error> {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
-    let mut state = initial_state::<V>(ctx);
+    let mut state = initial_state::<V>(ctx, key)?;
+    let inputs = Inputs::<V> {
+        key,
+        significant: (0..sched.n_ranks).map(|r| sched.collective.input_significant(r, sched.root)).collect(),
+        chunks: sched.collective.buffer_chunks(sched.n_ranks, sched.chunks).0,
+    };
     let mut graph = graph.finish(&conns);
     let rank_start = &conns.rank_start;
-    let mut messages: Vec<V> = vec![V::undefined(); graph.n_messages as usize];
+    let mut messages: Vec<V> = vec![V::undefined(key); graph.n_messages as usize];
     // How many sends and receives each connection has run: the position of the next one.
     let mut sent = vec![0u32; conns.list.len()];
     let mut received = vec![0u32; conns.list.len()];
@@ -88,7 +129,7 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: Graph
         let (send, recv) = conns.rank(rank).of(instr);
         let send_pos = if send == NONE { NONE } else { post_increment(&mut sent[send as usize]) };
         let recv_pos = if recv == NONE { NONE } else { post_increment(&mut received[recv as usize]) };
-        let slot = |op: Operand| op.get().map_or(NONE, |op| state.slot(rank, op) as u32);
+        let slot = |op: Operand| op.get().map_or(NONE, |op| state.operand(rank, op));
         let node = Node {
             src: slot(instr.src),
             acc: slot(instr.acc),
@@ -98,12 +139,12 @@ pub(crate) fn simulate<V: Value>(ctx: &Context, conns: Connections, graph: Graph
         };
         if instr.count == 1 {
             // One chunk needs no scratch list: nothing it writes can be read after.
-            let value = fire_one(&node, &state.values, &messages);
+            let value = fire_one(&inputs, rank, &node, &state.values, &messages);
             store(&node, 0, value, &mut state, &mut messages);
         } else {
             // Read everything before writing anything: operands of one instruction may overlap.
             results.clear();
-            results.extend((0..instr.count).map(|k| fire_one(&node.at(k), &state.values, &messages)));
+            results.extend((0..instr.count).map(|k| fire_one(&inputs, rank, &node.at(k), &state.values, &messages)));
             for (k, value) in results.drain(..).enumerate() {
                 store(&node, k as u32, value, &mut state, &mut messages);
             }
@@ -171,17 +212,22 @@ struct Node {
     msg_out: u32,
 }
 
-/// The value one chunk of `node` produces: its message or local source, reduced into its accumulator if it has one.
-fn fire_one<V: Value>(node: &Node, values: &[V], messages: &[V]) -> V {
+/// The value one chunk of `node` on `rank` produces: its message or local source, reduced into its accumulator if
+/// it has one.
+fn fire_one<V: Value>(inputs: &Inputs<V>, rank: u32, node: &Node, values: &[V], messages: &[V]) -> V {
+    let read = |at: u32| match at & VIRTUAL {
+        0 => values[at as usize].clone(),
+        _ => inputs.value(rank, at & !VIRTUAL),
+    };
     let v = match node.msg_in {
-        NONE => &values[node.src as usize],
-        at => &messages[at as usize],
+        NONE => read(node.src),
+        at => messages[at as usize].clone(),
     };
     match node.acc {
-        NONE => v.clone(),
+        NONE => v,
         acc => {
-            let mut sum = values[acc as usize].clone();
-            sum.reduce(v);
+            let mut sum = read(acc);
+            sum.reduce(inputs.key, &v);
             sum
         }
     }
@@ -387,7 +433,6 @@ impl<'a> Stuck<'a> {
         let note =
             format!("wait-for cycle ({} instructions, then back to the first):\n{}", cycle.len(), lines.join("\n"));
         let ((r0, i0), _) = cycle[0];
-        let first = &self.ctx.sched.ranks[r0 as usize].instrs[i0 as usize];
         let mut error = self.ctx.error(
             "collc::verify::deadlock",
             format!(
@@ -396,11 +441,11 @@ impl<'a> Stuck<'a> {
                 self.ctx.describe(r0, i0 as usize)
             ),
             "break the cycle: reorder the transfers so some rank sends before it waits, or split the step",
-            first,
+            (r0, i0 as usize),
             "waits in a cycle",
         );
         for ((r, i), _) in cycle.iter().skip(1) {
-            let span = self.ctx.span(&self.ctx.sched.ranks[*r as usize].instrs[*i as usize]);
+            let span = self.ctx.span((*r, *i as usize));
             if error.labels.len() < 4 && error.labels.iter().all(|(s, _)| *s != span) {
                 error = error.at(span, format!("rank {r} #{i} is in the cycle too"));
             }
@@ -409,12 +454,25 @@ impl<'a> Stuck<'a> {
     }
 }
 
-fn initial_state<V: Value>(ctx: &Context) -> Finished<V> {
-    let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
-    let n = ctx.sched.n_ranks as usize * total as usize;
-    let mut values = Vec::with_capacity(n);
-    for rank in 0..ctx.sched.n_ranks {
-        initial_values(ctx.sched, rank, &mut values);
+fn initial_state<V: Value>(ctx: &Context, key: &V::Key) -> Result<Finished<V>, Error> {
+    let sched = ctx.sched;
+    let stored = |b: usize| sched.placement == Placement::InPlace || b != BufId::IN.0 as usize;
+    let (mut base, mut total) = (Vec::with_capacity(sched.buffers.len()), 0u32);
+    for (b, decl) in sched.buffers.iter().enumerate() {
+        base.push(if stored(b) { total } else { UNSTORED });
+        total += if stored(b) { decl.chunks } else { 0 };
     }
-    Finished { base, slots_per_rank: total, values }
+    let n = sched.n_ranks as usize * total as usize;
+    if n >= VIRTUAL as usize {
+        return Err(Error::new(
+            "collc::verify::too_large",
+            format!("{n} chunk slots to simulate, more than the verifier's {}", VIRTUAL - 1),
+            "verify fewer ranks or chunks",
+        ));
+    }
+    let mut values = Vec::with_capacity(n);
+    for rank in 0..sched.n_ranks {
+        initial_values(sched, key, rank, stored, &mut values);
+    }
+    Ok(Finished { base, slots_per_rank: total, values })
 }

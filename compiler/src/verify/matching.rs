@@ -306,11 +306,14 @@ fn mismatch(ctx: &Context, c: &Connection, (s, si): (u32, &Instr), (r, ri): (u32
         let message =
             format!("{sender} sends chunk position {sent_at} of a block into position {received_at} on {receiver}");
         let help = "a chunk keeps its position in its block (index modulo chunks) everywhere it goes";
-        return ctx.error("collc::verify::matching", message, help, si, "this send").at(ctx.span(ri), "this receive");
+        return ctx
+            .error("collc::verify::matching", message, help, (c.from, s as usize), "this send")
+            .at(ctx.span((c.to, r as usize)), "this receive");
     }
     let message = format!("{sender} sends {} chunks but {receiver} receives {}", si.count, ri.count);
     let help = "the n-th send and the n-th receive of a connection must have the same size";
-    ctx.error("collc::verify::matching", message, help, si, "this send").at(ctx.span(ri), "this receive")
+    ctx.error("collc::verify::matching", message, help, (c.from, s as usize), "this send")
+        .at(ctx.span((c.to, r as usize)), "this receive")
 }
 
 /// The instruction (index on its rank) of a connection whose other side has no counterpart.
@@ -346,6 +349,5 @@ fn unmatched(ctx: &Context, c: &Connection, side: Unmatched, k: usize, n_sends: 
     };
     let who = ctx.describe(rank, index as usize);
     let message = format!("{who} {does} rank {peer} on channel {}, which {never} ({counts})", c.channel);
-    let instr = &ctx.sched.ranks[rank as usize].instrs[index as usize];
-    ctx.error("collc::verify::matching", message, help, instr, label)
+    ctx.error("collc::verify::matching", message, help, (rank, index as usize), label)
 }

@@ -7,29 +7,39 @@
 //! - `races`: two instructions of one rank that touch one chunk slot, one writing, are ordered by dependencies.
 //! - `deadlock`: a dataflow execution with bounded channels (`Limits::channel_slots` messages per connection)
 //!   completes; if not, the wait-for cycle is printed.
-//! - `postcondition`: symbolic execution of multisets of contributions gives exactly the collective's contract.
+//! - `postcondition`: symbolic execution of multisets of contributions gives exactly the collective's contract,
+//!   with the multisets themselves or keyed afresh for each verification (`key`, `Limits::verification`).
 
 mod bounds;
 mod deadlock;
+pub mod key;
 mod matching;
 mod postcondition;
 mod races;
 mod value;
 
+pub use key::{Seed, Verdict, Verification, ERROR_BOUND_BITS, EXACT_AUTO_RANKS};
 pub(crate) use matching::{Connection, Connections};
 
 use crate::diag::{Error, Errors};
-use crate::sched::{Instr, Schedule};
+use crate::emit::SchedLines;
+use crate::sched::Schedule;
 use crate::Limits;
 use std::ops::Deref;
 
-/// A schedule that passed every check. Emitters and the runtime accept nothing else.
+/// A schedule that passed every check, and how its postcondition was checked. Emitters and the runtime accept
+/// nothing else.
 #[derive(Clone, Debug)]
-pub struct VerifiedSchedule(Schedule);
+pub struct VerifiedSchedule(Schedule, Verdict);
 
 impl VerifiedSchedule {
     pub fn schedule(&self) -> &Schedule {
         &self.0
+    }
+
+    /// Exactly, or keyed with an error bound.
+    pub fn verdict(&self) -> Verdict {
+        self.1
     }
 
     pub fn into_schedule(self) -> Schedule {
@@ -45,23 +55,104 @@ impl Deref for VerifiedSchedule {
     }
 }
 
-/// Checks `sched` against every invariant. `source` (may be empty) is used for line numbers in notes.
+/// Checks `sched` against every invariant. `source` (may be empty) is used for line numbers in notes. The
+/// postcondition is checked as `limits.verification` says.
 pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
-    let ctx = Context { sched: &sched, source, limits };
+    verify_in(Context { sched: &sched, source, lines: None, limits }).map(|verdict| VerifiedSchedule(sched, verdict))
+}
+
+/// `verify` for a schedule read from `.sched` text: diagnostics name and point at the instructions' lines and
+/// columns in `text` (`emit::parse_sched_located` gives `lines`), not the `.coll` source the text came from.
+pub fn verify_sched(
+    sched: Schedule,
+    text: &str,
+    lines: &SchedLines,
+    limits: &Limits,
+) -> Result<VerifiedSchedule, Errors> {
+    let ctx = Context { sched: &sched, source: text, lines: Some(lines), limits };
+    verify_in(ctx).map(|verdict| VerifiedSchedule(sched, verdict))
+}
+
+fn verify_in(ctx: Context) -> Result<Verdict, Errors> {
     let mut errors = Vec::new();
     let tables = per_rank_checks(&ctx, &mut errors);
+    let mut verdict = Verdict::Exact;
     if let (true, Some((connections, graph))) = (errors.is_empty(), tables) {
-        match deadlock::simulate::<value::Hashed>(&ctx, connections, graph) {
+        match run_and_check(&ctx, connections, graph, &mut errors) {
+            Ok(outcome) => verdict = outcome,
             Err(error) => errors.push(error),
-            Ok(finished) => postcondition::check(&ctx, &finished, &mut errors),
         }
     }
-    errors.truncate(limits.max_errors.max(1));
-    if errors.is_empty() {
-        Ok(VerifiedSchedule(sched))
-    } else {
-        Err(Errors(errors))
+    errors.truncate(ctx.limits.max_errors.max(1));
+    match errors.is_empty() {
+        true => Ok(verdict),
+        false => Err(Errors(errors)),
     }
+}
+
+/// The symbolic execution (which finds deadlocks) and the postcondition, exactly or keyed as the limits say; a
+/// deadlock or an exact run past its budget under `--exact` is the error.
+fn run_and_check(
+    ctx: &Context,
+    connections: Connections,
+    graph: deadlock::GraphBuilder,
+    errors: &mut Vec<Error>,
+) -> Result<Verdict, Error> {
+    let sched = ctx.sched;
+    let seed = match ctx.limits.verification {
+        Verification::Keyed(seed) => Some(seed),
+        Verification::Auto(seed) if sched.n_ranks > EXACT_AUTO_RANKS => Some(seed),
+        Verification::Auto(_) | Verification::Exact => None,
+    };
+    let Some(seed) = seed else {
+        let budget = value::ExactKey::new(key::EXACT_BUDGET);
+        let finished = deadlock::simulate::<value::Exact>(ctx, &budget, connections, graph)?;
+        if !budget.over_budget() {
+            postcondition::check(ctx, &budget, &finished, Some(&finished), errors);
+            return Ok(Verdict::Exact);
+        }
+        drop(finished);
+        let Verification::Auto(seed) = ctx.limits.verification else {
+            return Err(Error::new(
+                "collc::verify::exact_budget",
+                format!(
+                    "exact verification of {} ranks needs more than {} contribution terms",
+                    sched.n_ranks,
+                    key::EXACT_BUDGET
+                ),
+                "verify without --exact: the keyed check's error bound is 2^-105",
+            ));
+        };
+        let (connections, graph) = deadlock::tables(sched, ctx.limits.channel_slots);
+        return keyed(ctx, seed, connections, graph, errors);
+    };
+    keyed(ctx, seed, connections, graph, errors)
+}
+
+fn keyed(
+    ctx: &Context,
+    seed: Seed,
+    connections: Connections,
+    graph: deadlock::GraphBuilder,
+    errors: &mut Vec<Error>,
+) -> Result<Verdict, Error> {
+    let sched = ctx.sched;
+    if u128::from(sched.n_ranks) >= value::COUNT_MAX {
+        return Err(Error::new(
+            "collc::verify::too_many_ranks",
+            format!(
+                "the keyed check counts contributions up to {}, fewer than {} ranks",
+                value::COUNT_MAX - 1,
+                sched.n_ranks
+            ),
+            "verify with --exact, or fewer ranks",
+        ));
+    }
+    let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+    let keys = key::Keys::new(seed, sched.n_ranks, in_chunks);
+    let finished = deadlock::simulate::<value::Keyed>(ctx, &keys, connections, graph)?;
+    postcondition::check(ctx, &keys, &finished, None, errors);
+    Ok(Verdict::Keyed(seed))
 }
 
 /// Bounds, the connection table, the deadlock simulation's graph and races, rank by rank: each rank's instructions
@@ -99,21 +190,31 @@ fn per_rank_checks(ctx: &Context, errors: &mut Vec<Error>) -> Option<(Connection
     Some((connections, graph))
 }
 
-/// What every check reads.
+/// What every check reads. `lines`, for a schedule read from `.sched` text (then `source`), locates each
+/// instruction in that text.
 pub(crate) struct Context<'a> {
     pub sched: &'a Schedule,
     pub source: &'a str,
+    pub lines: Option<&'a SchedLines>,
     pub limits: &'a Limits,
 }
+
+/// An instruction: its rank and index there.
+pub(crate) type At = (u32, usize);
 
 impl Context<'_> {
     /// `rank 2 #5 RecvReduceCopy (line 12)`: how a check names one instruction.
     pub fn describe(&self, rank: u32, index: usize) -> String {
         let instr = &self.sched.ranks[rank as usize].instrs[index];
-        format!("rank {rank} #{index} {} ({})", instr.op.name(), self.location(instr))
+        format!("rank {rank} #{index} {} ({})", instr.op.name(), self.location((rank, index)))
     }
 
-    pub fn location(&self, instr: &Instr) -> String {
+    /// The `.coll` line of an instruction, or its line and column in the `.sched` text it was read from.
+    pub fn location(&self, (rank, index): At) -> String {
+        if let Some(lines) = self.lines {
+            return lines.location(self.source, rank, index);
+        }
+        let instr = &self.sched.ranks[rank as usize].instrs[index];
         if self.source.is_empty() {
             let span = self.sched.spans.get(instr.span as usize).copied().unwrap_or_default();
             format!("source bytes {}..{}", span.start, span.end)
@@ -122,11 +223,15 @@ impl Context<'_> {
         }
     }
 
-    pub fn span(&self, instr: &Instr) -> collc_grammar::ast::Span {
+    pub fn span(&self, (rank, index): At) -> collc_grammar::ast::Span {
+        if let Some(lines) = self.lines {
+            return lines.span(rank, index);
+        }
+        let instr = &self.sched.ranks[rank as usize].instrs[index];
         self.sched.spans.get(instr.span as usize).copied().unwrap_or_default()
     }
 
-    pub fn error(&self, code: &'static str, message: String, help: &str, instr: &Instr, label: &str) -> Error {
-        Error::new(code, message, help).at(self.span(instr), label)
+    pub fn error(&self, code: &'static str, message: String, help: &str, at: At, label: &str) -> Error {
+        Error::new(code, message, help).at(self.span(at), label)
     }
 }

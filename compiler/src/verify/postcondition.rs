@@ -3,61 +3,49 @@
 //! instruction that last wrote it; small schedules are re-run exactly to list the missing or extra contributions.
 
 use super::deadlock::{simulate, tables, Finished};
-use super::value::{contribution_hash, Counted, Exact, Hashed, Value};
+use super::key::EXACT_BUDGET;
+use super::value::{Checked, Counted, Exact, ExactKey, Term};
 use super::Context;
 use crate::collective::Expected;
 use crate::diag::Error;
-use crate::sched::{BufId, Operand, Schedule};
+use crate::sched::{BufId, Operand};
 
-/// Inputs at the start, appended to `values` for every slot of `rank` in buffer order: `x[r][c]` in the input
-/// window where the input is significant, undefined elsewhere. The window is found once per rank, not per slot
-/// (at p = 4096 the in-place state took 0.13-0.14 s instead of 0.18-0.28 s).
-pub(crate) fn initial_values<V: Value>(sched: &Schedule, rank: u32, values: &mut Vec<V>) {
-    let (in_buf, offset) = sched.input_window(rank);
-    let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
-    let significant = sched.collective.input_significant(rank, sched.root);
-    for (b, decl) in sched.buffers.iter().enumerate() {
-        if significant && b == in_buf.0 as usize {
-            let input = offset..offset.saturating_add(in_chunks);
-            values.extend((0..decl.chunks).map(|index| match input.contains(&index) {
-                true => V::input(rank, index - offset),
-                false => V::undefined(),
-            }));
-        } else {
-            values.extend(std::iter::repeat_n(V::undefined(), decl.chunks as usize));
-        }
-    }
-}
-
-/// Exact re-runs for counterexamples are skipped above this many instructions or chunk slots: exact values list
-/// their contributions, so they cost far more than hashed ones. Larger schedules are re-run counting contributions.
+/// Exact re-runs for counterexamples are skipped above this many instructions or chunk slots (each slot's exact
+/// value is an allocation of its own); larger schedules are re-run counting contributions.
 const EXACT_RERUN_LIMIT: usize = 200_000;
 
-/// A second run of a failed schedule, to describe what a wrong chunk holds.
-enum Rerun {
-    Exact(Finished<Exact>),
-    Counted(Finished<Counted>),
+/// What describes a wrong chunk: the exact values (of the run itself, or of a second run), or counts.
+enum Rerun<'a> {
+    Exact(&'a Finished<Exact>),
+    Counted(&'a Finished<Counted>),
 }
 
-pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec<Error>) {
+/// Compares every output chunk the contract names with what it must hold. `exact` is the run itself when it ran
+/// with exact values; otherwise a failure is described from a second run.
+pub(crate) fn check<V: Checked>(
+    ctx: &Context,
+    key: &V::Key,
+    finished: &Finished<V>,
+    exact: Option<&Finished<Exact>>,
+    errors: &mut Vec<Error>,
+) {
     let sched = ctx.sched;
     let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
     let mut sums = Vec::new();
     let mut wrong = Vec::new();
-    for rank in 0..sched.n_ranks {
+    'ranks: for rank in 0..sched.n_ranks {
         let (out_buf, offset) = sched.output_window(rank);
         for c in 0..out_chunks {
             let expected = sched.collective.expected(rank, c, sched.chunks, sched.root, sched.peer);
-            let want = match expected {
-                Expected::Unchecked => continue,
-                Expected::One { rank, chunk } => Hashed::input(rank, chunk),
-                Expected::SumOverRanks { chunk } => sum_over_ranks(sched, chunk, &mut sums),
-            };
+            if expected == Expected::Unchecked {
+                continue;
+            }
+            let want = V::expected(key, sched.n_ranks, expected, &mut sums);
             let operand = Operand::new(out_buf, offset + c);
             if finished.values[finished.slot(rank, operand)] != want {
                 wrong.push((rank, operand, expected));
                 if wrong.len() >= ctx.limits.max_errors {
-                    break;
+                    break 'ranks;
                 }
             }
         }
@@ -65,29 +53,27 @@ pub(crate) fn check(ctx: &Context, finished: &Finished<Hashed>, errors: &mut Vec
     if wrong.is_empty() {
         return;
     }
-    let small = sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT;
     // The first run completed, so a second one of the same schedule does too.
-    let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
-    let rerun = match small {
-        true => simulate::<Exact>(ctx, connections, graph).ok().map(Rerun::Exact),
-        false => simulate::<Counted>(ctx, connections, graph).ok().map(Rerun::Counted),
-    };
-    for (rank, operand, expected) in wrong {
-        errors.push(explain(ctx, finished, rerun.as_ref(), rank, operand, expected));
-    }
-}
-
-fn sum_over_ranks(sched: &Schedule, chunk: u32, cache: &mut Vec<Option<Hashed>>) -> Hashed {
-    if cache.len() <= chunk as usize {
-        cache.resize(chunk as usize + 1, None);
-    }
-    *cache[chunk as usize].get_or_insert_with(|| {
-        let mut sum = Hashed(0);
-        for q in 0..sched.n_ranks {
-            sum.0 = sum.0.wrapping_add(contribution_hash(q, chunk));
+    let small = sched.n_instrs() <= EXACT_RERUN_LIMIT && finished.values.len() <= EXACT_RERUN_LIMIT;
+    let exact_rerun = match exact {
+        None if small => {
+            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
+            let budget = ExactKey::new(EXACT_BUDGET);
+            simulate::<Exact>(ctx, &budget, connections, graph).ok().filter(|_| !budget.over_budget())
         }
-        sum
-    })
+        _ => None,
+    };
+    let counted_rerun = match exact.is_none() && exact_rerun.is_none() {
+        true => {
+            let (connections, graph) = tables(ctx.sched, ctx.limits.channel_slots);
+            simulate::<Counted>(ctx, &(), connections, graph).ok()
+        }
+        false => None,
+    };
+    let rerun = exact.or(exact_rerun.as_ref()).map(Rerun::Exact).or(counted_rerun.as_ref().map(Rerun::Counted));
+    for (rank, operand, expected) in wrong {
+        errors.push(explain(ctx, finished.slot(rank, operand), rerun.as_ref(), rank, operand, expected));
+    }
 }
 
 fn describe_expected(expected: Expected, n_ranks: u32) -> String {
@@ -98,32 +84,40 @@ fn describe_expected(expected: Expected, n_ranks: u32) -> String {
     }
 }
 
-fn list(items: &[(u32, u32)]) -> String {
-    let shown: Vec<String> = items.iter().take(8).map(|(r, c)| format!("x[{r}][{c}]")).collect();
-    let more = if items.len() > 8 { format!(" and {} more", items.len() - 8) } else { String::new() };
+/// `x[0][1] + x[2][1] + x[2][1]`: the first 8 contributions, each as often as it is held, and how many more.
+fn list(terms: &[Term]) -> String {
+    let total: u64 = terms.iter().map(|t| u64::from(t.times)).sum();
+    let shown: Vec<String> = terms
+        .iter()
+        .flat_map(|t| std::iter::repeat_n(format!("x[{}][{}]", t.rank, t.chunk), t.times.min(8) as usize))
+        .take(8)
+        .collect();
+    let more = if total > 8 { format!(" and {} more", total - 8) } else { String::new() };
     format!("{}{more}", shown.join(" + "))
 }
 
-fn expected_items(expected: Expected, n_ranks: u32) -> Vec<(u32, u32)> {
+fn expected_terms(expected: Expected, n_ranks: u32) -> Vec<Term> {
     match expected {
         Expected::Unchecked => Vec::new(),
-        Expected::One { rank, chunk } => vec![(rank, chunk)],
-        Expected::SumOverRanks { chunk } => (0..n_ranks).map(|q| (q, chunk)).collect(),
+        Expected::One { rank, chunk } => vec![Term { rank, chunk, times: 1 }],
+        Expected::SumOverRanks { chunk } => (0..n_ranks).map(|rank| Term { rank, chunk, times: 1 }).collect(),
     }
 }
 
-/// Contributions in `a` not matched one-for-one in `b` (both sorted).
-fn difference(a: &[(u32, u32)], b: &[(u32, u32)]) -> Vec<(u32, u32)> {
+/// What `a` holds more often than `b` (both sorted by contribution).
+fn difference(a: &[Term], b: &[Term]) -> Vec<Term> {
     let mut out = Vec::new();
     let mut j = 0;
     for &x in a {
-        while j < b.len() && b[j] < x {
+        while j < b.len() && (b[j].rank, b[j].chunk) < (x.rank, x.chunk) {
             j += 1;
         }
-        if j < b.len() && b[j] == x {
-            j += 1;
-        } else {
-            out.push(x);
+        let held = match b.get(j) {
+            Some(y) if (y.rank, y.chunk) == (x.rank, x.chunk) => y.times,
+            _ => 0,
+        };
+        if x.times > held {
+            out.push(Term { times: x.times - held, ..x });
         }
     }
     out
@@ -147,13 +141,14 @@ fn describe_got(rerun: Option<&Rerun>, slot: usize, expected: Expected, n_ranks:
         Some(Rerun::Exact(exact)) => exact,
     };
     let value = &exact.values[slot];
-    if value.undefined && value.items.is_empty() {
+    let terms: Vec<Term> = value.terms().copied().collect();
+    if value.has_undefined() && terms.is_empty() {
         return NOTHING.to_string();
     }
-    let want = expected_items(expected, n_ranks);
-    let (missing, extra) = (difference(&want, &value.items), difference(&value.items, &want));
-    let mut text = list(&value.items);
-    if value.undefined {
+    let want = expected_terms(expected, n_ranks);
+    let (missing, extra) = (difference(&want, &terms), difference(&terms, &want));
+    let mut text = list(&terms);
+    if value.has_undefined() {
         text.push_str(" + undefined data");
     }
     if !missing.is_empty() {
@@ -167,14 +162,13 @@ fn describe_got(rerun: Option<&Rerun>, slot: usize, expected: Expected, n_ranks:
 
 fn explain(
     ctx: &Context,
-    finished: &Finished<Hashed>,
+    slot: usize,
     rerun: Option<&Rerun>,
     rank: u32,
     operand: Operand,
     expected: Expected,
 ) -> Error {
     let sched = ctx.sched;
-    let slot = finished.slot(rank, operand);
     let got = describe_got(rerun, slot, expected, sched.n_ranks);
     let name = &sched.buffer(operand.buf).name;
     // In place the output window may sit inside `in` or at an offset of `out`: say which output chunk it is.
@@ -210,7 +204,7 @@ fn explain(
             } else {
                 format!("last written here ({})", ctx.describe(rank, writer as usize))
             };
-            ctx.error("collc::verify::postcondition", message, help, instr, &label)
+            ctx.error("collc::verify::postcondition", message, help, (rank, writer as usize), &label)
         }
     };
     error.with_note(note)

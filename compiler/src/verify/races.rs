@@ -51,16 +51,15 @@ impl Races {
             for &earlier in conflicts.iter().filter(|&&e| e != u32::MAX) {
                 if !ordered(program, earlier, i, seen) {
                     let message = format!("race on rank {rank}: {} and {} touch the same chunk, one writes it, and no dependency orders them", ctx.describe(rank as u32, earlier as usize), ctx.describe(rank as u32, i as usize));
-                    let first = &program.instrs[earlier as usize];
                     errors.push(
                         ctx.error(
                             "collc::verify::race",
                             message,
                             "add the missing dependency or move one transfer into a later step",
-                            instr,
+                            (rank as u32, i as usize),
                             "this instruction",
                         )
-                        .at(ctx.span(first), "races with this one"),
+                        .at(ctx.span((rank as u32, earlier as usize)), "races with this one"),
                     );
                     if errors.len() >= ctx.limits.max_errors {
                         return;

@@ -412,7 +412,7 @@ fn verdicts_summary(verdicts: &[Verdict]) -> String {
 }
 
 /// Prints failures to stderr: each distinct one with its diagnostics, a repeat (`failure_signature`) in one line,
-/// or, for more than two repeats at one rank count (a sweep of roots), one line for them all.
+/// or, for more than four repeats at one rank count (a sweep of roots), one line for them all.
 struct Failures<'a> {
     /// The signatures printed in full, with where each was.
     printed: Vec<(Vec<(&'static str, usize)>, String)>,
@@ -439,7 +439,7 @@ impl Failures<'_> {
     /// Prints the repeats of rank count `p`.
     fn flush(&mut self, p: u32) {
         let repeats = std::mem::take(&mut self.repeats);
-        if repeats.len() <= 2 {
+        if repeats.len() <= 4 {
             for (at, n, first) in &repeats {
                 eprintln!(
                     "{} {at}: FAILED with {n} error(s), the same codes at the same lines as at {first} (--all-errors \

@@ -79,7 +79,7 @@ fn a_schedule_round_trips_through_a_file_and_verifies() {
     assert_eq!(built.status.code(), Some(0), "{}", text(&built.stderr));
     let checked = collc(&["check", path]);
     assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stderr));
-    assert!(text(&checked.stdout).contains("verified (5 ranks, out-of-place"), "{}", text(&checked.stdout));
+    assert!(text(&checked.stdout).contains("verified exactly (5 ranks, out-of-place"), "{}", text(&checked.stdout));
 }
 
 #[test]

@@ -107,7 +107,7 @@ fn root_spread(p: u32, seed: Option<Seed>) -> Vec<u32> {
     roots
 }
 
-/// The (root, peer) pairs to check at `p`: none but the given peer for a collective without a root; for
+/// The (root, peer) pairs to check at `p`: for a collective without a root, the listed roots if any; for
 /// sendrecv without `--peer`, every destination up to 16 ranks, and the neighbours and the opposite rank above.
 fn roots_and_peers(
     collective: Option<Collective>,
@@ -116,7 +116,13 @@ fn roots_and_peers(
     roots: &Roots,
     seed: Option<Seed>,
 ) -> Vec<(Option<u32>, Option<u32>)> {
-    let Some(collective) = collective.filter(|c| c.rooted()) else { return vec![(None, args.params.peer)] };
+    let Some(collective) = collective.filter(|c| c.rooted()) else {
+        // Without a root to sweep, a listed `--root` is still bound (and must be a rank of p, as lowering checks).
+        return match roots {
+            Roots::List(list) => list.iter().map(|&root| (Some(root), args.params.peer)).collect(),
+            Roots::Default | Roots::All => vec![(None, args.params.peer)],
+        };
+    };
     let roots = match roots {
         Roots::Default => root_spread(p, seed),
         Roots::All => (0..p).collect(),
@@ -407,7 +413,7 @@ fn verdicts_summary(verdicts: &[Verdict]) -> String {
     match (exact, keyed) {
         (_, 0) => "verified exactly".to_string(),
         (0, _) => format!("verified, error bound 2^-{bound}"),
-        (exact, keyed) => format!("{exact} verified exactly, {keyed} with error bound 2^-{bound}"),
+        (exact, keyed) => format!("{exact} schedules verified exactly, {keyed} keyed with error bound 2^-{bound}"),
     }
 }
 

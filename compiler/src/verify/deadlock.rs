@@ -16,6 +16,7 @@ use crate::sched::{BufId, Dependents, Operand, Placement, RankProgram, Schedule}
 
 /// The final state of a completed execution. Out of place, `in` is never written (`bounds` checked it), so its
 /// slots are not stored: a read of one makes the input's value on the spot (at p = 4096 they were half the state).
+/// Nor are a buffer's that no instruction touches (in place, the one that does not hold the call's data).
 pub(crate) struct Finished<V> {
     /// Per buffer, where its slots start in a rank's values; `UNSTORED` for `in` out of place.
     pub base: Vec<u32>,
@@ -82,6 +83,8 @@ struct Graph {
     /// widest message are enough.
     rings: Vec<(u32, u32, u32)>,
     n_messages: u32,
+    /// The buffers some instruction reads or writes (bit b of word b / 64).
+    touched: [u64; 4],
 }
 
 impl Graph {
@@ -100,13 +103,13 @@ pub(crate) fn simulate<V: Value>(
 ) -> Result<Finished<V>, Error> {
     let sched = ctx.sched;
     let slots = ctx.limits.channel_slots;
-    let mut state = initial_state::<V>(ctx, key)?;
+    let mut graph = graph.finish(&conns);
+    let mut state = initial_state::<V>(ctx, key, &graph.touched)?;
     let inputs = Inputs::<V> {
         key,
         significant: (0..sched.n_ranks).map(|r| sched.collective.input_significant(r, sched.root)).collect(),
         chunks: sched.collective.buffer_chunks(sched.n_ranks, sched.chunks).0,
     };
-    let mut graph = graph.finish(&conns);
     let rank_start = &conns.rank_start;
     let mut messages: Vec<V> = vec![V::undefined(key); graph.n_messages as usize];
     // How many sends and receives each connection has run: the position of the next one.
@@ -264,6 +267,7 @@ pub(crate) struct GraphBuilder {
     dependents_start: Vec<u32>,
     dependents: Vec<u32>,
     rank_dependents: Dependents,
+    touched: [u64; 4],
 }
 
 impl GraphBuilder {
@@ -284,6 +288,7 @@ impl GraphBuilder {
             dependents_start: Vec::with_capacity(rows),
             dependents: Vec::with_capacity(deps),
             rank_dependents: Dependents::default(),
+            touched: [0; 4],
         }
     }
 
@@ -299,6 +304,9 @@ impl GraphBuilder {
         }
         let first = self.unmet.len() as u32;
         for (i, instr) in program.instrs.iter().enumerate() {
+            for op in [instr.src, instr.acc, instr.dst].iter().filter_map(|op| op.get()) {
+                self.touched[op.buf.0 as usize / 64] |= 1 << (op.buf.0 % 64);
+            }
             let (send, recv) = conns.of(instr);
             let mut conditions = program.deps_of(i).len() as u32;
             if send != NONE {
@@ -333,7 +341,7 @@ impl GraphBuilder {
 
     /// Sizes each connection's message ring.
     fn finish(self, conns: &Connections) -> Graph {
-        let GraphBuilder { slots, mut widest, unmet, rank_rows, dependents_start, dependents, .. } = self;
+        let GraphBuilder { slots, mut widest, unmet, rank_rows, dependents_start, dependents, touched, .. } = self;
         widest.resize(conns.list.len(), 0);
         let mut rings = Vec::with_capacity(conns.list.len());
         let mut n_messages = 0u32;
@@ -343,7 +351,7 @@ impl GraphBuilder {
             rings.push((n_messages, places, width));
             n_messages += places * width;
         }
-        Graph { unmet, rank_rows, dependents_start, dependents, rings, n_messages }
+        Graph { unmet, rank_rows, dependents_start, dependents, rings, n_messages, touched }
     }
 }
 
@@ -454,9 +462,16 @@ impl<'a> Stuck<'a> {
     }
 }
 
-fn initial_state<V: Value>(ctx: &Context, key: &V::Key) -> Result<Finished<V>, Error> {
+/// The values a run starts with, for the buffers it stores: those an instruction touches and the output's, but not
+/// `in` out of place. (In place, the buffer that does not hold the call's data is declared and usually untouched.)
+fn initial_state<V: Value>(ctx: &Context, key: &V::Key, touched: &[u64; 4]) -> Result<Finished<V>, Error> {
     let sched = ctx.sched;
-    let stored = |b: usize| sched.placement == Placement::InPlace || b != BufId::IN.0 as usize;
+    let (out_buf, _) = sched.output_window(0);
+    let is_touched = |b: usize| touched[b / 64] & (1 << (b % 64)) != 0;
+    let stored = |b: usize| match sched.placement {
+        Placement::OutOfPlace => b != BufId::IN.0 as usize && (is_touched(b) || b == out_buf.0 as usize),
+        Placement::InPlace => is_touched(b) || b == out_buf.0 as usize,
+    };
     let (mut base, mut total) = (Vec::with_capacity(sched.buffers.len()), 0u32);
     for (b, decl) in sched.buffers.iter().enumerate() {
         base.push(if stored(b) { total } else { UNSTORED });

@@ -301,6 +301,19 @@ pub struct Algorithms {
     pub topology: Option<String>,
 }
 
+impl Algorithms {
+    /// One algorithm for every size, as the command named it.
+    fn fixed(choice: Choice) -> Algorithms {
+        Algorithms {
+            choices: vec![choice],
+            selected: false,
+            compared: Vec::new(),
+            not_admitted: Vec::new(),
+            topology: None,
+        }
+    }
+}
+
 /// Compiles a named algorithm once here, so a broken one is reported once, with its diagnostics, before any rank
 /// starts.
 fn compile_fixed(
@@ -331,14 +344,7 @@ fn compile_fixed(
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None };
-    let algorithms = Algorithms {
-        choices: vec![choice],
-        selected: false,
-        compared: Vec::new(),
-        not_admitted: Vec::new(),
-        topology: None,
-    };
-    Ok((collective, algorithms))
+    Ok((collective, Algorithms::fixed(choice)))
 }
 
 /// The rank count in a schedule file's header, if `algorithm` names one (the file's rank count is the run's
@@ -387,14 +393,7 @@ fn schedule_file(
         params: Vec::new(),
         schedule: Some(Arc::new((verified, lines))),
     };
-    let algorithms = Algorithms {
-        choices: vec![choice],
-        selected: false,
-        compared: Vec::new(),
-        not_admitted: Vec::new(),
-        topology: None,
-    };
-    Ok((collective, algorithms))
+    Ok((collective, Algorithms::fixed(choice)))
 }
 
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.

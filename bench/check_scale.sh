@@ -14,7 +14,10 @@
 # more to fault in then: a guess is that the guest hands its free memory back to the host, whose balloon device
 # offers free page reporting here, and takes it back one fault at a time).
 #
-# Usage: bench/check_scale.sh [RUNS] [RANKS...]     e.g. bench/check_scale.sh 3 64 128 256 1024 4096
+# BASE=BIN puts another build beside this one: each of its launches alternates with one of this build's (so a slow
+# spell of the machine hits both alike), and two more columns give its median and this build's ratio to it.
+#
+# Usage: [BASE=BIN] bench/check_scale.sh [RUNS] [RANKS...]     e.g. BASE=/tmp/collc-old bench/check_scale.sh 5 1024 4096
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-3}
@@ -32,13 +35,24 @@ msccl_time() {  # seconds MSCCLang takes for p ranks, measured once
     "$MSCCL_TOOLS/examples/mscclang/simple/allreduce_ring.py" "$p" 1 >/dev/null 2>&1 || return 1
   cat /tmp/msccl_time.$$
 }
-printf '%-6s %-10s %-10s %-10s %-14s %-12s %-12s %s\n' ranks "median s" "slowest s" "CPU s" "peak MiB" instructions "MSCCLang s" "ratio"
+base=${BASE:-}
+check() {  # one launch of binary $1 at $2 ranks: prints "wall user sys KB"
+  { /usr/bin/time -f '%e %U %S %M' timeout "$limit_s" "$1" check allreduce/ring --ranks "$2" --quiet \
+      --max-slots 100000000000 --max-transfers 200000000 >/dev/null; } 2>&1 | tail -1
+}
+printf '%-6s %-10s %-10s %-10s %-14s %-12s %-12s %-12s %-12s %s\n' ranks "median s" "slowest s" "CPU s" "peak MiB" \
+  instructions "base s" "vs base" "MSCCLang s" "ratio"
 for p in $ranks; do
   times=()
   cpus=()
+  base_times=()
   peak=0
   summary=""
   for _ in $(seq "$runs"); do
+    if [ -n "$base" ]; then
+      read -r base_secs _ <<<"$(check "$base" "$p")"
+      base_times+=("$base_secs")
+    fi
     out=$( { /usr/bin/time -f '%e %U %S %M' timeout "$limit_s" "$bin" check allreduce/ring --ranks "$p" --quiet \
              --max-slots 100000000000 --max-transfers 200000000; } 2>&1 ) || { echo "p=$p: failed or over ${limit_s}s"; break; }
     read -r secs user sys kb <<<"$(echo "$out" | tail -1)"
@@ -57,10 +71,16 @@ for p in $ranks; do
   elif [ -n "${msccl[$p]:-}" ]; then
     peer="${msccl[$p]} (pub.)"
   fi
+  base_median="-"
+  vs_base="-"
+  if [ ${#base_times[@]} -gt 0 ]; then
+    base_median=$(printf '%s\n' "${base_times[@]}" | sort -g | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+    vs_base=$(awk -v t="$median" -v b="$base_median" 'BEGIN {printf "%.3f", t / (b > 0.005 ? b : 0.005)}')
+  fi
   ratio="-"
   [ "$peer" != "-" ] && ratio=$(awk -v m="${peer%% *}" -v t="$median" 'BEGIN {printf "%.0fx faster", m / (t > 0.005 ? t : 0.005)}')
   instrs=$("$bin" build allreduce/ring --ranks "$p" --max-slots 100000000000 --max-transfers 200000000 2>/dev/null | grep -c '^  #' || true)
-  printf '%-6s %-10s %-10s %-10s %-14s %-12s %-12s %s\n' "$p" "$median" "$slowest" "$cpu" "$((peak / 1024))" "$instrs" "$peer" \
-    "$ratio"
+  printf '%-6s %-10s %-10s %-10s %-14s %-12s %-12s %-12s %-12s %s\n' "$p" "$median" "$slowest" "$cpu" "$((peak / 1024))" \
+    "$instrs" "$base_median" "$vs_base" "$peer" "$ratio"
 done
 rm -f /tmp/msccl_time.$$

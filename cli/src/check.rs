@@ -87,21 +87,14 @@ fn parse_roots(text: Option<&str>) -> Result<Roots, String> {
 }
 
 /// Up to `EXACT_AUTO_RANKS` ranks every root; above, 0, 1, p/2, p-1 and four roots drawn from the seed (so that
-/// `--seed` replays them).
+/// `--seed` replays them; from a stream of their own, independent of the key). Exact runs have no seed: their four
+/// come from seed 0.
 fn root_spread(p: u32, seed: Option<Seed>) -> Vec<u32> {
     if p <= collc_compiler::verify::EXACT_AUTO_RANKS {
         return (0..p).collect();
     }
     let mut roots = vec![0, 1, p / 2, p - 1];
-    let mut state = seed.map_or(0, |s| (s.0 as u64) ^ ((s.0 >> 64) as u64)) ^ u64::from(p);
-    for _ in 0..4 {
-        // splitmix64: any well-spread sequence does; the roots only need to be replayable.
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        roots.push(((z ^ (z >> 31)) % u64::from(p)) as u32);
-    }
+    roots.extend(collc_compiler::verify::key::draw_ranks(seed.unwrap_or(Seed(0)), p, 4));
     roots.sort_unstable();
     roots.dedup();
     roots
@@ -151,7 +144,8 @@ fn roots_and_peers(
 /// that `--set` leaves open every ranks-per-node count that divides `n_ranks`, each named (`root=3 n=2 g=4`).
 fn bindings(file: &ast::File, args: &CheckArgs, roots: &Roots, seed: Option<Seed>, n_ranks: u32) -> Vec<Binding> {
     let collective = file.algorithm.collective.name.parse::<Collective>().ok();
-    let sweep = collective.is_some_and(|c| c.rooted());
+    // A root is named where several are checked: a rooted collective's, or a list given for one without a root.
+    let sweep = collective.is_some_and(|c| c.rooted()) || matches!(roots, Roots::List(list) if list.len() > 1);
     let mut out = Vec::new();
     for (root, peer) in roots_and_peers(collective, n_ranks, args, roots, seed) {
         let given = Bindings { peer, ..args.params.bindings(n_ranks, root) };

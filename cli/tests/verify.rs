@@ -74,6 +74,12 @@ fn roots_are_chosen_with_root_all_or_a_list_and_spread_at_large_rank_counts() {
     assert_eq!(spread.status.code(), Some(1));
     assert!(text(&spread.stderr).contains("p=100 root=1 "), "{}", text(&spread.stderr));
     assert_eq!(collc(&["check", file, "--root", "x"]).status.code(), Some(2));
+    // A collective without a root still binds a listed --root (which must be a rank), each one named.
+    let unrooted = collc(&["check", "allreduce/ring", "--ranks", "4", "--root", "0,3", "--format", "json"]);
+    let json: serde_json::Value = serde_json::from_slice(&unrooted.stdout).expect("JSON");
+    let bindings: Vec<&str> =
+        json["results"].as_array().expect("results").iter().filter_map(|r| r["binding"].as_str()).collect();
+    assert_eq!(bindings, ["root=0", "root=0", "root=3", "root=3"]);
 }
 
 #[test]

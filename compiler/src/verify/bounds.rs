@@ -45,6 +45,9 @@ pub(crate) fn check_rank(ctx: &Context, rank: u32, program: &RankProgram, errors
     }
 }
 
+/// The most chunk slots (over all buffers of all ranks) the verifier's tables index.
+pub(crate) const MAX_VERIFIED_SLOTS: u64 = (1 << 31) - 1;
+
 /// The header must describe the body: rank count, buffer shapes of the collective, root and peer, spans.
 fn header_problem(ctx: &Context) -> Option<String> {
     let sched = ctx.sched;
@@ -59,6 +62,10 @@ fn header_problem(ctx: &Context) -> Option<String> {
     if sched.root >= p || sched.peer >= p || sched.chunks == 0 {
         return Some(format!("root {} or peer {} is not a rank of {p}, or chunks is 0", sched.root, sched.peer));
     }
+    // p * chunks must fit a chunk index (32 bits), or the buffer shapes below would wrap around.
+    if u64::from(p) * u64::from(sched.chunks) > u64::from(u32::MAX) {
+        return Some(format!("{p} ranks x {} chunks overflows a chunk index", sched.chunks));
+    }
     let (in_chunks, out_chunks) = sched.collective.buffer_chunks(p, sched.chunks);
     let shapes_match =
         sched.buffers.len() >= 2 && sched.buffers[0].chunks == in_chunks && sched.buffers[1].chunks == out_chunks;
@@ -69,11 +76,10 @@ fn header_problem(ctx: &Context) -> Option<String> {
         ));
     }
     let slots: u64 = sched.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * p as u64;
-    if slots > ctx.limits.max_slots {
-        return Some(format!(
-            "the buffers hold {slots} chunk slots over all ranks; the limit is {}",
-            ctx.limits.max_slots
-        ));
+    // Slot indices are 31 bits in the verifier's tables, whatever `--max-slots` allows.
+    let limit = ctx.limits.max_slots.min(MAX_VERIFIED_SLOTS);
+    if slots > limit {
+        return Some(format!("the buffers hold {slots} chunk slots over all ranks; the limit is {limit}"));
     }
     if sched.buffers.len() > BufId::MAX_BUFFERS || sched.spans.len() > MAX_SPANS {
         return Some(format!(

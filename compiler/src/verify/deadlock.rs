@@ -472,10 +472,11 @@ fn initial_state<V: Value>(ctx: &Context, key: &V::Key, touched: &[u64; 4]) -> R
         Placement::OutOfPlace => b != BufId::IN.0 as usize && (is_touched(b) || b == out_buf.0 as usize),
         Placement::InPlace => is_touched(b) || b == out_buf.0 as usize,
     };
-    let (mut base, mut total) = (Vec::with_capacity(sched.buffers.len()), 0u32);
+    let (mut base, mut total) = (Vec::with_capacity(sched.buffers.len()), 0u64);
     for (b, decl) in sched.buffers.iter().enumerate() {
-        base.push(if stored(b) { total } else { UNSTORED });
-        total += if stored(b) { decl.chunks } else { 0 };
+        // Below 2^31 once `n` is: `bounds` caps all slots of all ranks.
+        base.push(if stored(b) { total as u32 } else { UNSTORED });
+        total += if stored(b) { u64::from(decl.chunks) } else { 0 };
     }
     let n = sched.n_ranks as usize * total as usize;
     if n >= VIRTUAL as usize {
@@ -489,5 +490,5 @@ fn initial_state<V: Value>(ctx: &Context, key: &V::Key, touched: &[u64; 4]) -> R
     for rank in 0..sched.n_ranks {
         initial_values(sched, key, rank, stored, &mut values);
     }
-    Ok(Finished { base, slots_per_rank: total, values })
+    Ok(Finished { base, slots_per_rank: total as u32, values })
 }

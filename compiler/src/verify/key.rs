@@ -2,7 +2,7 @@
 //!
 //! A keyed verification maps each contribution `x[r][c]` to `a_r * b_c` in GF(2^107 - 1), where `a_r`, `b_c` and
 //! the image `u` of undefined data are field elements drawn from a 128-bit `Seed`: fresh from the OS for each
-//! verification, printed so that a run can be replayed (`--seed`). A slot's value is the sum of its contributions'
+//! `Limits` (each `collc check` invocation), printed so that a run can be replayed (`--seed`). A slot's value is the sum of its contributions'
 //! images and their count. For a fixed schedule, a wrong multiset whose count is right differs from the right one
 //! by integers `d` with `|d| <= p < 2^21 < P` (the count saturates at 2^21 - 1, and `verify` takes fewer ranks), so its image equals the right one only where the nonzero polynomial
 //! `sum d_rc a_r b_c + d_u u` (degree 2) vanishes: probability at most 2/P < 2^-105 (Schwartz-Zippel), for keys
@@ -130,6 +130,18 @@ impl Keys {
     }
 }
 
+/// `n` ranks below `p` drawn from the seed (for the roots a sweep checks), so that `--seed` replays them, from a
+/// ChaCha20 stream of their own, so that which schedules are checked says nothing about the key: each of them is
+/// fixed independently of it, and the bound holds for each.
+pub fn draw_ranks(seed: Seed, p: u32, n: usize) -> Vec<u32> {
+    let mut key = [0u8; 32];
+    key[..16].copy_from_slice(&seed.0.to_le_bytes());
+    key[16..].copy_from_slice(b"collc verify rts");
+    let mut rng = ChaCha20Rng::from_seed(key);
+    // p < 2^32: a 64-bit draw modulo p is biased by less than 2^-32, which only shifts which roots are spread.
+    (0..n).map(|_| (rng.next_u64() % u64::from(p.max(1))) as u32).collect()
+}
+
 /// A uniform element of GF(P), by rejection: the low 107 bits of 128 random ones, unless they are P itself.
 fn element(rng: &mut ChaCha20Rng) -> u128 {
     loop {
@@ -216,6 +228,18 @@ mod tests {
         let c = Keys::new(Seed(2), 4, 8);
         assert_ne!(a.rank, c.rank);
         assert!(a.rank.iter().chain(&a.chunk).all(|&x| x < P));
+    }
+
+    #[test]
+    fn drawn_ranks_are_replayable_and_spread() {
+        let drawn = draw_ranks(Seed(9), 1000, 64);
+        assert_eq!(drawn, draw_ranks(Seed(9), 1000, 64));
+        assert_ne!(drawn, draw_ranks(Seed(10), 1000, 64));
+        assert!(drawn.iter().all(|&r| r < 1000));
+        let mut distinct = drawn.clone();
+        distinct.sort_unstable();
+        distinct.dedup();
+        assert!(distinct.len() > 48, "{drawn:?}");
     }
 
     #[test]

@@ -191,6 +191,17 @@ fn explain(
     );
     let help = "the schedule does not compute the collective's contract; check the chunk indices and peers of the transfers that feed this chunk";
     let error = match last_writer(sched, rank, operand) {
+        // Read from `.sched` text, the spans are the `.coll` file's: point at the rank's first line there instead.
+        None if ctx.lines.is_some() => match sched.ranks[rank as usize].instrs.is_empty() {
+            true => Error::new("collc::verify::postcondition", message, help),
+            false => ctx.error(
+                "collc::verify::postcondition",
+                message,
+                help,
+                (rank, 0),
+                "no instruction of this rank writes the chunk",
+            ),
+        },
         None => Error::new("collc::verify::postcondition", message, help)
             .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk"),
         Some(writer) => {

@@ -93,6 +93,15 @@ impl LimitArgs {
     }
 }
 
+/// A usage error for a rank count outside 1..=`max` (`--max-ranks`), as `collc` exits 2 for it.
+pub fn check_rank_count(n_ranks: u32, max: u32) -> Result<(), String> {
+    match n_ranks {
+        0 => Err("--ranks 0: choose at least one rank".to_string()),
+        n if n > max => Err(format!("--ranks {n}: more than --max-ranks {max}; choose fewer, or raise --max-ranks")),
+        _ => Ok(()),
+    }
+}
+
 /// Parses `8`, `2..=64`, `2..64`, `2,3,8` and combinations like `2..=8,16,32`.
 pub fn parse_rank_list(text: &str) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();

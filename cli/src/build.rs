@@ -48,6 +48,10 @@ pub fn run(args: BuildArgs) -> u8 {
             return 2;
         }
     };
+    if let Err(message) = crate::args::check_rank_count(args.ranks, args.limits.max_ranks) {
+        eprintln!("error: {message}");
+        return 2;
+    }
     match produce(&args, &source.text) {
         Ok(text) => match &args.output {
             Some(path) => match std::fs::write(path, text) {

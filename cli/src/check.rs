@@ -480,10 +480,13 @@ pub fn run(args: CheckArgs) -> u8 {
     if library::is_schedule(&source) {
         return check_schedule(&args, &source, &limits);
     }
-    let (ranks, roots) = match (parse_rank_list(&args.ranks), parse_roots(args.root.as_deref())) {
+    let ranks = parse_rank_list(&args.ranks).map_err(|message| format!("--ranks: {message}")).and_then(|ranks| {
+        ranks.iter().try_for_each(|&p| crate::args::check_rank_count(p, limits.max_ranks)).map(|()| ranks)
+    });
+    let (ranks, roots) = match (ranks, parse_roots(args.root.as_deref())) {
         (Ok(ranks), Ok(roots)) => (ranks, roots),
         (Err(message), _) => {
-            eprintln!("error: --ranks: {message}");
+            eprintln!("error: {message}");
             return 2;
         }
         (_, Err(message)) => {

@@ -69,6 +69,17 @@ fn usage_errors_exit_2() {
     assert_eq!(collc(&["check", "allreduce/nonesuch"]).status.code(), Some(2));
     assert_eq!(collc(&["check", "allreduce/ring", "--ranks", "8..2"]).status.code(), Some(2));
     assert_eq!(collc(&["check", "allreduce/ring", "--channel-slots", "0"]).status.code(), Some(2));
+    // A rank count outside 1..=--max-ranks is a usage error for every command, as run's is.
+    for command in ["check", "build"] {
+        let out = collc(&[command, "allreduce/ring", "--ranks", "0"]);
+        assert_eq!(out.status.code(), Some(2), "{command}: {}", text(&out.stderr));
+        assert!(text(&out.stderr).contains("choose at least one rank"), "{}", text(&out.stderr));
+    }
+    let many = collc(&["check", "allreduce/ring", "--ranks", "100000"]);
+    assert_eq!(many.status.code(), Some(2));
+    assert!(text(&many.stderr).contains("raise --max-ranks"), "{}", text(&many.stderr));
+    let misspelt = collc(&["check", "allreduce/rign"]);
+    assert!(text(&misspelt.stderr).contains("did you mean: allreduce/ring"), "{}", text(&misspelt.stderr));
 }
 
 #[test]

@@ -158,3 +158,55 @@ fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
     assert!(others.len() >= 2, "the surviving ranks should name rank {rank}:\n{stderr}");
     assert!(stderr.contains("allreduce/ring line"), "{stderr}");
 }
+
+/// Whether process `pid` still runs (a zombie left for a reaper that never comes counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+        after.split_whitespace().next() != Some("Z")
+    })
+}
+
+/// The `/dev/shm` files of the jobs launcher `pid` started (`collc-<pid>-...`).
+fn shm_files_of(pid: u32) -> Vec<String> {
+    let prefix = format!("collc-{pid}-");
+    let entries = std::fs::read_dir("/dev/shm").map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with(&prefix)).collect()
+}
+
+#[test]
+fn a_launcher_killed_mid_run_leaves_no_rank_running_and_no_shm_files() {
+    let mut run = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--ranks", "3", "--transport", "shm", "-b", "8M", "-e", "8M"])
+        .args(["-n", "100000", "-w", "0", "-c", "0"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("collc runs");
+    let started = Instant::now();
+    let ranks = loop {
+        let ranks = children(run.id());
+        if (ranks.len() == 3 && !shm_files_of(run.id()).is_empty()) || started.elapsed() > Duration::from_secs(10) {
+            break ranks;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(ranks.len(), 3, "the rank processes did not start");
+    // Inside the timed loop of the only row.
+    std::thread::sleep(Duration::from_millis(1000));
+    run.kill().expect("SIGKILL to the launcher");
+    run.wait().expect("the launcher is reaped");
+    let killed_at = Instant::now();
+    while killed_at.elapsed() < Duration::from_secs(5)
+        && (ranks.iter().any(|&r| alive(r)) || !shm_files_of(run.id()).is_empty())
+    {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survivors: Vec<u32> = ranks.iter().copied().filter(|&r| alive(r)).collect();
+    for &r in &survivors {
+        // SAFETY: killing what this test started, so a failure leaves nothing behind.
+        unsafe { libc::kill(r as i32, libc::SIGKILL) };
+    }
+    assert!(survivors.is_empty(), "ranks {survivors:?} outlived their launcher by 5 s");
+    assert_eq!(shm_files_of(run.id()), Vec::<String>::new(), "the job's /dev/shm files are left");
+}

@@ -7,8 +7,9 @@ use super::table::{self, Header};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
 use collc_runtime::{Communicator, RuntimeError, Shm};
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 fn header(comm: &Communicator, job: &Job) -> Header {
@@ -89,6 +90,7 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
     }
     if launch.launcher == "collc" {
         collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
+        follow_launcher(&launch.job);
     }
     match Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()) {
         Ok(comm) => rank_main(configure(comm, job), job),
@@ -111,13 +113,28 @@ pub fn spawn_ranks(job: &Job) -> u8 {
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut children: Vec<Option<Child>> = Vec::new();
+    let launcher = std::process::id() as libc::pid_t;
     for rank in 0..job.n_ranks {
-        let spawned = Command::new(&exe)
+        let mut command = Command::new(&exe);
+        command
             .args(&args)
             .env("COLLC_RANK", rank.to_string())
             .env("COLLC_WORLD_SIZE", job.n_ranks.to_string())
             .env("COLLC_JOB", &id)
-            .spawn();
+            .env(LAUNCHER_PID, launcher.to_string());
+        // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl, getppid, _exit).
+        unsafe {
+            command.pre_exec(move || {
+                // The rank gets SIGTERM when the launcher dies (its watcher then removes the job's segments). If the
+                // launcher died before this line, no signal comes: the parent is already someone else.
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                if libc::getppid() != launcher {
+                    libc::_exit(143);
+                }
+                Ok(())
+            });
+        }
+        let spawned = command.spawn();
         match spawned {
             Ok(child) => children.push(Some(child)),
             Err(e) => {
@@ -132,16 +149,42 @@ pub fn spawn_ranks(job: &Job) -> u8 {
     code
 }
 
+/// The launcher's pid, for a spawned rank to tell that it has gone.
+const LAUNCHER_PID: &str = "COLLC_LAUNCHER_PID";
+
+/// In a rank that `collc run` spawned: a thread that, once the launcher is gone (SIGTERM from `PR_SET_PDEATHSIG`,
+/// or a parent that is no longer the launcher), removes the job's `/dev/shm` files and ends the process, so no rank
+/// outlives a launcher killed with SIGKILL, however busy its own threads are.
+fn follow_launcher(job: &str) {
+    let Some(launcher) = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else { return };
+    catch_interrupts();
+    let job = job.to_string();
+    let watcher = std::thread::Builder::new().name("launcher watch".into()).spawn(move || loop {
+        // SAFETY: getppid has no preconditions.
+        let orphaned = unsafe { libc::getppid() } != launcher;
+        let signal = INTERRUPTED.load(Ordering::Relaxed);
+        if orphaned || signal != 0 {
+            Shm::remove_job(&job);
+            std::process::exit(128 + if signal != 0 { signal } else { libc::SIGTERM });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    if watcher.is_err() {
+        say_error("cannot start the thread that watches the launcher; a killed launcher may leave this rank running");
+    }
+}
+
 fn nanos_now() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
 /// Waits for every rank; the first that dies by a signal or fails is reported and marked failed in the job.
-/// Set by SIGINT/SIGTERM: the launcher stops its ranks and removes the job's segments before it exits.
-static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+/// The signal (SIGINT or SIGTERM) that interrupted this process, 0 before one comes: the launcher stops its ranks
+/// and removes the job's segments, a rank removes them, and either exits 128 + the signal.
+static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
-extern "C" fn on_interrupt(_signal: libc::c_int) {
-    INTERRUPTED.store(true, Ordering::Relaxed);
+extern "C" fn on_interrupt(signal: libc::c_int) {
+    INTERRUPTED.store(signal, Ordering::Relaxed);
 }
 
 fn catch_interrupts() {
@@ -156,13 +199,14 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
     let mut failed_since: Option<Instant> = None;
     catch_interrupts();
     loop {
-        if INTERRUPTED.load(Ordering::Relaxed) {
+        let signal = INTERRUPTED.load(Ordering::Relaxed);
+        if signal != 0 {
             say_error(format_args!("interrupted; stopping the {} rank processes", job.n_ranks));
             for child in children.iter_mut().flatten() {
                 let _ = child.kill();
                 let _ = child.wait();
             }
-            return 130;
+            return (128 + signal) as u8;
         }
         let mut running = 0;
         for (rank, slot) in children.iter_mut().enumerate() {

@@ -93,7 +93,10 @@ pub(crate) fn bind(algo: &Algorithm, collective: Collective, b: &Bindings, limit
         return Err(Error::new(
             "collc::lower::ranks",
             format!("--ranks {p} is outside 1..={}", limits.max_ranks),
-            "choose at least one rank; raise the limit with --max-ranks",
+            match p {
+                0 => "choose at least one rank",
+                _ => "choose fewer ranks, or raise the limit with --max-ranks",
+            },
         )
         .at(algo.name.span, "for this algorithm")
         .into());

@@ -210,3 +210,54 @@ fn a_launcher_killed_mid_run_leaves_no_rank_running_and_no_shm_files() {
     assert!(survivors.is_empty(), "ranks {survivors:?} outlived their launcher by 5 s");
     assert_eq!(shm_files_of(run.id()), Vec::<String>::new(), "the job's /dev/shm files are left");
 }
+
+/// Starts a long sweep with its output piped, returns it once `rows` data rows have arrived (so they were printed
+/// as measured, not at the end), with the lines read so far and the reader of the rest.
+fn sweep_until_rows(
+    transport: &str,
+    format: &str,
+    rows: usize,
+) -> (std::process::Child, Vec<String>, impl Iterator<Item = String>) {
+    use std::io::BufRead;
+    let mut run = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--ranks", "2", "--transport", transport, "-b", "8", "-e", "256M"])
+        .args(["-n", "20", "-w", "1", "--format", format])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("collc runs");
+    let mut lines = std::io::BufReader::new(run.stdout.take().expect("piped")).lines().map_while(Result::ok);
+    let mut seen = Vec::new();
+    let data = |l: &String| !l.starts_with('#') && !l.starts_with('{') && !l.starts_with(']');
+    while seen.iter().filter(|l| data(l)).count() < rows {
+        match lines.next() {
+            Some(line) => seen.push(line),
+            None => break,
+        }
+    }
+    (run, seen, lines)
+}
+
+#[test]
+fn rows_stream_as_measured_and_an_interrupt_prints_what_was_measured() {
+    for (transport, signal, code) in [("threads", libc::SIGINT, 130), ("shm", libc::SIGTERM, 143)] {
+        let (mut run, seen, rest) = sweep_until_rows(transport, "table", 3);
+        assert!(seen.first().is_some_and(|l| l.starts_with("# collc run")), "{transport}: {seen:?}");
+        // SAFETY: signalling the run this test started.
+        unsafe { libc::kill(run.id() as i32, signal) };
+        let rest: Vec<String> = rest.collect();
+        let status = run.wait().expect("the run ends");
+        assert_eq!(status.code(), Some(code), "{transport}: {rest:?}");
+        assert!(rest.iter().any(|l| l.starts_with("# interrupted by signal")), "{transport}: {rest:?}");
+        assert!(rest.iter().any(|l| l.starts_with("# Out of bounds values : 0 OK")), "{transport}: {rest:?}");
+    }
+    // JSON: a document closed properly, with the rows measured and the signal.
+    let (mut run, seen, rest) = sweep_until_rows("threads", "json", 2);
+    // SAFETY: as above.
+    unsafe { libc::kill(run.id() as i32, libc::SIGINT) };
+    let text: String = seen.into_iter().chain(rest).collect::<Vec<_>>().join("\n");
+    assert_eq!(run.wait().expect("the run ends").code(), Some(130));
+    let json: serde_json::Value = serde_json::from_str(&text).expect("a whole JSON document");
+    assert!(json["rows"].as_array().is_some_and(|rows| rows.len() >= 2), "{text}");
+    assert_eq!(json["interrupted"], libc::SIGINT);
+}

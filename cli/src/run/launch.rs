@@ -2,14 +2,15 @@
 //! process as one rank of a job a launcher started. Whatever starts them, rank 0 prints and a failure on any rank
 //! makes the run exit non-zero.
 
-use super::sweep::{self, Row};
-use super::table::{self, Header};
+use super::sweep;
+use super::table::{Header, Report};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
 use collc_runtime::{Communicator, RuntimeError, Shm};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 fn header(comm: &Communicator, job: &Job) -> Header {
@@ -24,17 +25,33 @@ fn header(comm: &Communicator, job: &Job) -> Header {
     }
 }
 
-/// Runs the sweep on one rank; rank 0 prints. Returns the exit code.
+/// What rank 0 has printed so far, for the interrupt watcher to close.
+static REPORT: Mutex<Option<Report>> = Mutex::new(None);
+
+fn with_report(f: impl FnOnce(&mut Report)) {
+    if let Some(report) = REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).as_mut() {
+        f(report);
+    }
+}
+
+/// Runs the sweep on one rank; rank 0 prints the header at once and each row as it is measured. Returns the exit
+/// code.
 fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
-    let outcome = sweep::sweep(&mut comm, job);
     let rank = comm.rank();
+    if rank == 0 {
+        let report = Report::start(job, &header(&comm, job));
+        *REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
+    }
+    let outcome = sweep::sweep(&mut comm, job, &mut |row| with_report(|report| report.row(row)));
+    let mut wrong = false;
+    if rank == 0 {
+        with_report(|report| {
+            report.finish(None);
+            wrong = report.any_wrong();
+        });
+    }
     match outcome {
-        Ok(Some(rows)) => {
-            let header = header(&comm, job);
-            table::print(job, &header, &rows);
-            exit_code(&rows)
-        }
-        Ok(None) => 0,
+        Ok(()) => u8::from(wrong),
         Err(error) => {
             let text = error.to_string();
             match text.starts_with("rank ") {
@@ -47,11 +64,37 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
     }
 }
 
-fn exit_code(rows: &[Row]) -> u8 {
-    u8::from(table::any_wrong(rows))
+/// Ends this process at an interrupt (SIGINT, SIGTERM) or, for a rank `collc run` spawned, when its launcher is gone
+/// (`launcher`: its pid): rank 0's report is closed with what it has, the job's `/dev/shm` files are removed
+/// (`shm_job`), and the process exits 128 + the signal. A thread of its own, so a rank busy in a collective still
+/// stops at once.
+fn watch_interrupts(shm_job: Option<String>, launcher: Option<libc::pid_t>) {
+    catch_interrupts();
+    let watcher = std::thread::Builder::new().name("interrupt watch".into()).spawn(move || loop {
+        // SAFETY: getppid has no preconditions.
+        let orphaned = launcher.is_some_and(|pid| unsafe { libc::getppid() } != pid);
+        let signal = INTERRUPTED.load(Ordering::Relaxed);
+        if orphaned || signal != 0 {
+            let signal = if signal != 0 { signal } else { libc::SIGTERM };
+            with_report(|report| report.finish(Some(signal)));
+            if let Some(job) = &shm_job {
+                Shm::remove_job(job);
+            }
+            std::process::exit(128 + signal);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    });
+    if watcher.is_err() {
+        // Without the watcher the handlers would swallow the signals: give them back their default.
+        for signal in [libc::SIGINT, libc::SIGTERM] {
+            // SAFETY: restoring the default disposition.
+            unsafe { libc::signal(signal, libc::SIG_DFL) };
+        }
+    }
 }
 
 pub fn run_threads(job: &Job) -> u8 {
+    watch_interrupts(None, None);
     let comms = match Communicator::threads(job.n_ranks, job.options.clone()) {
         Ok(comms) => comms,
         Err(error) => return fail(&error),
@@ -88,10 +131,11 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
             return 2;
         }
     }
+    let launcher = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok());
     if launch.launcher == "collc" {
         collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
-        follow_launcher(&launch.job);
     }
+    watch_interrupts(Some(launch.job.clone()), launcher.filter(|_| launch.launcher == "collc"));
     match Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()) {
         Ok(comm) => rank_main(configure(comm, job), job),
         Err(error) => fail(&error),
@@ -152,28 +196,6 @@ pub fn spawn_ranks(job: &Job) -> u8 {
 /// The launcher's pid, for a spawned rank to tell that it has gone.
 const LAUNCHER_PID: &str = "COLLC_LAUNCHER_PID";
 
-/// In a rank that `collc run` spawned: a thread that, once the launcher is gone (SIGTERM from `PR_SET_PDEATHSIG`,
-/// or a parent that is no longer the launcher), removes the job's `/dev/shm` files and ends the process, so no rank
-/// outlives a launcher killed with SIGKILL, however busy its own threads are.
-fn follow_launcher(job: &str) {
-    let Some(launcher) = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok()) else { return };
-    catch_interrupts();
-    let job = job.to_string();
-    let watcher = std::thread::Builder::new().name("launcher watch".into()).spawn(move || loop {
-        // SAFETY: getppid has no preconditions.
-        let orphaned = unsafe { libc::getppid() } != launcher;
-        let signal = INTERRUPTED.load(Ordering::Relaxed);
-        if orphaned || signal != 0 {
-            Shm::remove_job(&job);
-            std::process::exit(128 + if signal != 0 { signal } else { libc::SIGTERM });
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    });
-    if watcher.is_err() {
-        say_error("cannot start the thread that watches the launcher; a killed launcher may leave this rank running");
-    }
-}
-
 fn nanos_now() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
@@ -194,6 +216,23 @@ fn catch_interrupts() {
     }
 }
 
+/// Stops the ranks: SIGTERM, so that rank 0 prints what it has measured, then SIGKILL for any still running a
+/// second later.
+fn stop(children: &mut [Option<Child>]) {
+    for child in children.iter().flatten() {
+        // SAFETY: signalling a child this process spawned and has not yet reaped.
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let asked = Instant::now();
+    for child in children.iter_mut().flatten() {
+        while matches!(child.try_wait(), Ok(None)) && asked.elapsed() < Duration::from_secs(1) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
     let mut worst = 0u8;
     let mut failed_since: Option<Instant> = None;
@@ -202,10 +241,7 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
         let signal = INTERRUPTED.load(Ordering::Relaxed);
         if signal != 0 {
             say_error(format_args!("interrupted; stopping the {} rank processes", job.n_ranks));
-            for child in children.iter_mut().flatten() {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
+            stop(children);
             return (128 + signal) as u8;
         }
         let mut running = 0;

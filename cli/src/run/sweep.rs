@@ -47,11 +47,10 @@ fn use_algorithm(comm: &mut Communicator, job: &Job, choice: &Choice) {
     }
 }
 
-/// Runs the whole sweep on this rank; rank 0 gets the rows.
-pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, RuntimeError> {
+/// Runs the whole sweep on this rank; on rank 0 `on_row` gets each row as soon as it is measured.
+pub fn sweep(comm: &mut Communicator, job: &Job, on_row: &mut dyn FnMut(Row)) -> Result<(), RuntimeError> {
     let ops: Vec<Option<ReduceOp>> =
         if job.collective.reduces() { job.ops.iter().copied().map(Some).collect() } else { vec![None] };
-    let mut rows = Vec::new();
     let mut buffers = Scratch::default();
     warm_up(comm, job, &mut buffers)?;
     for &dtype in &job.dtypes {
@@ -62,12 +61,12 @@ pub fn sweep(comm: &mut Communicator, job: &Job) -> Result<Option<Vec<Row>>, Run
                     use_algorithm(comm, job, choice);
                     let predicted = job.algorithms.selected.then(|| choice.name == *model_choice);
                     let row = measure_row(comm, job, bytes, (dtype, op), (&choice.name, predicted), &mut buffers)?;
-                    rows.extend(row);
+                    row.into_iter().for_each(&mut *on_row);
                 }
             }
         }
     }
-    Ok((comm.rank() == 0).then_some(rows))
+    Ok(())
 }
 
 /// One row: `bytes` of `dtype` timed out of place and in place with `algorithm`, which runs now and which the cost

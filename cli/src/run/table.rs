@@ -19,13 +19,6 @@ pub struct Header {
     pub executor: String,
 }
 
-pub fn print(job: &Job, header: &Header, rows: &[Row]) {
-    match job.format {
-        Format::Table => print_table(job, header, rows),
-        Format::Json => print_json(job, header, rows),
-    }
-}
-
 /// What the header says ran: the algorithm, or that the cost model selected one per size (named per row).
 fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
     if !job.algorithms.compared.is_empty() {
@@ -37,12 +30,39 @@ fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
     }
 }
 
-fn print_table(job: &Job, header: &Header, rows: &[Row]) {
-    print_header(job, header);
-    let compare = !job.algorithms.compared.is_empty();
-    let mut busbw_sum = 0.0;
-    let mut wrong_total = 0u64;
-    for row in rows {
+/// What rank 0 prints as the run goes: the header at once, each row as soon as it is measured (stdout writes each
+/// line as it ends, piped or not), the footer at the end, or on an interrupt what has been measured, closed
+/// properly (the table's footer; for JSON the document's end, with the signal).
+pub struct Report {
+    job: Job,
+    rows: Vec<Row>,
+    busbw_sum: f64,
+    cells: usize,
+    wrong_total: u64,
+    finished: bool,
+}
+
+impl Report {
+    /// Prints the header (JSON: the document up to its rows).
+    pub fn start(job: &Job, header: &Header) -> Report {
+        match job.format {
+            Format::Table => print_header(job, header),
+            Format::Json => {
+                let head = json!({
+                    "algorithm": algorithm_label(job, header),
+                    "collective": job.collective.name(), "ranks": job.n_ranks,
+                    "transport": header.transport, "executor": header.executor,
+                    "iters": job.iters, "warmup": job.warmup, "check": job.check, "topology": job.algorithms.topology,
+                });
+                let head = serde_json::to_string(&head).expect("JSON values serialise");
+                println!("{},\"rows\":[", head.trim_end_matches('}'));
+            }
+        }
+        Report { job: job.clone(), rows: Vec::new(), busbw_sum: 0.0, cells: 0, wrong_total: 0, finished: false }
+    }
+
+    pub fn row(&mut self, row: Row) {
+        let job = &self.job;
         let mut line = format!(
             "{:>12} {:>13} {:>9} {:>7} {:>7}",
             row.bytes,
@@ -57,23 +77,52 @@ fn print_table(job: &Job, header: &Header, rows: &[Row]) {
                 continue;
             };
             let (algbw, busbw) = bandwidths(job, row.bytes, cell);
-            busbw_sum += busbw;
-            wrong_total += cell.wrong.unwrap_or(0);
+            self.busbw_sum += busbw;
+            self.cells += 1;
+            self.wrong_total += cell.wrong.unwrap_or(0);
             let wrong = cell.wrong.map_or("N/A".to_string(), |w| w.to_string());
             line += &format!(" {:>8.2} {:>7.2} {:>7.2} {:>6}", cell.seconds * 1e6, algbw, busbw, wrong);
         }
-        if compare {
-            line += &format!("  {}", row.algorithm);
+        match job.format {
+            Format::Table if job.algorithms.compared.is_empty() => println!("{line}"),
+            Format::Table => println!("{line}  {}", row.algorithm),
+            Format::Json => {
+                let comma = if self.rows.is_empty() { "" } else { "," };
+                println!("{comma}{}", row_json(job, &row));
+            }
         }
-        println!("{line}");
+        self.rows.push(row);
     }
-    println!("# Out of bounds values : {} {}", wrong_total, if wrong_total == 0 { "OK" } else { "FAILED" });
-    let cells = rows.iter().map(|r| usize::from(r.out_of_place.is_some()) + usize::from(r.in_place.is_some()));
-    let cells = cells.sum::<usize>().max(1) as f64;
-    println!("# Avg bus bandwidth    : {:.3}", busbw_sum / cells);
-    println!("#");
-    if compare {
-        print_comparison(job, rows);
+
+    /// The footer (once); `interrupted` is the signal that cut the run short, if one did.
+    pub fn finish(&mut self, interrupted: Option<i32>) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
+        match self.job.format {
+            Format::Table => {
+                if let Some(signal) = interrupted {
+                    println!("# interrupted by signal {signal} after {} rows", self.rows.len());
+                }
+                let verdict = if self.wrong_total == 0 { "OK" } else { "FAILED" };
+                println!("# Out of bounds values : {} {verdict}", self.wrong_total);
+                println!("# Avg bus bandwidth    : {:.3}", self.busbw_sum / self.cells.max(1) as f64);
+                println!("#");
+                if !self.job.algorithms.compared.is_empty() && interrupted.is_none() {
+                    print_comparison(&self.job, &self.rows);
+                }
+            }
+            Format::Json => {
+                println!("],\"interrupted\":{}}}", interrupted.map_or("null".to_string(), |s| s.to_string()))
+            }
+        }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
+    }
+
+    /// Whether a checked cell found a wrong element: `collc run` then exits non-zero, as nccl-tests does.
+    pub fn any_wrong(&self) -> bool {
+        self.wrong_total > 0
     }
 }
 
@@ -120,7 +169,7 @@ fn print_header(job: &Job, header: &Header) {
     }
 }
 
-fn print_json(job: &Job, header: &Header, rows: &[Row]) {
+fn row_json(job: &Job, r: &Row) -> serde_json::Value {
     let measured = |bytes: usize, cell: &Cell| {
         let (algbw, busbw) = bandwidths(job, bytes, cell);
         json!({ "time_us": cell.seconds * 1e6, "algbw": algbw, "busbw": busbw, "wrong": cell.wrong })
@@ -129,25 +178,12 @@ fn print_json(job: &Job, header: &Header, rows: &[Row]) {
         Some(cell) => measured(bytes, cell),
         None => serde_json::Value::Null,
     };
-    let rows: Vec<_> = rows
-        .iter()
-        .map(|r| {
-            json!({
-                "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
-                "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": r.algorithm,
-                "predicted": r.predicted,
-                "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
-            })
-        })
-        .collect();
-    let document = json!({
-        "algorithm": algorithm_label(job, header),
-        "collective": job.collective.name(), "ranks": job.n_ranks,
-        "transport": header.transport, "executor": header.executor,
-        "iters": job.iters, "warmup": job.warmup, "check": job.check, "topology": job.algorithms.topology,
-        "rows": rows,
-    });
-    println!("{}", serde_json::to_string_pretty(&document).expect("JSON values serialise"));
+    json!({
+        "size": r.bytes, "count": r.count, "type": r.dtype.to_string(),
+        "redop": r.op.map(|o| o.to_string()), "root": r.root, "algorithm": r.algorithm,
+        "predicted": r.predicted,
+        "out_of_place": cell(r.bytes, &r.out_of_place), "in_place": cell(r.bytes, &r.in_place),
+    })
 }
 
 /// `--compare`'s rows of one size, data type and op: each candidate once, in a row.
@@ -178,10 +214,4 @@ fn print_comparison(job: &Job, rows: &[Row]) {
         );
     }
     println!("# the cost model's choice is within 10% of the measured fastest at {close} of {total} sizes");
-}
-
-/// Whether any checked cell found a wrong element: `collc run` then exits non-zero, as nccl-tests does.
-pub fn any_wrong(rows: &[Row]) -> bool {
-    let wrong = |cell: &Option<Cell>| cell.and_then(|c| c.wrong).unwrap_or(0);
-    rows.iter().any(|r| wrong(&r.out_of_place) + wrong(&r.in_place) > 0)
 }

@@ -13,7 +13,7 @@ use collc_compiler::sched::Placement;
 use collc_compiler::{compile, library, Bindings, Collective, Limits, Options as CompileOptions, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How a communicator runs; `from_env` reads the `COLLC_*` variables.
@@ -91,6 +91,21 @@ struct Algorithm {
 }
 
 type ScheduleKey = (Collective, Placement, u32, u32);
+
+/// What a compiled schedule depends on: the algorithm (name, a hash of its source, its bindings) and the call's
+/// collective, placement, root and peer.
+#[derive(Clone, PartialEq, Eq, Hash)]
+struct CompileKey {
+    name: String,
+    source: u64,
+    params: Vec<(String, i64)>,
+    call: ScheduleKey,
+}
+
+/// Schedules compiled for the communicators of one process: rank threads share them, so a schedule is compiled,
+/// verified and held once per process, not once per rank (at p = 128 the ring's per-rank copies were most of a run's
+/// memory, and grew as p^3).
+type Compiled = Arc<Mutex<HashMap<CompileKey, Arc<VerifiedSchedule>>>>;
 type PlanKey = (CallShape, Placement);
 
 pub struct Communicator {
@@ -102,6 +117,7 @@ pub struct Communicator {
     /// Algorithm per collective: (name, source, parameter bindings).
     algorithms: HashMap<Collective, Algorithm>,
     schedules: HashMap<ScheduleKey, Arc<VerifiedSchedule>>,
+    compiled: Compiled,
     plans: Vec<Plan>,
     plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
     /// The last call's plan: back-to-back calls of one shape skip the hash lookup.
@@ -117,7 +133,10 @@ impl Communicator {
     pub fn threads(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
         let segments: Arc<dyn Segments> = Arc::new(Heap::default());
-        (0..n_ranks).map(|rank| Communicator::join(segments.clone(), rank, n_ranks, options.clone())).collect()
+        let compiled = Compiled::default();
+        (0..n_ranks)
+            .map(|rank| Communicator::join(segments.clone(), compiled.clone(), rank, n_ranks, options.clone()))
+            .collect()
     }
 
     /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
@@ -127,7 +146,7 @@ impl Communicator {
         if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
         }
-        let mut comm = Communicator::join(Arc::new(Shm::new(job)), rank, n_ranks, options)?;
+        let mut comm = Communicator::join(Arc::new(Shm::new(job)), Compiled::default(), rank, n_ranks, options)?;
         comm.barrier()?;
         Ok(comm)
     }
@@ -147,7 +166,13 @@ impl Communicator {
         Communicator::shm(&launch.job, launch.rank, launch.world_size, options).map(Some)
     }
 
-    fn join(segments: Arc<dyn Segments>, rank: u32, n_ranks: u32, options: Options) -> Result<Self, RuntimeError> {
+    fn join(
+        segments: Arc<dyn Segments>,
+        compiled: Compiled,
+        rank: u32,
+        n_ranks: u32,
+        options: Options,
+    ) -> Result<Self, RuntimeError> {
         let control = Control::open(segments.as_ref(), n_ranks)?;
         control.join(rank)?;
         Ok(Communicator {
@@ -158,6 +183,7 @@ impl Communicator {
             control,
             algorithms: HashMap::new(),
             schedules: HashMap::new(),
+            compiled,
             plans: Vec::new(),
             plan_index: HashMap::default(),
             last_plan: None,
@@ -337,8 +363,27 @@ impl Communicator {
         let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
         let key = (shape.collective, placement, root, peer);
         if !self.schedules.contains_key(&key) {
-            let schedule = self.compile(shape.collective, placement, root, peer)?;
-            self.schedules.insert(key, Arc::new(schedule));
+            let algorithm = self.algorithm_for(shape.collective);
+            let mut source = collc_compiler::fxhash::FxHasher::default();
+            std::hash::Hash::hash(&algorithm.source, &mut source);
+            let shared_key = CompileKey {
+                name: algorithm.name,
+                source: std::hash::Hasher::finish(&source),
+                params: algorithm.params,
+                call: key,
+            };
+            // Held while compiling: the other rank threads want the same schedule, and wait for it.
+            let mut compiled = self.compiled.lock().map_err(|_| RuntimeError::Poisoned)?;
+            let schedule = match compiled.get(&shared_key) {
+                Some(schedule) => schedule.clone(),
+                None => {
+                    let schedule = Arc::new(self.compile(shape.collective, placement, root, peer)?);
+                    compiled.insert(shared_key, schedule.clone());
+                    schedule
+                }
+            };
+            drop(compiled);
+            self.schedules.insert(key, schedule);
         }
         Ok(self.schedules[&key].clone())
     }

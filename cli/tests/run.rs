@@ -261,3 +261,12 @@ fn rows_stream_as_measured_and_an_interrupt_prints_what_was_measured() {
     assert!(json["rows"].as_array().is_some_and(|rows| rows.len() >= 2), "{text}");
     assert_eq!(json["interrupted"], libc::SIGINT);
 }
+
+#[test]
+fn a_run_that_cannot_fit_in_memory_is_refused_before_any_rank_starts() {
+    let out = collc(&["run", "allreduce/ring", "--ranks", "4", "-b", "64G", "-e", "64G"]);
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("this run needs about") && stderr.contains("a smaller -e"), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
+}

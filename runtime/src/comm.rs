@@ -53,7 +53,9 @@ impl Options {
         Ok(options)
     }
 
-    fn slot_bytes_for(&self, n_ranks: u32) -> usize {
+    /// Bytes per FIFO slot for `n_ranks` ranks: `slot_bytes`, or a size that keeps 8 slots on each of up to p^2
+    /// connections near 256 MiB in all.
+    pub fn slot_bytes_for(&self, n_ranks: u32) -> usize {
         if self.slot_bytes != 0 {
             return self.slot_bytes;
         }

@@ -3,6 +3,7 @@
 //! torchrun, mpirun or Slurm, it is one rank of their job).
 
 mod launch;
+mod resources;
 mod sweep;
 mod table;
 
@@ -107,6 +108,8 @@ pub struct Choice {
     pub params: Vec<(String, i64)>,
     /// A `.sched` file's verified schedule (and its instructions' lines there), which runs as it stands.
     pub schedule: Option<Arc<(VerifiedSchedule, SchedLines)>>,
+    /// The connections its out-of-place schedule uses at the run's rank count (each gets a FIFO).
+    pub connections: usize,
 }
 
 /// Everything a rank needs to run the sweep, resolved once.
@@ -237,7 +240,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         Some(source) => compile_fixed(args, source, n_ranks, per_node, root, peer)?,
     };
-    Ok(Job {
+    let job = Job {
         collective,
         n_ranks,
         sizes,
@@ -253,7 +256,11 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         transport: if launched { Transport::Shm } else { args.transport },
         options,
         algorithms,
-    })
+    };
+    // A launcher's job runs one rank here; spawned or threaded, all of them.
+    let local_ranks = if launched { 1 } else { n_ranks };
+    resources::check(&job, local_ranks).map_err(usage)?;
+    Ok(job)
 }
 
 /// `-b`, `-e` and the sizes from one to the other by `-f` (or `-i`), as nccl-tests sweeps them.
@@ -336,14 +343,14 @@ fn compile_fixed(
             }
             .with_default_split(&file.algorithm, per_node);
             let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
-            Ok((schedule.collective, bindings.params))
+            Ok((schedule.collective, bindings.params, resources::connections_of(&schedule)))
         });
-    let (collective, params) = compiled.map_err(|errors| {
+    let (collective, params, connections) = compiled.map_err(|errors| {
         crate::report::print_all(&errors, &source.name, &source.text);
         (1, format!("{} does not compile for {n_ranks} ranks", source.name))
     })?;
     let name = source.name.trim_end_matches(".coll").to_string();
-    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None };
+    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None, connections };
     Ok((collective, Algorithms::fixed(choice)))
 }
 
@@ -391,6 +398,7 @@ fn schedule_file(
         name: source.name.clone(),
         source: String::new(),
         params: Vec::new(),
+        connections: resources::connections_of(&verified),
         schedule: Some(Arc::new((verified, lines))),
     };
     Ok((collective, Algorithms::fixed(choice)))
@@ -446,8 +454,11 @@ fn select(
         let name = format!("{collective}/{name}");
         let source = collc_compiler::library::get(&name).expect("candidates come from the library");
         let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-        let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
-        Choice { max_bytes, name, source: source.to_string(), params, schedule: None }
+        let bindings = crate::cost::bindings_for(&file, &bind, n_ranks, &topo);
+        // Costed above, so it compiles; its connections size the run's FIFOs.
+        let connections = compile(source, &bindings, CompileOptions::default(), &Limits::default())
+            .map_or(n_ranks as usize * n_ranks as usize, |s| resources::connections_of(&s));
+        Choice { max_bytes, name, source: source.to_string(), params: bindings.params, schedule: None, connections }
     };
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {

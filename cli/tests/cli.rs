@@ -141,3 +141,25 @@ fn check_names_the_failing_node_split_and_prints_a_repeated_failure_once() {
     assert!(diagnostics(&every) > diagnostics(&stderr), "{every}");
     assert!(!every.contains("the same codes"), "{every}");
 }
+
+#[test]
+fn usage_errors_say_what_and_where() {
+    let dtype = collc(&["run", "allreduce/ring", "-d", "flaot"]);
+    assert_eq!(dtype.status.code(), Some(2));
+    assert!(text(&dtype.stderr).contains("did you mean: float"), "{}", text(&dtype.stderr));
+    let op = collc(&["run", "allreduce/ring", "-o", "smu"]);
+    assert!(text(&op.stderr).contains("did you mean: sum"), "{}", text(&op.stderr));
+    let other = collc(&["run", "allreduce", "--ranks", "2", "--algo", "broadcast:chain"]);
+    assert_eq!(other.status.code(), Some(2));
+    assert!(text(&other.stderr).contains("names no allreduce algorithm"), "{}", text(&other.stderr));
+    let empty = TempFile::with("empty.coll", "");
+    let out = collc(&["check", empty.path()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains(&format!("collc::syntax in {}", empty.path())), "{}", text(&out.stderr));
+    let gated = TempFile::with(
+        "gated.coll",
+        "algorithm a for allreduce {\n    ranks p\n    param k = 1\n    where k == 1\n    for r in 1..p { send in[0] from r to 0 reduce }\n    for r in 1..p { send in[0] from 0 to r }\n}\n",
+    );
+    let blamed = text(&collc(&["check", gated.path(), "--ranks", "2", "--set", "k=2"]).stdout);
+    assert!(blamed.contains("--ranks 2 with --set k=2 does not satisfy"), "{blamed}");
+}

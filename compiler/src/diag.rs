@@ -100,8 +100,9 @@ pub fn line_at(source: &str, offset: usize) -> usize {
 pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {
     use miette::{GraphicalReportHandler, GraphicalTheme, NamedSource};
     if source.is_empty() {
-        // No source to point into (a .sched file read on its own): the message, the help and the note.
-        return format!("{}\n\n  x {}\n  help: {}\n", error.code, error.message, error.help)
+        // No source to point into (an empty file): the file, the message, the help and the note.
+        let file = if name.is_empty() { String::new() } else { format!(" in {name}") };
+        return format!("{}{file}\n\n  x {}\n  help: {}\n", error.code, error.message, error.help)
             + &error.note.as_ref().map(|n| format!("  {}\n", n.replace('\n', "\n  "))).unwrap_or_default();
     }
     let theme = if plain { GraphicalTheme::unicode_nocolor() } else { GraphicalTheme::default() };

@@ -40,6 +40,7 @@ pub struct RunArgs {
     /// Number of ranks [default: 2, or a schedule file's] (a launcher's environment sets the world size instead).
     #[arg(long)]
     pub ranks: Option<u32>,
+    /// How the ranks run: threads of this process, or one process per rank with buffers in /dev/shm.
     #[arg(long, value_enum, default_value = "threads")]
     pub transport: Transport,
     /// Smallest message size in bytes (K, M, G suffixes are powers of 1024), as nccl-tests' -b.
@@ -81,7 +82,7 @@ pub struct RunArgs {
     /// Print a table (nccl-tests') or one JSON document.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Seconds any wait may last before the run fails (COLLC_TIMEOUT).
+    /// Seconds any wait may last before the run fails [default: $COLLC_TIMEOUT, else 60].
     #[arg(long)]
     pub timeout: Option<f64>,
     /// With a collective instead of an algorithm: the candidates, in NCCL_ALGO's grammar (`ring,tree`, `^naive`,
@@ -282,13 +283,25 @@ fn sweep(args: &RunArgs) -> Result<((usize, usize), Vec<usize>), String> {
 
 /// `-d` and `-o`: one data type and op, or `all` of them.
 fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), String> {
+    // A misspelt name gets the closest accepted ones (`flaot`: did you mean float?).
+    let suggest = |name: &str, known: Vec<String>, error: String| {
+        let known: Vec<&str> = known.iter().map(String::as_str).collect();
+        match crate::library::did_you_mean(name, &known).as_slice() {
+            [] => error,
+            close => format!("{error}; did you mean: {}", close.join(", ")),
+        }
+    };
     let dtypes = match args.dtype.as_str() {
         "all" => DataType::ALL.to_vec(),
-        name => vec![name.parse::<DataType>().map_err(|e| e.to_string())?],
+        name => vec![name
+            .parse::<DataType>()
+            .map_err(|e| suggest(name, DataType::ALL.iter().map(|d| d.to_string()).collect(), format!("-d: {e}")))?],
     };
     let ops = match args.op.as_str() {
         "all" => ReduceOp::ALL.to_vec(),
-        name => vec![name.parse::<ReduceOp>().map_err(|e| e.to_string())?],
+        name => vec![name
+            .parse::<ReduceOp>()
+            .map_err(|e| suggest(name, ReduceOp::ALL.iter().map(|o| o.to_string()).collect(), format!("-o: {e}")))?],
     };
     Ok((dtypes, ops))
 }
@@ -441,6 +454,14 @@ fn select(
         ),
     };
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
+    // NCCL_ALGO ignores entries for other collectives; a --algo given for this run that names none of its own is a
+    // mistake (`--algo broadcast:chain` on an allreduce), not a wish for every algorithm.
+    if let Some(text) = args.algo.as_deref().filter(|_| !filter.mentions(collective)) {
+        return Err((
+            2,
+            format!("--algo `{text}` names no {collective} algorithm; write {collective}:NAME,.. or a list"),
+        ));
+    }
     let bind = crate::args::BindArgs {
         root: collective.rooted().then_some(root),
         params: crate::args::ParamArgs {

@@ -53,6 +53,11 @@ impl AlgoFilter {
         Ok(filter)
     }
 
+    /// Whether the filter says anything about `collective` (a list for every collective, or one for it).
+    pub fn mentions(&self, collective: Collective) -> bool {
+        self.global.is_some() || self.per_collective.iter().any(|(c, _)| *c == collective)
+    }
+
     fn rule(&self, collective: Collective) -> Option<&Rule> {
         self.per_collective.iter().find(|(c, _)| *c == collective).map(|(_, r)| r).or(self.global.as_ref())
     }

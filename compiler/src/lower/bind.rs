@@ -331,9 +331,17 @@ fn check_constraints(algo: &Algorithm, b: &Bindings, resolver: &Resolver, machin
         let Some(cond) = constraint else { continue };
         if eval_global(resolver, machine, cond)? == 0 {
             let binding = describe_binding(resolver.globals, &machine.globals);
+            // Blame what the user bound: the rank count, or the `--set` values too when there are any.
+            let given = match b.params.is_empty() {
+                true => format!("--ranks {}", b.n_ranks),
+                false => {
+                    let sets: Vec<String> = b.params.iter().map(|(n, v)| format!("--set {n}={v}")).collect();
+                    format!("--ranks {} with {}", b.n_ranks, sets.join(" "))
+                }
+            };
             return Err(Error::new(
                 "collc::lower::where",
-                format!("--ranks {} does not satisfy `where {cond}` ({binding})", b.n_ranks),
+                format!("{given} does not satisfy `where {cond}` ({binding})"),
                 "this algorithm does not admit these parameters; choose values the `where` clause accepts",
             )
             .at(cond.span, "this constraint is false")

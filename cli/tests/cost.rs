@@ -6,8 +6,14 @@ mod common;
 use common::TempFile;
 use std::process::{Command, Output};
 
+/// The calibration cache of this test process (`$XDG_CACHE_HOME`): `collc run COLLECTIVE` calibrates this host on
+/// first use and caches it; the tests keep it out of the user's home.
+fn cache() -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("collc-test-{}-cache", std::process::id()))
+}
+
 fn collc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).output().expect("collc runs")
+    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).env("XDG_CACHE_HOME", cache()).output().expect("collc runs")
 }
 
 fn text(bytes: &[u8]) -> String {
@@ -60,16 +66,26 @@ fn tune_on_a_two_level_topology_picks_the_hierarchy_for_large_messages() {
     }
 }
 
+/// `collc run` with its calibration cache in `cache` (as `$XDG_CACHE_HOME`).
+fn run_cached(cache: &std::path::Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_collc")).args(args).env("XDG_CACHE_HOME", cache).output().expect("collc runs")
+}
+
 #[test]
 fn run_with_a_collective_says_what_it_selected_and_checks_it() {
-    let out = collc(&["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "1M", "-f", "64", "-n", "2", "-w", "1"]);
+    // A cache of its own: the first run must find none.
+    let first_use = cache().join("first-use");
+    let args = ["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "1M", "-f", "64", "-n", "2", "-w", "1"];
+    let out = run_cached(&first_use, &args);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert!(stdout.contains("selected per size") && stdout.contains("(predicted fastest)"), "{stdout}");
     assert!(stdout.contains("# Out of bounds values : 0 OK"), "{stdout}");
-    // Without a topology file it says it selected on the built-in constants, and how to measure this host's.
-    assert!(stdout.contains("#   cost model on the built-in topology (1 node(s) x 3 ranks;"), "{stdout}");
-    assert!(stdout.contains("collc cost --calibrate -o host.json"), "{stdout}");
+    // Without a topology file it calibrates this host on first use, says so, and reads the cache after that.
+    assert!(stdout.contains("#   cost model on this host, calibrated now ("), "{stdout}");
+    let again = text(&run_cached(&first_use, &args).stdout);
+    assert!(again.contains("#   cost model on this host's calibration, cached in "), "{again}");
+    let _ = std::fs::remove_dir_all(&first_use);
     let out = collc(&["run", "allreduce", "--ranks", "3", "-b", "8", "-e", "64", "--algo", "ring", "-n", "2"]);
     assert!(text(&out.stdout).contains("sizes 8..=64: allreduce/ring"), "{}", text(&out.stdout));
     let topo = write_topology(
@@ -85,6 +101,7 @@ fn run_with_a_collective_says_what_it_selected_and_checks_it() {
         "{on}"
     );
     let env = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .env("XDG_CACHE_HOME", cache())
         .args(["run", "broadcast", "--ranks", "3", "-b", "8", "-e", "64", "-n", "2"])
         .env("COLLC_ALGO", "allreduce:ring;broadcast:chain")
         .output()
@@ -182,6 +199,7 @@ fn a_topology_from_the_environment_is_named_by_its_variable() {
         r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 0}}, "reduce_gbps": 1}"#,
     );
     let out = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .env("XDG_CACHE_HOME", cache())
         .args(["run", "allreduce", "--ranks", "2", "-b", "8", "-e", "64"])
         .env("COLLC_TOPO", zero.path())
         .output()

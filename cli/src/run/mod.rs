@@ -93,6 +93,10 @@ pub struct RunArgs {
     /// else one node with the built-in constants; `collc cost --calibrate` writes one for this host).
     #[arg(long)]
     pub topo: Option<String>,
+    /// With a collective instead of an algorithm and no topology file: measure this host again for the cost
+    /// model (by default the calibration cached on first use is read).
+    #[arg(long)]
+    pub recalibrate: bool,
     /// With a collective instead of an algorithm: time every candidate at every size, in turn within this one
     /// launch (so a slow spell of the machine hits them alike), and print per size the measured fastest beside the
     /// cost model's choice.
@@ -232,7 +236,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
     let (collective, algorithms) = match fixed {
-        None => select(args, n_ranks, per_node, root, peer, &sizes)?,
+        None => select(args, (n_ranks, per_node, launched), root, peer, &sizes)?,
         Some(source) if library::is_schedule(&source) => {
             let (collective, algorithms) = schedule_file(args, source, n_ranks)?;
             let sched = &algorithms.choices[0].schedule.as_ref().expect("a schedule file's choice has it").0;
@@ -420,27 +424,44 @@ fn schedule_file(
 /// For a run that names a collective: the predicted-fastest algorithm for each size, as NCCL's tuner picks.
 fn select(
     args: &RunArgs,
-    n_ranks: u32,
-    per_node: u32,
+    (n_ranks, per_node, launched): (u32, u32, bool),
     root: u32,
     peer: u32,
     sizes: &[usize],
 ) -> Result<(Collective, Algorithms), (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
+    let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
+    // NCCL_ALGO ignores entries for other collectives; a --algo given for this run that names none of its own is a
+    // mistake (`--algo broadcast:chain` on an allreduce), not a wish for every algorithm.
+    if let Some(text) = args.algo.as_deref().filter(|_| !filter.mentions(collective)) {
+        return Err((
+            2,
+            format!("--algo `{text}` names no {collective} algorithm; write {collective}:NAME,.. or a list"),
+        ));
+    }
     let from_env = std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty());
     let file = match (args.topo.as_deref(), from_env.as_deref()) {
         (Some(path), _) => Some((format!("--topo {path}"), path)),
         (None, Some(path)) => Some((format!("COLLC_TOPO={path}"), path)),
         (None, None) => None,
     };
-    // Without a topology file, the launcher's node split (or this one host) with the built-in constants.
-    let topo = match &file {
-        Some((origin, path)) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
-        None => Topology::uniform_nodes(n_ranks, per_node),
+    // Without a topology file: on one host, this host's calibration (cached on first use); across nodes, the
+    // launcher's node split with the built-in constants.
+    let host = match (&file, per_node == n_ranks) {
+        (None, true) => crate::calibrate::host_topology(args.recalibrate, !launched),
+        _ => None,
+    };
+    let topo = match (&file, &host) {
+        (Some((origin, path)), _) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
+        (None, Some((topo, _))) => topo.clone(),
+        (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
     let topology = match &file {
         Some((origin, _)) if topo.name.is_empty() => format!("{origin}: {}", topo.describe()),
         Some((origin, _)) => format!("{origin} ({}): {}", topo.name, topo.describe()),
+        None if host.is_some() => {
+            format!("{}: {}", host.as_ref().map_or("", |(_, line)| line.as_str()), topo.describe())
+        }
         // `collc cost --calibrate` measures one host; a cluster's topology file is written by hand.
         None if topo.nodes == 1 => format!(
             "the built-in topology ({}); for this host's own numbers: collc cost --calibrate -o host.json, then \
@@ -453,15 +474,6 @@ fn select(
             topo.describe()
         ),
     };
-    let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
-    // NCCL_ALGO ignores entries for other collectives; a --algo given for this run that names none of its own is a
-    // mistake (`--algo broadcast:chain` on an allreduce), not a wish for every algorithm.
-    if let Some(text) = args.algo.as_deref().filter(|_| !filter.mentions(collective)) {
-        return Err((
-            2,
-            format!("--algo `{text}` names no {collective} algorithm; write {collective}:NAME,.. or a list"),
-        ));
-    }
     let bind = crate::args::BindArgs {
         root: collective.rooted().then_some(root),
         params: crate::args::ParamArgs {

@@ -251,6 +251,9 @@ fn rows_stream_as_measured_and_an_interrupt_prints_what_was_measured() {
         assert!(rest.iter().any(|l| l.starts_with("# interrupted by signal")), "{transport}: {rest:?}");
         assert!(rest.iter().any(|l| l.starts_with("# Out of bounds values : 0 OK")), "{transport}: {rest:?}");
     }
+    // The progress bar is for a terminal's stderr: piped, stderr holds nothing of it.
+    let piped = collc(&["run", "allreduce/ring", "--ranks", "2", "-e", "1K", "-n", "2", "-w", "1"]);
+    assert!(piped.stderr.is_empty(), "{}", text(&piped.stderr));
     // JSON: a document closed properly, with the rows measured and the signal.
     let (mut run, seen, rest) = sweep_until_rows("threads", "json", 2);
     // SAFETY: as above.

@@ -35,6 +35,8 @@ fn algorithm_label<'a>(job: &Job, header: &'a Header) -> &'a str {
 /// properly (the table's footer; for JSON the document's end, with the signal).
 pub struct Report {
     job: Job,
+    /// On a terminal's stderr only (indicatif hides it elsewhere): rows done of the sweep's, and the last one's size.
+    progress: indicatif::ProgressBar,
     rows: Vec<Row>,
     busbw_sum: f64,
     cells: usize,
@@ -58,7 +60,17 @@ impl Report {
                 println!("{},\"rows\":[", head.trim_end_matches('}'));
             }
         }
-        Report { job: job.clone(), rows: Vec::new(), busbw_sum: 0.0, cells: 0, wrong_total: 0, finished: false }
+        let ops = if job.collective.reduces() { job.ops.len() } else { 1 };
+        let per_size = job.algorithms.compared.len().max(1);
+        let total = (job.sizes.len() * job.dtypes.len() * ops * per_size) as u64;
+        let progress = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("# {bar:30} {pos}/{len} rows, last {msg} [{elapsed}]")
+        {
+            progress.set_style(style);
+        }
+        let (job, rows) = (job.clone(), Vec::new());
+        Report { job, progress, rows, busbw_sum: 0.0, cells: 0, wrong_total: 0, finished: false }
     }
 
     pub fn row(&mut self, row: Row) {
@@ -83,14 +95,17 @@ impl Report {
             let wrong = cell.wrong.map_or("N/A".to_string(), |w| w.to_string());
             line += &format!(" {:>8.2} {:>7.2} {:>7.2} {:>6}", cell.seconds * 1e6, algbw, busbw, wrong);
         }
-        match job.format {
+        // The bar steps aside while the row prints, so a terminal shows rows above one bar line.
+        self.progress.suspend(|| match job.format {
             Format::Table if job.algorithms.compared.is_empty() => println!("{line}"),
             Format::Table => println!("{line}  {}", row.algorithm),
             Format::Json => {
                 let comma = if self.rows.is_empty() { "" } else { "," };
                 println!("{comma}{}", row_json(job, &row));
             }
-        }
+        });
+        self.progress.set_message(format!("{} B {}", row.bytes, row.dtype));
+        self.progress.inc(1);
         self.rows.push(row);
     }
 
@@ -99,6 +114,7 @@ impl Report {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
+        self.progress.finish_and_clear();
         match self.job.format {
             Format::Table => {
                 if let Some(signal) = interrupted {

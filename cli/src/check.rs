@@ -60,7 +60,21 @@ enum Outcome {
 /// root and peer it binds.
 struct Binding {
     name: String,
+    /// The node split's part of the name (`n=2 g=4`), and the root and peer it names (those swept).
+    split: String,
+    root: Option<u32>,
+    peer: Option<u32>,
     bindings: Bindings,
+}
+
+/// One binding's outcome in one placement, with what the binding names.
+struct Checked {
+    name: String,
+    split: String,
+    root: Option<u32>,
+    peer: Option<u32>,
+    placement: Placement,
+    outcome: Outcome,
 }
 
 /// Which roots `--root` asks for.
@@ -149,25 +163,32 @@ fn bindings(file: &ast::File, args: &CheckArgs, roots: &Roots, seed: Option<Seed
     let mut out = Vec::new();
     for (root, peer) in roots_and_peers(collective, n_ranks, args, roots, seed) {
         let given = Bindings { peer, ..args.params.bindings(n_ranks, root) };
-        let mut name = match (sweep, root, peer) {
-            (true, Some(root), Some(peer)) if collective == Some(Collective::SendRecv) => {
-                format!("root={root} peer={peer}")
-            }
-            (true, Some(root), _) => format!("root={root}"),
+        let named_root = root.filter(|_| sweep);
+        let named_peer = peer.filter(|_| sweep && collective == Some(Collective::SendRecv));
+        let mut name = match (named_root, named_peer) {
+            (Some(root), Some(peer)) => format!("root={root} peer={peer}"),
+            (Some(root), None) => format!("root={root}"),
             _ => String::new(),
+        };
+        let binding = |name: String, split: String, bindings: Bindings| Binding {
+            name,
+            split,
+            root: named_root,
+            peer: named_peer,
+            bindings,
         };
         let open = node_split(&file.algorithm)
             .filter(|(nodes, local)| !given.params.iter().any(|(n, _)| n == nodes || n == local));
         let Some((nodes, local)) = open else {
-            out.push(Binding { name, bindings: given });
+            out.push(binding(name, String::new(), given));
             continue;
         };
         if !name.is_empty() {
             name.push(' ');
         }
         for g in (1..=n_ranks).filter(|g| n_ranks.is_multiple_of(*g)) {
-            let split = format!("{name}{nodes}={} {local}={g}", n_ranks / g);
-            out.push(Binding { name: split, bindings: given.clone().with_default_split(&file.algorithm, g) });
+            let split = format!("{nodes}={} {local}={g}", n_ranks / g);
+            out.push(binding(format!("{name}{split}"), split, given.clone().with_default_split(&file.algorithm, g)));
         }
     }
     out
@@ -316,7 +337,7 @@ fn check_rank_count(
     limits: &collc_compiler::Limits,
     text: &str,
     p: u32,
-) -> Vec<(String, Placement, Outcome)> {
+) -> Vec<Checked> {
     let mut outcomes = Vec::new();
     let seed = match limits.verification {
         Verification::Auto(seed) | Verification::Keyed(seed) => Some(seed),
@@ -331,7 +352,9 @@ fn check_rank_count(
                     error.note = Some(error.note.take().map_or(bound.clone(), |note| format!("{bound}\n{note}")));
                 }
             }
-            outcomes.push((binding.name.clone(), placement, outcome));
+            let Binding { name, split, root, peer, .. } = &binding;
+            let (name, split, root, peer) = (name.clone(), split.clone(), *root, *peer);
+            outcomes.push(Checked { name, split, root, peer, placement, outcome });
         }
     }
     outcomes
@@ -349,29 +372,19 @@ fn instruction_range(counts: &[usize]) -> String {
 
 /// What `collc check` prints for one rank count: each split and placement that verified (over all roots, as a
 /// range of instruction counts) or was not admitted; failures go to `failures` instead.
-fn outcome_line(p: u32, outcomes: &[(String, Placement, Outcome)], failures: &mut Failures) -> Vec<String> {
-    // A binding's name is `root=R [peer=Q] split` or `split`: the entries are grouped by split, over the roots.
-    let split_of = |name: &str| {
-        let rest: Vec<&str> = name.split(' ').filter(|w| !w.starts_with("root=") && !w.starts_with("peer=")).collect();
-        rest.join(" ")
-    };
-    let mut groups: Vec<(String, Placement, Vec<usize>)> = Vec::new();
+fn outcome_line(p: u32, outcomes: &[Checked], failures: &mut Failures) -> Vec<String> {
+    // Grouped by split and placement, over the roots.
+    let mut groups: Vec<(&str, Placement, Vec<usize>)> = Vec::new();
     let mut not_admitted: Vec<&str> = Vec::new();
-    let mut roots: Vec<&str> = Vec::new();
-    for (name, placement, outcome) in outcomes {
-        if let Some(root) = name.split(' ').find(|w| w.starts_with("root=")) {
-            if !roots.contains(&root) {
-                roots.push(root);
-            }
-        }
+    let mut roots: Vec<u32> = outcomes.iter().filter_map(|c| c.root).collect();
+    roots.sort_unstable();
+    roots.dedup();
+    for Checked { name, split, placement, outcome, .. } in outcomes {
         match outcome {
-            Outcome::Verified(n, _) => {
-                let split = split_of(name);
-                match groups.iter_mut().find(|(s, pl, _)| *s == split && pl == placement) {
-                    Some((_, _, counts)) => counts.push(*n),
-                    None => groups.push((split, *placement, vec![*n])),
-                }
-            }
+            Outcome::Verified(n, _) => match groups.iter_mut().find(|(s, pl, _)| s == split && pl == placement) {
+                Some((_, _, counts)) => counts.push(*n),
+                None => groups.push((split, *placement, vec![*n])),
+            },
             Outcome::NotAdmitted(why) => {
                 if !not_admitted.contains(&why.as_str()) {
                     not_admitted.push(why);
@@ -518,22 +531,18 @@ pub fn run(args: CheckArgs) -> u8 {
         let line = outcome_line(p, &outcomes, &mut failures);
         let rank_verdicts: Vec<Verdict> = outcomes
             .iter()
-            .filter_map(|(_, _, o)| match o {
+            .filter_map(|c| match &c.outcome {
                 Outcome::Verified(_, verdict) => Some(*verdict),
                 _ => None,
             })
             .collect();
         match () {
-            _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::Failed(_))) => failed += 1,
-            _ if outcomes.iter().any(|(_, _, o)| matches!(o, Outcome::NotAdmitted(_))) => skipped += 1,
+            _ if outcomes.iter().any(|c| matches!(c.outcome, Outcome::Failed(_))) => failed += 1,
+            _ if outcomes.iter().any(|c| matches!(c.outcome, Outcome::NotAdmitted(_))) => skipped += 1,
             _ => verified += 1,
         }
         if args.format == Format::Json {
-            results.extend(
-                outcomes
-                    .iter()
-                    .map(|(name, placement, outcome)| result_json(p, name, *placement, outcome, &source.text)),
-            );
+            results.extend(outcomes.iter().map(|checked| result_json(p, checked, &source.text)));
         } else if (!args.quiet || ranks.len() == 1) && !line.is_empty() {
             let verdict = if rank_verdicts.is_empty() {
                 String::new()
@@ -572,10 +581,10 @@ pub fn run(args: CheckArgs) -> u8 {
 }
 
 /// One binding's outcome in one placement, for `--format json`.
-fn result_json(p: u32, name: &str, placement: Placement, outcome: &Outcome, source: &str) -> serde_json::Value {
-    let field = |key: &str| name.split(' ').find_map(|w| w.strip_prefix(key)).and_then(|v| v.parse::<u32>().ok());
+fn result_json(p: u32, checked: &Checked, source: &str) -> serde_json::Value {
+    let Checked { name, root, peer, placement, outcome, .. } = checked;
     let mut entry = json!({
-        "ranks": p, "binding": name, "root": field("root="), "peer": field("peer="), "placement": placement.to_string(),
+        "ranks": p, "binding": name, "root": root, "peer": peer, "placement": placement.to_string(),
     });
     let details = match outcome {
         Outcome::Verified(n, verdict) => {

@@ -107,19 +107,19 @@ fn bad_arguments_are_usage_errors() {
     }
 }
 
+/// The fields of `/proc/PID/stat` after the command name (which may hold spaces): state, parent pid, ...
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
+    Some(after.split_whitespace().map(str::to_string).collect())
+}
+
 /// Process ids whose parent is `parent`, from /proc.
 fn children(parent: u32) -> Vec<u32> {
-    let mut found = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
-        // The fields after the command name (which may hold spaces) start after the last ')'.
-        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-        if after.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
-            found.push(pid);
-        }
-    }
-    found
+    let pids = std::fs::read_dir("/proc").expect("/proc").flatten();
+    let pids = pids.filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok());
+    pids.filter(|&pid| stat_fields(pid).is_some_and(|f| f.get(1).and_then(|p| p.parse().ok()) == Some(parent)))
+        .collect()
 }
 
 #[test]
@@ -161,10 +161,7 @@ fn a_rank_killed_mid_run_fails_the_run_on_every_rank_naming_it() {
 
 /// Whether process `pid` still runs (a zombie left for a reaper that never comes counts as gone).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let after = &stat[stat.rfind(')').map_or(0, |i| i + 1)..];
-        after.split_whitespace().next() != Some("Z")
-    })
+    stat_fields(pid).is_some_and(|fields| fields.first().is_some_and(|state| state != "Z"))
 }
 
 /// The `/dev/shm` files of the jobs launcher `pid` started (`collc-<pid>-...`).

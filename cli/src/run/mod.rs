@@ -360,7 +360,7 @@ fn compile_fixed(
             }
             .with_default_split(&file.algorithm, per_node);
             let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
-            Ok((schedule.collective, bindings.params, resources::connections_of(&schedule)))
+            Ok((schedule.collective, bindings.params, schedule.n_connections()))
         });
     let (collective, params, connections) = compiled.map_err(|errors| {
         crate::report::print_all(&errors, &source.name, &source.text);
@@ -415,7 +415,7 @@ fn schedule_file(
         name: source.name.clone(),
         source: String::new(),
         params: Vec::new(),
-        connections: resources::connections_of(&verified),
+        connections: verified.n_connections(),
         schedule: Some(Arc::new((verified, lines))),
     };
     Ok((collective, Algorithms::fixed(choice)))
@@ -483,27 +483,26 @@ fn select(
         },
     };
     let field = crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default())?;
-    let choice = |name: &str, max_bytes: usize| {
-        let name = format!("{collective}/{name}");
+    let choice = |candidate: &collc_compiler::cost::Candidate, max_bytes: usize| {
+        let name = format!("{collective}/{}", candidate.name);
         let source = collc_compiler::library::get(&name).expect("candidates come from the library");
         let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-        let bindings = crate::cost::bindings_for(&file, &bind, n_ranks, &topo);
-        // Costed above, so it compiles; its connections size the run's FIFOs.
-        let connections = compile(source, &bindings, CompileOptions::default(), &Limits::default())
-            .map_or(n_ranks as usize * n_ranks as usize, |s| resources::connections_of(&s));
-        Choice { max_bytes, name, source: source.to_string(), params: bindings.params, schedule: None, connections }
+        let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
+        // The costed schedule's connections size the run's FIFOs.
+        let connections = candidate.profile.connections;
+        Choice { max_bytes, name, source: source.to_string(), params, schedule: None, connections }
     };
     let mut selection: Vec<Choice> = Vec::new();
     for &bytes in sizes {
         let fastest = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
-        let best = &field.candidates[fastest].name;
+        let best = &field.candidates[fastest];
         match selection.last_mut() {
-            Some(last) if last.name == format!("{collective}/{best}") => last.max_bytes = bytes,
+            Some(last) if last.name == format!("{collective}/{}", best.name) => last.max_bytes = bytes,
             _ => selection.push(choice(best, bytes)),
         }
     }
     let compared = match args.compare {
-        true => field.candidates.iter().map(|c| choice(&c.name, usize::MAX)).collect(),
+        true => field.candidates.iter().map(|c| choice(c, usize::MAX)).collect(),
         false => Vec::new(),
     };
     let not_admitted = field.not_admitted;

@@ -48,20 +48,6 @@ fn connections(job: &Job) -> usize {
     choices.map(|choice| choice.connections).max().unwrap_or(0)
 }
 
-/// The connections (sender, receiver, channel) a schedule sends on, counted rank by rank.
-pub fn connections_of(sched: &collc_compiler::Schedule) -> usize {
-    let mut peers: Vec<(u32, u8)> = Vec::new();
-    let mut total = 0;
-    for program in &sched.ranks {
-        peers.clear();
-        peers.extend(program.instrs.iter().filter_map(|i| i.send_peer().map(|q| (q, i.channel))));
-        peers.sort_unstable();
-        peers.dedup();
-        total += peers.len();
-    }
-    total
-}
-
 /// This machine's available memory (`MemAvailable`), if it says.
 fn available() -> Option<usize> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;

@@ -40,6 +40,8 @@ pub struct Profile {
     /// steps' alphas.
     shared_core_latency: Option<f64>,
     pub messages: u64,
+    /// The connections the costed schedule sends on (`Schedule::n_connections`).
+    pub connections: usize,
 }
 
 /// What a byte costs in one regime: [0] the topology's rates, [1] its cached rates (the same when it has none).
@@ -152,6 +154,7 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
         regimes,
         shared_core_latency: topo.shares_cores(program.n_ranks).then(|| super::cores::latency(sched, topo, slots)),
         messages,
+        connections: sched.n_connections(),
     }
 }
 

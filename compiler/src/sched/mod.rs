@@ -370,6 +370,21 @@ impl Schedule {
         self.ranks.iter().map(RankProgram::len).sum()
     }
 
+    /// The connections (sender, receiver, channel) the schedule sends on, counted rank by rank: what a runtime
+    /// opens a FIFO for.
+    pub fn n_connections(&self) -> usize {
+        let mut peers: Vec<(u32, u8)> = Vec::new();
+        let mut total = 0;
+        for program in &self.ranks {
+            peers.clear();
+            peers.extend(program.instrs.iter().filter_map(|i| i.send_peer().map(|q| (q, i.channel))));
+            peers.sort_unstable();
+            peers.dedup();
+            total += peers.len();
+        }
+        total
+    }
+
     /// Where `in` and `out` start in the buffer they share, in place; `(0, 0)` out of place.
     pub fn window_offsets(&self, rank: u32) -> (u32, u32) {
         match self.placement {

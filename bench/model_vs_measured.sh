@@ -67,7 +67,7 @@ topo=${TOPO:-}
 [ -n "$reuse" ] && topo=$work/calibrated.json
 calibrate() {
   [ -n "$topo" ] && return
-  "$bin" cost --calibrate --runs 5 -o "$work/calibrated-$1.json" 2>&1 | grep -E '^(# calibrated|warning)' || true
+  "$bin" cost --calibrate --runs 5 --output "$work/calibrated-$1.json" 2>&1 | grep -E '^(# calibrated|warning)' || true
 }
 calibrate 0
 for p in $ranks_list; do

@@ -5,7 +5,7 @@ use collc_compiler::{Bindings, Limits, Options, Placement};
 
 #[derive(Args, Clone, Debug)]
 pub struct BindArgs {
-    /// Root rank (broadcast, reduce, gather, scatter; the source of sendrecv).
+    /// Root rank (broadcast, reduce, gather, scatter; the source of sendrecv) [default: 0].
     #[arg(long)]
     pub root: Option<u32>,
     #[command(flatten)]

@@ -33,8 +33,8 @@ pub struct BuildArgs {
     /// Skip the Recv+Reduce+Send fusion pass.
     #[arg(long)]
     pub no_fuse: bool,
-    /// Write the output here instead of stdout.
-    #[arg(short, long)]
+    /// Write the output to this file [default: standard output]. (No `-o`: in `collc run` it is nccl-tests' `--op`.)
+    #[arg(long, value_name = "FILE")]
     pub output: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub limits: LimitArgs,

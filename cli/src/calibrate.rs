@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 #[derive(Args, Clone, Debug)]
 pub struct CalibrateArgs {
-    /// Where --calibrate writes the topology file (default: standard output).
-    #[arg(short = 'o', long = "output")]
+    /// Where --calibrate writes the topology file [default: standard output].
+    #[arg(long = "output", value_name = "FILE")]
     pub output: Option<String>,
     /// Runs per measurement: the fastest is kept of a message time, the median of a kernel rate.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100))]

@@ -27,9 +27,10 @@ pub struct CostArgs {
     /// Topology file (JSON); without it, one node with the built-in constants.
     #[arg(long)]
     pub topo: Option<String>,
+    /// Print a table, or one JSON document (every size's prediction).
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
-    /// Measure alpha, beta and gamma of this host's transports and write a topology file (see -o).
+    /// Measure alpha, beta and gamma of this host's transports and write a topology file (see --output).
     #[arg(long)]
     pub calibrate: bool,
     #[command(flatten)]

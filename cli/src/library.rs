@@ -21,33 +21,13 @@ pub fn resolve(arg: &str) -> Result<Source, String> {
         return Ok(Source { name: arg.to_string(), text });
     }
     let names: Vec<&str> = LIBRARY.iter().map(|(n, _)| *n).collect();
-    let close = did_you_mean(arg, &names);
+    let close = collc_compiler::diag::did_you_mean(arg, &names);
     let hint = if close.is_empty() {
         format!("library algorithms: {}", names.join(", "))
     } else {
         format!("did you mean: {}", close.join(", "))
     };
     Err(format!("`{arg}` is neither a library algorithm nor a file; {hint} (see `collc list`)"))
-}
-
-/// The names close to `arg`: those one contains the other of (`ring` and `allreduce/ring`), else those within a
-/// few edits (`allreduce/rign`), closest first.
-pub fn did_you_mean<'n>(arg: &str, names: &[&'n str]) -> Vec<&'n str> {
-    let contained: Vec<&str> = names
-        .iter()
-        .copied()
-        .filter(|n| n.contains(arg) || arg.contains(n.split('/').next_back().unwrap_or(n)))
-        .collect();
-    if !contained.is_empty() {
-        return contained;
-    }
-    let mut scored: Vec<(usize, &str)> = names
-        .iter()
-        .map(|&n| (strsim::damerau_levenshtein(arg, n), n))
-        .filter(|&(d, n)| d <= 2.max(n.len() / 4))
-        .collect();
-    scored.sort_unstable();
-    scored.into_iter().take(3).map(|(_, n)| n).collect()
 }
 
 /// Whether `source` is a schedule file (`collc build --emit sched`), which runs as it stands.

@@ -1,5 +1,4 @@
-//! `collc`: the command-line front end. One module per subcommand; exit 0 on success, 1 on compile or
-//! verification errors, 2 on usage errors.
+//! `collc`: the command-line front end. One module per subcommand; exit status as `EXIT_STATUS` says.
 
 #[cfg(target_os = "linux")]
 mod alloc;
@@ -28,9 +27,15 @@ use std::process::ExitCode;
 #[global_allocator]
 static ALLOCATOR: alloc::MappedBlocks = alloc::MappedBlocks;
 
+/// The exit-status contract of every subcommand, printed under each `--help`.
+const EXIT_STATUS: &str =
+    "Exit status: 0 success; 1 a compile, verification, runtime or data error (a result with #wrong > 0); \
+2 a usage error (an unknown name or flag, a bad value, a run that does not fit in memory); 128+N when stopped by \
+signal N (130 on SIGINT, 143 on SIGTERM), after printing what was measured.";
+
 /// collc: compile, verify and run collective-communication algorithms.
 #[derive(Parser)]
-#[command(name = "collc", version, about)]
+#[command(name = "collc", version, about, after_help = EXIT_STATUS)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -39,16 +44,22 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// The embedded algorithm library: collective, name, cost formula, doc line.
+    #[command(after_help = EXIT_STATUS)]
     List(list::ListArgs),
     /// Compile one algorithm for one rank count, verify it, and print a stage's output.
+    #[command(after_help = EXIT_STATUS)]
     Build(build::BuildArgs),
     /// Verify an algorithm for a list or range of rank counts, in both placements.
+    #[command(after_help = EXIT_STATUS)]
     Check(check::CheckArgs),
     /// Run an algorithm on real data and print nccl-tests' table (threads or shared-memory processes).
+    #[command(after_help = EXIT_STATUS)]
     Run(run::RunArgs),
     /// Predict an algorithm's time, algbw and busbw per message size (alpha-beta-gamma model, topology file).
+    #[command(after_help = EXIT_STATUS)]
     Cost(cost::CostArgs),
     /// Pick the predicted-fastest algorithm per message size, per collective, on a topology.
+    #[command(after_help = EXIT_STATUS)]
     Tune(tune::TuneArgs),
 }
 

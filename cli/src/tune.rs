@@ -27,6 +27,7 @@ pub struct TuneArgs {
     /// Also print every candidate's predicted time at every size.
     #[arg(long)]
     pub all: bool,
+    /// Print a table, or one JSON document (per collective: the candidates, those not admitted and why, the winner per size range).
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
     #[command(flatten)]

@@ -86,7 +86,7 @@ fn usage_errors_exit_2() {
 fn a_schedule_round_trips_through_a_file_and_verifies() {
     let file = TempFile::named("ring.sched");
     let path = file.path();
-    let built = collc(&["build", "allreduce/ring", "--ranks", "5", "-o", path]);
+    let built = collc(&["build", "allreduce/ring", "--ranks", "5", "--output", path]);
     assert_eq!(built.status.code(), Some(0), "{}", text(&built.stderr));
     let checked = collc(&["check", path]);
     assert_eq!(checked.status.code(), Some(0), "{}", text(&checked.stderr));
@@ -140,6 +140,38 @@ fn check_names_the_failing_node_split_and_prints_a_repeated_failure_once() {
     let diagnostics = |s: &str| s.matches("collc::verify::postcondition").count();
     assert!(diagnostics(&every) > diagnostics(&stderr), "{every}");
     assert!(!every.contains("the same codes"), "{every}");
+}
+
+/// One contract for every subcommand (`collc --help` says it): 0 success, 1 compile or verification errors, 2 usage
+/// errors; signals (128+N) are `run`'s tests'.
+#[test]
+fn every_subcommand_keeps_one_exit_status_contract() {
+    let cases: &[(&[&str], i32, &str)] = &[
+        (&["list", "--format", "json"], 0, ""),
+        (&["build", "allreduce/ring", "--ranks", "3"], 0, ""),
+        (&["cost", "allreduce/ring", "--ranks", "3", "--sizes", "8..64"], 0, ""),
+        (&["tune", "allreduce", "--ranks", "3", "--sizes", "8..64"], 0, ""),
+        (&["build", "allreduce/naive", "--ranks", "3", "--set", "nosuch=1"], 1, "nosuch"),
+        (&["cost", "allreduce/ring", "--ranks", "0"], 2, "--ranks 0"),
+        (&["tune", "allreduce", "--ranks", "0"], 2, "--ranks 0"),
+        (&["run", "allreduce/ring", "--ranks", "0"], 2, "--ranks 0"),
+        (&["tune", "allreduc"], 2, "did you mean: allreduce"),
+        (&["run", "allreduce", "--algo", "rng,tree"], 2, "did you mean: ring"),
+        (&["tune", "allreduce", "--algo", "allreduce:ring,tre"], 2, "did you mean: tree"),
+        // `-o` is nccl-tests' `--op` in `collc run`, so no other subcommand gives it another meaning.
+        (&["build", "allreduce/ring", "--ranks", "3", "-o", "ring.sched"], 2, "unexpected argument '-o'"),
+        (&["cost", "--calibrate", "-o", "here.json"], 2, "unexpected argument '-o'"),
+    ];
+    for &(args, code, says) in cases {
+        let out = collc(args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+    for command in ["list", "build", "check", "run", "cost", "tune"] {
+        let help = text(&collc(&[command, "--help"]).stdout);
+        assert!(help.contains("Exit status: 0 success; 1 a compile") && help.contains("143 on SIGTERM"), "{help}");
+    }
 }
 
 #[test]

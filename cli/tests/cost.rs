@@ -175,7 +175,7 @@ fn bad_input_is_a_usage_error_naming_what_is_wrong() {
 fn calibrate_writes_a_topology_that_cost_accepts() {
     let file = TempFile::named("calibrated.json");
     let path = file.path();
-    let out = collc(&["cost", "--calibrate", "--runs", "1", "-o", path]);
+    let out = collc(&["cost", "--calibrate", "--runs", "1", "--output", path]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let out = collc(&["cost", "allreduce/ring", "--ranks", "5", "--topo", path, "--sizes", "8..1K"]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

@@ -106,7 +106,8 @@ fn the_mode_that_verified_is_named_and_a_keyed_seed_replays() {
 #[test]
 fn a_schedule_file_runs_and_is_costed_as_it_stands() {
     let file = TempFile::named("bcast.sched");
-    let built = collc(&["build", "broadcast/binomial", "--ranks", "3", "--root", "2", "--in-place", "-o", file.path()]);
+    let built =
+        collc(&["build", "broadcast/binomial", "--ranks", "3", "--root", "2", "--in-place", "--output", file.path()]);
     assert_eq!(built.status.code(), Some(0), "{}", text(&built.stderr));
     let run = collc(&["run", file.path(), "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-c", "1"]);
     let stdout = text(&run.stdout);

@@ -146,7 +146,8 @@ impl FromStr for Collective {
         let lower = s.to_ascii_lowercase().replace('_', "");
         Collective::ALL.into_iter().find(|c| c.name() == lower).ok_or_else(|| {
             let names: Vec<_> = Collective::ALL.iter().map(|c| c.name()).collect();
-            format!("unknown collective `{s}`; expected one of: {}", names.join(", "))
+            let message = format!("unknown collective `{s}`; expected one of: {}", names.join(", "));
+            crate::diag::with_suggestion(message, &lower, &names)
         })
     }
 }

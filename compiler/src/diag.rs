@@ -114,3 +114,31 @@ pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {
     }
     out
 }
+
+/// The names close to `arg`: those one contains the other of (`ring` and `allreduce/ring`), else those within a
+/// few edits (`allreduce/rign`), closest first.
+pub fn did_you_mean<'n>(arg: &str, names: &[&'n str]) -> Vec<&'n str> {
+    let contained: Vec<&str> = names
+        .iter()
+        .copied()
+        .filter(|n| n.contains(arg) || arg.contains(n.split('/').next_back().unwrap_or(n)))
+        .collect();
+    if !contained.is_empty() {
+        return contained;
+    }
+    let mut scored: Vec<(usize, &str)> = names
+        .iter()
+        .map(|&n| (strsim::damerau_levenshtein(arg, n), n))
+        .filter(|&(d, n)| d <= 2.max(n.len() / 4))
+        .collect();
+    scored.sort_unstable();
+    scored.into_iter().take(3).map(|(_, n)| n).collect()
+}
+
+/// `message`, with `; did you mean: a, b` when names close to `arg` exist.
+pub fn with_suggestion(message: String, arg: &str, names: &[&str]) -> String {
+    match did_you_mean(arg, names).as_slice() {
+        [] => message,
+        close => format!("{message}; did you mean: {}", close.join(", ")),
+    }
+}

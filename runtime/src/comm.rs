@@ -21,7 +21,8 @@ use std::time::Duration;
 pub struct Options {
     /// How long any wait may last before it becomes an error naming what it waited for.
     pub timeout: Duration,
-    /// Bytes per FIFO slot (8 slots per connection); 0 picks a size from the rank count.
+    /// The largest FIFO slot in bytes (8 slots per connection); 0 picks one from the schedule's connection count.
+    /// A connection's slots are sized by the largest message it carries in a call, up to this.
     pub slot_bytes: usize,
 }
 
@@ -53,15 +54,15 @@ impl Options {
         Ok(options)
     }
 
-    /// Bytes per FIFO slot for `n_ranks` ranks: `slot_bytes`, or a size that keeps 8 slots on each of up to p^2
-    /// connections near 256 MiB in all.
-    pub fn slot_bytes_for(&self, n_ranks: u32) -> usize {
+    /// The largest FIFO slot for a schedule on `connections` connections: `slot_bytes`, or a power of two that
+    /// keeps 8 full slots on every connection near 256 MiB in all, from 16 KiB to 128 KiB.
+    pub fn slot_cap(&self, connections: usize) -> usize {
         if self.slot_bytes != 0 {
             return self.slot_bytes;
         }
-        // 8 slots on each of up to p^2 connections: keep the total near 256 MiB at most.
-        let budget = (256usize << 20) / (8 * (n_ranks as usize).pow(2)).max(1);
-        budget.clamp(16 << 10, 128 << 10)
+        let budget = (256usize << 20) / (8 * connections).max(1);
+        let cap = budget.clamp(16 << 10, 128 << 10);
+        1 << cap.ilog2()
     }
 }
 
@@ -348,7 +349,7 @@ impl Communicator {
                         None => Origin::Coll(&algorithm.source),
                     },
                     segments: self.segments.as_ref(),
-                    slot_bytes: self.options.slot_bytes_for(self.n_ranks),
+                    slot_cap: self.options.slot_cap(sched.n_connections()),
                 },
             )?;
             self.plans.push(plan);

@@ -42,6 +42,16 @@ struct SlotHeader {
     stamp: Stamp,
 }
 
+/// A slot's header and `slot_bytes` of data, cache-line aligned.
+fn stride(slot_bytes: usize) -> usize {
+    (SLOT_HEADER + slot_bytes).next_multiple_of(64)
+}
+
+/// The shared memory of one connection's FIFO with slots of `slot_bytes`.
+pub fn segment_bytes(slot_bytes: usize) -> usize {
+    HEADER + SLOTS as usize * stride(slot_bytes)
+}
+
 /// One end of a connection, as a plan holds it.
 pub(crate) struct Fifo {
     base: *mut u8,
@@ -64,8 +74,8 @@ impl Fifo {
         channel: u8,
         slot_bytes: usize,
     ) -> Result<Fifo, RuntimeError> {
-        let stride = (SLOT_HEADER + slot_bytes).next_multiple_of(64);
-        let len = HEADER + SLOTS as usize * stride;
+        let stride = stride(slot_bytes);
+        let len = segment_bytes(slot_bytes);
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
         Ok(Fifo { base: segment.as_ptr(), stride, known_consumed: Cell::new(0), from, to, channel, _segment: segment })
     }

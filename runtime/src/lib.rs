@@ -29,6 +29,7 @@ pub use collc_kernels::{DataType, ReduceOp};
 pub use collectives::Element;
 pub use comm::{mark_shm_rank_failed, Buffers, CallShape, Communicator, Options};
 pub use error::RuntimeError;
+pub use fifo::segment_bytes as fifo_bytes;
 pub use layout::ChunkLayout;
 pub use plan::Plan;
 pub use reference::run;

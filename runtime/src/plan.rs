@@ -13,9 +13,11 @@ use crate::fifo::Fifo;
 use crate::layout::ChunkLayout;
 use crate::segment::Segments;
 use collc_compiler::emit::SchedLines;
-use collc_compiler::sched::{BufId, Op, Operand, Placement};
+use collc_compiler::fxhash::FxBuildHasher;
+use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
 use collc_compiler::{Collective, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
+use std::collections::HashMap;
 
 pub(crate) const NONE: u16 = u16::MAX;
 /// Messages from this size up write their results with non-temporal stores: about the size where a ring
@@ -133,11 +135,12 @@ pub(crate) struct PlanInput<'a> {
     pub op: ReduceOp,
     pub origin: Origin<'a>,
     pub segments: &'a dyn Segments,
-    pub slot_bytes: usize,
+    /// The largest FIFO slot (`Options::slot_cap`): it sets the tile.
+    pub slot_cap: usize,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { name, rank, count, dtype, op, origin, segments, slot_bytes } = input;
+    let PlanInput { name, rank, count, dtype, op, origin, segments, slot_cap } = input;
     let elem = dtype.size_bytes();
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
@@ -145,9 +148,9 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .and_then(|b| b.checked_mul(sched.n_ranks as usize))
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let layout = ChunkLayout::new(count, sched.chunks);
-    let (tile, n_tiles) = tiles(sched, elem, capacity, slot_bytes)?;
+    let (tile, n_tiles) = tiles(sched, elem, capacity, slot_cap)?;
     let Translated { steps, pieces, labels, fifos } =
-        translate(sched, rank, origin, &layout, capacity, segments, slot_bytes)?;
+        translate(sched, rank, origin, &layout, capacity, segments, tile * elem)?;
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
     let (bases, scratch) = scratch_buffers(sched, capacity * elem);
@@ -197,16 +200,16 @@ fn tiles(
     sched: &VerifiedSchedule,
     elem: usize,
     capacity: usize,
-    slot_bytes: usize,
+    slot_cap: usize,
 ) -> Result<(usize, usize), RuntimeError> {
     let max_n = sched.ranks.iter().flat_map(|p| &p.instrs).map(|i| i.count as usize).max().unwrap_or(1).max(1);
-    if slot_bytes < max_n * elem {
+    if slot_cap < max_n * elem {
         return Err(RuntimeError::Config(format!(
-            "FIFO slots of {slot_bytes} bytes cannot hold one element of each of the {max_n} chunks one message \
+            "FIFO slots of {slot_cap} bytes cannot hold one element of each of the {max_n} chunks one message \
              carries; raise COLLC_SLOT_BYTES"
         )));
     }
-    let tile = (slot_bytes / (max_n * elem)).min(capacity).max(1);
+    let tile = (slot_cap / (max_n * elem)).min(capacity).max(1);
     Ok((tile, capacity.div_ceil(tile)))
 }
 
@@ -219,7 +222,9 @@ struct Translated {
 }
 
 /// `rank`'s instructions as steps with the element places of every chunk they touch, and the FIFOs of its
-/// connections (opened in `segments`), each step with its position on them.
+/// connections (opened in `segments`), each step with its position on them. A connection's slots hold its largest
+/// message, `tile_bytes` per chunk (rounded up to a power of two, so calls of similar sizes share a FIFO): both ends
+/// size it alike, as the verifier matched each send with a receive of the same chunk count.
 fn translate(
     sched: &VerifiedSchedule,
     rank: u32,
@@ -227,7 +232,7 @@ fn translate(
     layout: &ChunkLayout,
     capacity: usize,
     segments: &dyn Segments,
-    slot_bytes: usize,
+    tile_bytes: usize,
 ) -> Result<Translated, RuntimeError> {
     // A user buffer's chunk j sits in block j / C at the chunk layout's offset; scratch chunks are padded.
     let place = |operand: Operand, k: u32| -> Place {
@@ -240,15 +245,19 @@ fn translate(
             Place { buf: operand.buf.0, offset: j as usize * capacity, valid: capacity }
         }
     };
+    let program = &sched.ranks[rank as usize];
+    let mut connections = connections_of(program, rank);
     let mut fifos: Vec<Fifo> = Vec::new();
-    let fifo_index = |from: u32, to: u32, channel: u8, fifos: &mut Vec<Fifo>| -> Result<u16, RuntimeError> {
-        if let Some(i) = fifos.iter().position(|f| f.from == from && f.to == to && f.channel == channel) {
-            return Ok(i as u16);
+    let mut fifo_index = |from: u32, to: u32, channel: u8, fifos: &mut Vec<Fifo>| -> Result<u16, RuntimeError> {
+        let connection = connections.get_mut(&(from, to, channel)).expect("every connection of the program");
+        if let Some(i) = connection.fifo {
+            return Ok(i);
         }
+        let slot_bytes = (connection.widest as usize * tile_bytes).next_power_of_two();
         fifos.push(Fifo::open(segments, from, to, channel, slot_bytes)?);
+        connection.fifo = Some((fifos.len() - 1) as u16);
         Ok((fifos.len() - 1) as u16)
     };
-    let program = &sched.ranks[rank as usize];
     let mut steps = Vec::with_capacity(program.len());
     let mut pieces = Vec::new();
     let mut labels = Vec::with_capacity(program.len());
@@ -283,6 +292,28 @@ fn translate(
     Ok(Translated { steps, pieces, labels, fifos })
 }
 
+/// One of a rank's connections while its FIFOs are opened.
+#[derive(Default)]
+struct Connection {
+    /// The most chunks one message carries on it.
+    widest: u32,
+    /// Its FIFO in the plan, once opened.
+    fifo: Option<u16>,
+}
+
+/// `rank`'s connections, keyed by (sender, receiver, channel).
+fn connections_of(program: &RankProgram, rank: u32) -> HashMap<(u32, u32, u8), Connection, FxBuildHasher> {
+    let mut connections: HashMap<_, Connection, _> = HashMap::default();
+    for instr in &program.instrs {
+        let ends = [instr.send_peer().map(|to| (rank, to)), instr.recv_peer().map(|from| (from, rank))];
+        for (from, to) in ends.into_iter().flatten() {
+            let connection = connections.entry((from, to, instr.channel)).or_default();
+            connection.widest = connection.widest.max(instr.count);
+        }
+    }
+    connections
+}
+
 /// Where each buffer starts (`in` and `out` left null, set per call) and the storage of the scratch buffers, each
 /// 64-byte aligned, `chunk_bytes` per chunk (a Vec's heap storage does not move when the plan does).
 fn scratch_buffers(sched: &VerifiedSchedule, chunk_bytes: usize) -> (Vec<*mut u8>, Vec<Vec<u8>>) {
@@ -315,7 +346,7 @@ fn user_elements(sched: &VerifiedSchedule, layout: &ChunkLayout) -> [usize; 2] {
 }
 
 /// Local dependents of each instruction (CSR) and how many dependencies each waits for.
-fn dependents_of(program: &collc_compiler::sched::RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
+fn dependents_of(program: &RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     let unmet = (0..program.len()).map(|i| program.deps_of(i).len() as u32).collect();
     let dependents = program.dependents();
     (dependents.start, dependents.list, unmet)

@@ -198,13 +198,14 @@ unsafe impl GlobalAlloc for MappedBlocks {
             // SAFETY: `ptr` is a whole mapping of `rounded(layout.size())` bytes; on failure it stays valid.
             let moved =
                 unsafe { libc::mremap(ptr.cast(), rounded(layout.size()), rounded(new_size), libc::MREMAP_MAYMOVE) };
-            if moved == libc::MAP_FAILED {
-                return std::ptr::null_mut();
+            if moved != libc::MAP_FAILED {
+                // SAFETY: `moved` is the mapping just resized; the advice only changes how it is backed.
+                unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
+                prefault::grown(moved as usize + rounded(layout.size()), moved as usize + rounded(new_size), new_size);
+                return moved.cast();
             }
-            // SAFETY: `moved` is the mapping just resized; the advice only changes how it is backed.
-            unsafe { libc::madvise(moved, rounded(new_size), libc::MADV_HUGEPAGE) };
-            prefault::grown(moved as usize + rounded(layout.size()), moved as usize + rounded(new_size), new_size);
-            return moved.cast();
+            // A block cut from kept ranges of several mappings spans more than one, which `mremap` refuses
+            // (EFAULT): copy it instead.
         }
         // Another kind of block, or another class: a new block, the bytes both hold, then free the old one.
         // SAFETY: the new layout is valid (same align, the size the caller asked for).

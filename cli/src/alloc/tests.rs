@@ -247,3 +247,28 @@ fn a_grown_block_is_faulted_in_while_a_prefault_is_held() {
         MappedBlocks.dealloc(grown, Layout::from_size_align(new, 8).expect("valid layout"));
     }
 }
+
+/// A block joined from kept ranges of several mappings (one advised huge pages when it grew, one not) spans more
+/// than one mapping, which `mremap` cannot grow: `realloc` copies it instead of failing (it once aborted
+/// `collc run allreduce/one_shot --ranks 1024` with "memory allocation of 2097152 bytes failed").
+#[test]
+fn a_block_joined_from_several_mappings_grows() {
+    let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
+    let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+    // SAFETY: each block is used within its size and freed once with the layout it has.
+    unsafe {
+        let grown = MappedBlocks.alloc(layout(BIG));
+        let grown = MappedBlocks.realloc(grown, layout(BIG), 40 * BIG);
+        let plain = MappedBlocks.alloc(layout(40 * BIG));
+        assert!(!grown.is_null() && !plain.is_null());
+        MappedBlocks.dealloc(grown, layout(40 * BIG));
+        MappedBlocks.dealloc(plain, layout(40 * BIG));
+        let joined = MappedBlocks.alloc(layout(70 * BIG));
+        assert!(!joined.is_null());
+        fill(joined, 70 * BIG, 3);
+        let bigger = MappedBlocks.realloc(joined, layout(70 * BIG), 90 * BIG);
+        assert!(!bigger.is_null(), "a joined block could not grow");
+        assert!(holds(bigger, 70 * BIG, 3), "growing a joined block lost bytes");
+        MappedBlocks.dealloc(bigger, layout(90 * BIG));
+    }
+}

@@ -290,10 +290,7 @@ fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), Strin
     // A misspelt name gets the closest accepted ones (`flaot`: did you mean float?).
     let suggest = |name: &str, known: Vec<String>, error: String| {
         let known: Vec<&str> = known.iter().map(String::as_str).collect();
-        match crate::library::did_you_mean(name, &known).as_slice() {
-            [] => error,
-            close => format!("{error}; did you mean: {}", close.join(", ")),
-        }
+        collc_compiler::diag::with_suggestion(error, name, &known)
     };
     let dtypes = match args.dtype.as_str() {
         "all" => DataType::ALL.to_vec(),

@@ -6,9 +6,6 @@ use super::sweep::size_factor;
 use super::Job;
 use collc_runtime::{check, CallShape};
 
-/// FIFO slots per connection (the verifier's `channel_slots`).
-const SLOTS: usize = 8;
-
 /// What one run needs, in bytes.
 struct Needs {
     /// User buffers per rank at the largest size (send, receive, and a copy of the output to check it against).
@@ -37,9 +34,19 @@ fn needs(job: &Job, local_ranks: u32) -> Needs {
     // Rooted collectives hold more on the root; the largest rank is the bound for all.
     let buffers = [0, job.root].into_iter().map(per_rank).max().unwrap_or(0);
     let connections = connections(job);
-    let fifos = connections.saturating_mul(SLOTS).saturating_mul(job.options.slot_bytes_for(job.n_ranks));
+    let fifos = connections.saturating_mul(fifo_bytes_per_connection(job, connections));
     let total = buffers.saturating_mul(local_ranks as usize).saturating_add(if local_ranks == 1 { 0 } else { fifos });
     Needs { buffers, connections, fifos, total }
+}
+
+/// A connection's FIFO memory over the sweep: at each size its slots hold its largest message (at most the call's
+/// buffer, at most the slot cap), and sizes whose slots round to the same power of two share one FIFO.
+fn fifo_bytes_per_connection(job: &Job, connections: usize) -> usize {
+    let cap = job.options.slot_cap(connections);
+    let mut slots: Vec<usize> = job.sizes.iter().map(|&bytes| bytes.max(1).next_power_of_two().min(cap)).collect();
+    slots.sort_unstable();
+    slots.dedup();
+    slots.into_iter().map(collc_runtime::fifo_bytes).sum()
 }
 
 /// The most connections any of the run's algorithms uses.
@@ -75,7 +82,7 @@ pub fn check(job: &Job, local_ranks: u32) -> Result<(), String> {
     }
     let fifos = match local_ranks {
         1 => String::new(),
-        _ => format!(" and {} of FIFOs ({} connections x {SLOTS} slots)", human(needs.fifos), needs.connections),
+        _ => format!(" and {} of FIFOs on {} connections", human(needs.fifos), needs.connections),
     };
     Err(format!(
         "this run needs about {} ({} of buffers per rank at the largest size x {local_ranks} ranks{fifos}), but this \

@@ -103,7 +103,8 @@ fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String
         let mut known = known.clone();
         known.sort_unstable();
         known.dedup();
-        return Err(format!("`{unknown}` is not an algorithm of {scope} (known: {})", known.join(", ")));
+        let message = format!("`{unknown}` is not an algorithm of {scope} (known: {})", known.join(", "));
+        return Err(crate::diag::with_suggestion(message, unknown, &known));
     }
     Ok(Rule { exclude, names })
 }

@@ -108,7 +108,14 @@ struct CompileKey {
 /// Schedules compiled for the communicators of one process: rank threads share them, so a schedule is compiled,
 /// verified and held once per process, not once per rank (at p = 128 the ring's per-rank copies were most of a run's
 /// memory, and grew as p^3).
-type Compiled = Arc<Mutex<HashMap<CompileKey, Arc<VerifiedSchedule>>>>;
+type Compiled = Arc<Mutex<HashMap<CompileKey, Arc<Shared>>>>;
+
+/// A compiled schedule as the rank threads share it, with the connections it sends on (they set its FIFOs' slot
+/// cap), counted once: counting them per rank went over every rank's program p times.
+struct Shared {
+    sched: VerifiedSchedule,
+    connections: usize,
+}
 type PlanKey = (CallShape, Placement);
 
 pub struct Communicator {
@@ -119,7 +126,7 @@ pub struct Communicator {
     control: Control,
     /// Algorithm per collective: (name, source, parameter bindings).
     algorithms: HashMap<Collective, Algorithm>,
-    schedules: HashMap<ScheduleKey, Arc<VerifiedSchedule>>,
+    schedules: HashMap<ScheduleKey, Arc<Shared>>,
     compiled: Compiled,
     plans: Vec<Plan>,
     plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
@@ -334,10 +341,10 @@ impl Communicator {
             }
         }
         if !self.plan_index.contains_key(&key) {
-            let sched = self.schedule_for(shape, placement)?;
+            let shared = self.schedule_for(shape, placement)?;
             let algorithm = self.algorithm_for(shape.collective);
             let plan = plan::prepare(
-                &sched,
+                &shared.sched,
                 PlanInput {
                     name: &algorithm.name,
                     rank: self.rank,
@@ -349,7 +356,7 @@ impl Communicator {
                         None => Origin::Coll(&algorithm.source),
                     },
                     segments: self.segments.as_ref(),
-                    slot_cap: self.options.slot_cap(sched.n_connections()),
+                    slot_cap: self.options.slot_cap(shared.connections),
                 },
             )?;
             self.plans.push(plan);
@@ -361,7 +368,7 @@ impl Communicator {
     }
 
     /// The verified schedule of a call shape in a placement, compiled once per collective, placement, root and peer.
-    fn schedule_for(&mut self, shape: CallShape, placement: Placement) -> Result<Arc<VerifiedSchedule>, RuntimeError> {
+    fn schedule_for(&mut self, shape: CallShape, placement: Placement) -> Result<Arc<Shared>, RuntimeError> {
         let root = if shape.collective.rooted() { shape.root } else { 0 };
         let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
         let key = (shape.collective, placement, root, peer);
@@ -380,7 +387,8 @@ impl Communicator {
             let schedule = match compiled.get(&shared_key) {
                 Some(schedule) => schedule.clone(),
                 None => {
-                    let schedule = Arc::new(self.compile(shape.collective, placement, root, peer)?);
+                    let sched = self.compile(shape.collective, placement, root, peer)?;
+                    let schedule = Arc::new(Shared { connections: sched.n_connections(), sched });
                     compiled.insert(shared_key, schedule.clone());
                     schedule
                 }

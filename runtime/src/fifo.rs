@@ -55,7 +55,7 @@ pub fn segment_bytes(slot_bytes: usize) -> usize {
 /// One end of a connection, as a plan holds it.
 pub(crate) struct Fifo {
     base: *mut u8,
-    stride: usize,
+    pub(crate) stride: usize,
     /// The sender's last look at `consumed`: a lower bound, refreshed only when the ring seems full.
     known_consumed: Cell<u64>,
     pub from: u32,

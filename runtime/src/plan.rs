@@ -369,3 +369,48 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
     mix(&sched.chunks.to_le_bytes());
     h
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::segment::Heap;
+    use collc_compiler::{compile, library, Bindings, Limits, Options};
+
+    fn one_shot(n_ranks: u32) -> VerifiedSchedule {
+        let source = library::get("allreduce/one_shot").expect("in the library");
+        compile(source, &Bindings::ranks(n_ranks), Options::default(), &Limits::default()).expect("verifies")
+    }
+
+    fn input<'a>(count: usize, rank: u32, segments: &'a Heap) -> PlanInput<'a> {
+        PlanInput {
+            name: "allreduce/one_shot",
+            rank,
+            count,
+            dtype: DataType::F32,
+            op: ReduceOp::Sum,
+            origin: Origin::Coll(""),
+            segments,
+            slot_cap: 128 << 10,
+        }
+    }
+
+    /// A connection's slots hold the largest message it carries in the call, not the cap: an 8-byte call's FIFOs
+    /// are one cache line a slot, a large call's hold a whole tile; both ends of a connection size it alike.
+    #[test]
+    fn fifo_slots_are_sized_by_the_messages_of_the_call() {
+        let sched = one_shot(4);
+        let segments = Heap::default();
+        for (count, stride) in [(2, 64), (1 << 20, (128 << 10) + 64)] {
+            let plans: Vec<Plan> =
+                (0..4).map(|rank| prepare(&sched, input(count, rank, &segments)).expect("prepares")).collect();
+            for plan in &plans {
+                for fifo in &plan.fifos {
+                    assert_eq!(fifo.stride, stride, "count {count}: rank {} {}->{}", plan.rank, fifo.from, fifo.to);
+                    let other = &plans[if fifo.from == plan.rank { fifo.to } else { fifo.from } as usize];
+                    let end = other.fifos.iter().find(|f| (f.from, f.to) == (fifo.from, fifo.to)).expect("both ends");
+                    assert_eq!(end.stride, fifo.stride);
+                }
+            }
+        }
+    }
+}

@@ -62,9 +62,11 @@ pub trait Segments: Send + Sync {
     fn remove_all(&self);
 }
 
-/// Segments of a page or more start on a page; smaller ones (a small message's FIFO) on a cache line, so that
-/// p^2 of them do not cost a page each.
+/// Segments of a page or more start on a page; smaller ones (a small message's FIFO) on a pair of cache lines
+/// (the control block's per-rank states are aligned so, and the prefetcher fetches lines in pairs), so that p^2 of
+/// them do not cost a page each.
 const PAGE: usize = 4096;
+const SMALL_ALIGN: usize = 128;
 
 /// Segments on the heap of one process, shared by rank threads.
 #[derive(Default)]
@@ -78,7 +80,7 @@ impl Segments for Heap {
         if let Some(segment) = blocks.get(name) {
             return check_len(name, segment.clone(), len);
         }
-        let layout = std::alloc::Layout::from_size_align(len.max(1), if len >= PAGE { PAGE } else { 64 })
+        let layout = std::alloc::Layout::from_size_align(len.max(1), if len >= PAGE { PAGE } else { SMALL_ALIGN })
             .map_err(|_| RuntimeError::Segment { name: name.into(), reason: format!("{len} bytes is too large") })?;
         // SAFETY: the layout has a non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };

@@ -118,6 +118,15 @@ fn join(kept: &mut [Range; RANGES], bytes: usize) -> Option<(usize, bool)> {
     Some((block, zeroed))
 }
 
+/// Hands every kept range back to the kernel, for a test that needs to know what is kept.
+#[cfg(test)]
+pub(super) fn clear() {
+    let ranges = std::mem::replace(&mut *KEPT.lock().unwrap_or_else(|e| e.into_inner()), [EMPTY; RANGES]);
+    for range in ranges {
+        unmap(range.start, range.bytes);
+    }
+}
+
 /// The kept ranges that hold only zeros.
 #[cfg(test)]
 pub(super) fn zeroed() -> Vec<(usize, usize)> {

@@ -255,6 +255,8 @@ fn a_grown_block_is_faulted_in_while_a_prefault_is_held() {
 fn a_block_joined_from_several_mappings_grows() {
     let _one_at_a_time = MID_TESTS.lock().unwrap_or_else(|e| e.into_inner());
     let layout = |size: usize| Layout::from_size_align(size, 8).expect("valid layout");
+    // Only this test's ranges kept, so that no single one holds the joined block; none left for the next test.
+    super::kept::clear();
     // SAFETY: each block is used within its size and freed once with the layout it has.
     unsafe {
         let grown = MappedBlocks.alloc(layout(BIG));
@@ -271,4 +273,5 @@ fn a_block_joined_from_several_mappings_grows() {
         assert!(holds(bigger, 70 * BIG, 3), "growing a joined block lost bytes");
         MappedBlocks.dealloc(bigger, layout(90 * BIG));
     }
+    super::kept::clear();
 }

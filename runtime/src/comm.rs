@@ -211,8 +211,8 @@ impl Communicator {
         self.n_ranks
     }
 
-    pub fn transport(&self) -> &'static str {
-        self.segments.transport_name()
+    pub fn transport(&self) -> crate::Transport {
+        self.segments.transport()
     }
 
     /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with

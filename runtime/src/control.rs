@@ -62,7 +62,7 @@ impl Control {
     pub fn open(segments: &dyn Segments, n_ranks: u32) -> Result<Control, RuntimeError> {
         let len = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
         let segment = segments.open("control", len)?;
-        let control = Control { segment, n_ranks, processes: segments.transport_name() == "shm" };
+        let control = Control { segment, n_ranks, processes: segments.transport().processes() };
         let header = control.header();
         match header.magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => header.n_ranks.store(n_ranks, Ordering::Release),

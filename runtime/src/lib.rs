@@ -22,6 +22,7 @@ pub mod layout;
 mod plan;
 pub mod reference;
 mod segment;
+pub mod transport;
 mod wait;
 
 pub use collc_compiler::Collective;
@@ -34,3 +35,4 @@ pub use layout::ChunkLayout;
 pub use plan::Plan;
 pub use reference::run;
 pub use segment::Shm;
+pub use transport::Transport;

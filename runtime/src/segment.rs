@@ -3,6 +3,7 @@
 //! FIFOs are laid out in them; nothing else about the transports differs.
 
 use crate::error::RuntimeError;
+use crate::transport::Transport;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -57,7 +58,7 @@ impl Segment {
 pub trait Segments: Send + Sync {
     /// The segment called `name`, created zeroed with `len` bytes by whichever rank asks first.
     fn open(&self, name: &str, len: usize) -> Result<Segment, RuntimeError>;
-    fn transport_name(&self) -> &'static str;
+    fn transport(&self) -> Transport;
     /// Removes every segment of the job, once no rank needs them.
     fn remove_all(&self);
 }
@@ -92,8 +93,8 @@ impl Segments for Heap {
         Ok(segment)
     }
 
-    fn transport_name(&self) -> &'static str {
-        "threads"
+    fn transport(&self) -> Transport {
+        Transport::Threads
     }
 
     /// Heap segments go with the last communicator that holds them.
@@ -228,8 +229,8 @@ impl Segments for Shm {
         Ok(segment)
     }
 
-    fn transport_name(&self) -> &'static str {
-        "shm"
+    fn transport(&self) -> Transport {
+        Transport::Shm
     }
 
     fn remove_all(&self) {

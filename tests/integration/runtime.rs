@@ -7,19 +7,13 @@ use crate::corpus;
 use collc_compiler::library::LIBRARY;
 use collc_compiler::{compile, Bindings, Collective, Limits, Options, Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
-use collc_runtime::{check, Buffers, CallShape, Communicator, Options as RunOptions};
+use collc_runtime::{check, Buffers, CallShape, Communicator, Options as RunOptions, Transport};
 use std::time::Duration;
 
 const RANKS: [u32; 6] = [1, 2, 3, 4, 5, 8];
 const COUNTS: [usize; 5] = [0, 1, 7, 1000, 65537];
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xA5;
-
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Transport {
-    Threads,
-    Shm,
-}
 
 fn communicators(transport: Transport, n_ranks: u32, job: &str) -> Vec<Communicator> {
     let options = RunOptions { timeout: Duration::from_secs(30), slot_bytes: 4096 };
@@ -199,5 +193,5 @@ fn matrix(transports: &[Transport]) {
 
 #[test]
 fn every_algorithm_matches_the_reference_on_threads_and_shm() {
-    matrix(&[Transport::Threads, Transport::Shm]);
+    matrix(&Transport::ALL);
 }

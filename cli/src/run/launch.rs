@@ -17,7 +17,7 @@ fn header(comm: &Communicator, job: &Job) -> Header {
     let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
     Header {
         algorithm: comm.algorithm(job.collective),
-        transport: comm.transport(),
+        transport: comm.transport().name(),
         executor: format!(
             "host {} (dataflow, tiled, 8-slot FIFOs{slots})",
             collc_kernels::host::VectorIsa::detected().name()

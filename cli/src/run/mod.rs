@@ -15,15 +15,14 @@ use collc_compiler::emit::SchedLines;
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
 use collc_compiler::{Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
-use collc_runtime::{Communicator, Options};
+use collc_runtime::{Communicator, Options, Transport};
 use std::sync::Arc;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Transport {
-    /// Ranks are threads of one process.
-    Threads,
-    /// Ranks are processes on this host; buffers in /dev/shm.
-    Shm,
+/// `--transport`: the runtime's transports, each with its line of help.
+fn transport_parser() -> impl clap::builder::TypedValueParser<Value = Transport> {
+    use clap::builder::TypedValueParser;
+    let values = Transport::ALL.map(|t| clap::builder::PossibleValue::new(t.name()).help(t.about()));
+    clap::builder::PossibleValuesParser::new(values).map(|name| name.parse::<Transport>().expect("a possible value"))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -41,7 +40,7 @@ pub struct RunArgs {
     #[arg(long)]
     pub ranks: Option<u32>,
     /// How the ranks run: threads of this process, or one process per rank with buffers in /dev/shm.
-    #[arg(long, value_enum, default_value = "threads")]
+    #[arg(long, default_value = "threads", value_parser = transport_parser())]
     pub transport: Transport,
     /// Smallest message size in bytes (K, M, G suffixes are powers of 1024), as nccl-tests' -b.
     #[arg(short = 'b', long = "minbytes", default_value = "8")]

@@ -222,7 +222,7 @@ fn check_binding(
     let program = crate::alloc::while_prefaulting(|| lower(file, bindings, limits));
     let program = match program {
         Ok(program) => program,
-        Err(errors) if is_not_admitted(&errors) => {
+        Err(errors) if errors.not_admitted() => {
             return vec![(Placement::OutOfPlace, Outcome::NotAdmitted(errors.0[0].message.clone()))]
         }
         Err(errors) => return vec![(Placement::OutOfPlace, Outcome::Failed(errors))],
@@ -318,14 +318,6 @@ fn verdict_json(verdict: Verdict) -> serde_json::Value {
 fn errors_json(errors: &Errors, source: &str) -> serde_json::Value {
     let line = |e: &Error| e.primary_span().map(|s| collc_compiler::diag::line_at(source, s.start as usize));
     errors.0.iter().map(|e| json!({"code": e.code, "message": e.message, "line": line(e), "note": e.note})).collect()
-}
-
-/// A rank count the algorithm's `where`, node split or root does not admit is skipped in a sweep, not a failure.
-pub fn is_not_admitted(errors: &Errors) -> bool {
-    matches!(
-        errors.0.as_slice(),
-        [Error { code: "collc::lower::where" | "collc::lower::nodes" | "collc::lower::root", .. }]
-    )
 }
 
 /// Every binding and placement of one rank count, each with its binding's name. A failure of a binding with a root

@@ -4,8 +4,8 @@
 use crate::args::{parse_size, size_sweep, BindArgs, LimitArgs};
 use crate::{calibrate, library, report};
 use clap::{Args, ValueEnum};
-use collc_compiler::cost::{analyse, Profile, Topology};
-use collc_compiler::{lower, Bindings, Collective, Error, Errors, Placement};
+use collc_compiler::cost::{Costed, Topology};
+use collc_compiler::{Collective, Error, Errors};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
@@ -88,21 +88,7 @@ pub fn topology_file(given: &str, path: &str, n_ranks: u32) -> Result<Topology, 
     Ok(topo)
 }
 
-/// The bindings for costing `source` on `topo`: a hierarchical algorithm's ranks per node come from the topology
-/// unless `--set` gives them.
-pub fn bindings_for(source: &collc_grammar::ast::File, bind: &BindArgs, n_ranks: u32, topo: &Topology) -> Bindings {
-    bind.bindings(n_ranks).with_default_split(&source.algorithm, topo.per_node(n_ranks))
-}
-
-/// An algorithm costed for one rank count.
-pub struct Costed {
-    pub collective: Collective,
-    pub profile: Profile,
-    /// Slices per chunk of the pipelining pass: `--pipeline`, else the algorithm's `pipeline` (1: none).
-    pub slices: u32,
-}
-
-/// Lowers, verifies and profiles `source` for `n_ranks` on `topo`.
+/// Lowers, verifies and profiles `source` for `n_ranks` on `topo` (the compiler's `cost::profile`).
 pub fn profile(
     text: &str,
     bind: &BindArgs,
@@ -110,11 +96,7 @@ pub fn profile(
     n_ranks: u32,
     topo: &Topology,
 ) -> Result<Costed, Errors> {
-    let file = collc_grammar::parse(text, &limits.syntax).map_err(Error::from)?;
-    let program = lower(&file, &bindings_for(&file, bind, n_ranks, topo), limits)?;
-    let options = bind.options(Placement::OutOfPlace);
-    let profile = analyse(&program, text, options, limits, topo)?;
-    Ok(Costed { collective: program.collective, profile, slices: options.slices(&program) })
+    collc_compiler::cost::profile(text, &bind.bindings(n_ranks), bind.params.pipeline, limits, topo)
 }
 
 /// A `.sched` file, verified as `collc check` verifies it, then profiled on `topo` (its rank count must be

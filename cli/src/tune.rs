@@ -5,7 +5,7 @@ use crate::args::{BindArgs, LimitArgs};
 use crate::cost::{self, Format, SizeArgs};
 use crate::report;
 use clap::Args;
-use collc_compiler::cost::{fastest, winning_ranges, AlgoFilter, Candidate, Topology};
+use collc_compiler::cost::{fastest, winning_ranges, AlgoFilter, Field, FieldError, Topology};
 use collc_compiler::{Collective, Limits};
 
 #[derive(Args)]
@@ -49,14 +49,9 @@ pub fn algo_filter(arg: Option<&str>) -> Result<AlgoFilter, String> {
     }
 }
 
-/// The costed candidates of one collective, and the ones its `where` or node split does not admit (with why).
-pub struct Field {
-    pub candidates: Vec<Candidate>,
-    pub not_admitted: Vec<(String, String)>,
-}
-
-/// Profiles every candidate `filter` leaves for `collective`. Errors carry an exit code: 2 when the filter leaves
-/// no candidate (a usage error), 1 when a candidate fails to verify or none admits the rank count.
+/// The compiler's field of candidates (`cost::field`) for `n_ranks` on `topo`. Errors carry an exit code: 2 when
+/// the filter leaves no candidate (a usage error), 1 when a candidate fails to verify (its diagnostics printed) or
+/// none admits the rank count.
 pub fn field(
     collective: Collective,
     filter: &AlgoFilter,
@@ -65,25 +60,17 @@ pub fn field(
     bind: &BindArgs,
     limits: &Limits,
 ) -> Result<Field, (u8, String)> {
-    let mut field = Field { candidates: Vec::new(), not_admitted: Vec::new() };
-    for name in filter.candidates(collective).map_err(|e| (2, e))? {
-        let full = format!("{collective}/{name}");
-        let text = collc_compiler::library::get(&full).expect("candidates come from the library");
-        match cost::profile(text, bind, limits, n_ranks, topo) {
-            Ok(costed) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
-            Err(errors) if crate::check::is_not_admitted(&errors) => {
-                field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
+    collc_compiler::cost::field(collective, filter, &bind.bindings(n_ranks), limits, topo).map_err(
+        |error| match error {
+            FieldError::Filter(message) => (2, message),
+            FieldError::Invalid { name, errors } => {
+                let text = collc_compiler::library::get(&name).unwrap_or_default();
+                report::print_all(&errors, &format!("{name}.coll"), text);
+                (1, format!("{name} does not verify for {n_ranks} ranks"))
             }
-            Err(errors) => {
-                report::print_all(&errors, &format!("{full}.coll"), text);
-                return Err((1, format!("{full} does not verify for {n_ranks} ranks")));
-            }
-        }
-    }
-    if field.candidates.is_empty() {
-        return Err((1, format!("no {collective} algorithm admits {n_ranks} ranks on this topology")));
-    }
-    Ok(field)
+            FieldError::NoneAdmits(message) => (1, message),
+        },
+    )
 }
 
 fn collectives(arg: Option<&str>) -> Result<Vec<Collective>, String> {

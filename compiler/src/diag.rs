@@ -84,6 +84,17 @@ impl From<SyntaxError> for Error {
 #[derive(Clone, Debug)]
 pub struct Errors(pub Vec<Error>);
 
+impl Errors {
+    /// Whether these say only that the algorithm does not admit the binding (its `where`, its node split or its
+    /// root), not that it is wrong: a selection leaves such a candidate out.
+    pub fn not_admitted(&self) -> bool {
+        matches!(
+            self.0.as_slice(),
+            [Error { code: "collc::lower::where" | "collc::lower::nodes" | "collc::lower::root", .. }]
+        )
+    }
+}
+
 impl From<Error> for Errors {
     fn from(e: Error) -> Self {
         Errors(vec![e])

@@ -436,3 +436,31 @@ fn message_curve_errors_name_the_point() {
         assert_eq!(error.field, field, "{curve}: {error}");
     }
 }
+
+/// The field a library user selects from, as `collc tune` and `collc run COLLECTIVE` do: every candidate the
+/// filter leaves is costed and one is fastest at each size; a candidate whose node split does not divide the ranks
+/// is left out with why, and none left is `NoneAdmits`; a filter naming no algorithm of the collective is the
+/// filter's error, not an empty field.
+#[test]
+fn the_selection_field_costs_what_admits_the_binding() {
+    use collc_compiler::cost::{field, FieldError};
+    let (topo, limits) = (uniform(), Limits::default());
+    let every = field(Collective::AllReduce, &AlgoFilter::default(), &Bindings::ranks(6), &limits, &topo)
+        .unwrap_or_else(|_| panic!("allreduce has candidates on 6 ranks"));
+    let costed: Vec<&str> = every.candidates.iter().map(|c| c.name.as_str()).collect();
+    assert!(costed.contains(&"ring") && costed.contains(&"tree") && costed.contains(&"hierarchical"), "{costed:?}");
+    for bytes in [8.0, 1e6, 1e9] {
+        assert!(fastest(&every.candidates, bytes).is_some());
+    }
+    let hierarchical = AlgoFilter::parse("hierarchical").expect("parses");
+    let split = Bindings { params: vec![("g".into(), 4)], ..Bindings::ranks(6) };
+    match field(Collective::AllReduce, &hierarchical, &split, &limits, &topo) {
+        Err(FieldError::NoneAdmits(message)) => assert!(message.contains("6 ranks"), "{message}"),
+        _ => panic!("4 ranks per node do not divide 6 ranks"),
+    }
+    let other = AlgoFilter::parse("chain").expect("parses");
+    match field(Collective::AllReduce, &other, &Bindings::ranks(6), &limits, &topo) {
+        Err(FieldError::Filter(message)) => assert!(message.contains("leaves no allreduce algorithm"), "{message}"),
+        _ => panic!("a filter naming no allreduce algorithm leaves no field"),
+    }
+}

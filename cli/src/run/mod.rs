@@ -483,7 +483,7 @@ fn select(
         let name = format!("{collective}/{}", candidate.name);
         let source = collc_compiler::library::get(&name).expect("candidates come from the library");
         let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-        let params = crate::cost::bindings_for(&file, &bind, n_ranks, &topo).params;
+        let params = collc_compiler::cost::bindings_on(&file, &bind.bindings(n_ranks), &topo).params;
         // The costed schedule's connections size the run's FIFOs.
         let connections = candidate.profile.connections;
         Choice { max_bytes, name, source: source.to_string(), params, schedule: None, connections }

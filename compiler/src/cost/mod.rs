@@ -10,7 +10,10 @@ mod select;
 mod topology;
 
 pub use model::Profile;
-pub use select::{fastest, library_names, winning_ranges, AlgoFilter, Candidate};
+pub use select::{
+    bindings_on, fastest, field, library_names, profile, winning_ranges, AlgoFilter, Candidate, Costed, Field,
+    FieldError,
+};
 pub use topology::{defaults, Cached, Link, LinkClass, Links, Switch, Topology, TopologyError};
 
 use crate::diag::{Error, Errors};

@@ -4,8 +4,10 @@
 //! collective. Names are case-insensitive; a name the library does not have is an error.
 
 use super::model::Profile;
+use super::{analyse, Topology};
+use crate::diag::{Error, Errors};
 use crate::library::LIBRARY;
-use crate::Collective;
+use crate::{lower, Bindings, Collective, Limits, Options, Placement};
 
 /// Include or exclude a list of algorithm names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -139,4 +141,79 @@ pub fn winning_ranges(candidates: &[Candidate], sizes: &[u64]) -> Vec<(u64, u64,
         }
     }
     ranges
+}
+
+/// The bindings of `file` for a run on `topo`: `bindings`, with the node split of `nodes n local g` taken from the
+/// topology where the bindings do not set it.
+pub fn bindings_on(file: &collc_grammar::ast::File, bindings: &Bindings, topo: &Topology) -> Bindings {
+    bindings.clone().with_default_split(&file.algorithm, topo.per_node(bindings.n_ranks))
+}
+
+/// An algorithm costed for one binding.
+pub struct Costed {
+    pub collective: Collective,
+    pub profile: Profile,
+    /// Slices per chunk of the pipelining pass: `options.pipeline`, else the algorithm's `pipeline` (1: none).
+    pub slices: u32,
+}
+
+/// Lowers, verifies and profiles `source` out of place for `bindings` on `topo`.
+pub fn profile(
+    source: &str,
+    bindings: &Bindings,
+    pipeline: Option<u32>,
+    limits: &Limits,
+    topo: &Topology,
+) -> Result<Costed, Errors> {
+    let file = collc_grammar::parse(source, &limits.syntax).map_err(Error::from)?;
+    let program = lower(&file, &bindings_on(&file, bindings, topo), limits)?;
+    let options = Options { pipeline, ..Options::placed(Placement::OutOfPlace) };
+    let profile = analyse(&program, source, options, limits, topo)?;
+    Ok(Costed { collective: program.collective, profile, slices: options.slices(&program) })
+}
+
+/// The costed candidates of one collective, and the ones its `where` or node split does not admit (with why).
+pub struct Field {
+    pub candidates: Vec<Candidate>,
+    pub not_admitted: Vec<(String, String)>,
+}
+
+/// Why there is no field to select from.
+pub enum FieldError {
+    /// The filter leaves no candidate of the collective (a usage error).
+    Filter(String),
+    /// A candidate does not verify: its library name and diagnostics.
+    Invalid { name: String, errors: Errors },
+    /// No candidate admits the binding on this topology.
+    NoneAdmits(String),
+}
+
+/// Profiles every library algorithm of `collective` that `filter` leaves, for `bindings` on `topo`: what
+/// `collc tune`, `collc run COLLECTIVE` and a communicator select from.
+pub fn field(
+    collective: Collective,
+    filter: &AlgoFilter,
+    bindings: &Bindings,
+    limits: &Limits,
+    topo: &Topology,
+) -> Result<Field, FieldError> {
+    let mut field = Field { candidates: Vec::new(), not_admitted: Vec::new() };
+    for name in filter.candidates(collective).map_err(FieldError::Filter)? {
+        let full = format!("{collective}/{name}");
+        let source = crate::library::get(&full).expect("candidates come from the library");
+        match profile(source, bindings, None, limits, topo) {
+            Ok(costed) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
+            Err(errors) if errors.not_admitted() => {
+                field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
+            }
+            Err(errors) => return Err(FieldError::Invalid { name: full, errors }),
+        }
+    }
+    if field.candidates.is_empty() {
+        let n_ranks = bindings.n_ranks;
+        return Err(FieldError::NoneAdmits(format!(
+            "no {collective} algorithm admits {n_ranks} ranks on this topology"
+        )));
+    }
+    Ok(field)
 }

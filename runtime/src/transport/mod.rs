@@ -1,6 +1,8 @@
 //! How the ranks of a job reach each other. `Transport` names the ways, one type for the runtime, the CLI and the
 //! tests; a communicator is built for one (`Communicator::threads`, `Communicator::shm`).
 
+pub mod ifname;
+
 use std::fmt;
 use std::str::FromStr;
 

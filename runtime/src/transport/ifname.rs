@@ -10,6 +10,8 @@ use std::str::FromStr;
 /// A parsed `COLLC_SOCKET_IFNAME`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IfPattern {
+    /// As written, for messages.
+    text: String,
     exclude: bool,
     exact: bool,
     names: Vec<String>,
@@ -42,7 +44,7 @@ impl FromStr for IfPattern {
         if let Some(bad) = names.iter().find(|n| n.starts_with(['^', '='])) {
             return Err(format!("`{text}`: `{bad}`: `^` and `=` go once, before the whole list (`^=eth0,eth1`)"));
         }
-        Ok(IfPattern { exclude, exact, names })
+        Ok(IfPattern { text: text.to_string(), exclude, exact, names })
     }
 }
 
@@ -95,11 +97,11 @@ pub fn interfaces() -> std::io::Result<Vec<Interface>> {
 
 /// The interfaces of `all` to use: those `pattern` admits, or without one NCCL's default. An error says what
 /// matched nothing and lists what there is.
-pub fn select(pattern: Option<(&str, &IfPattern)>, all: &[Interface]) -> Result<Vec<Interface>, String> {
+pub fn select(pattern: Option<&IfPattern>, all: &[Interface]) -> Result<Vec<Interface>, String> {
     let chosen: Vec<Interface> = match pattern {
-        Some((_, pattern)) => all.iter().filter(|i| pattern.admits(&i.name)).cloned().collect(),
+        Some(pattern) => all.iter().filter(|i| pattern.admits(&i.name)).cloned().collect(),
         None => {
-            let usual = IfPattern { exclude: true, exact: false, names: vec!["docker".into(), "lo".into()] };
+            let usual: IfPattern = "^docker,lo".parse().expect("a pattern");
             let chosen: Vec<Interface> = all.iter().filter(|i| usual.admits(&i.name)).cloned().collect();
             match chosen.is_empty() {
                 true => all.iter().filter(|i| i.name.starts_with("lo")).cloned().collect(),
@@ -110,8 +112,8 @@ pub fn select(pattern: Option<(&str, &IfPattern)>, all: &[Interface]) -> Result<
     if chosen.is_empty() {
         let here = all.iter().map(Interface::to_string).collect::<Vec<_>>().join(", ");
         let what = pattern
-            .map_or("no interface but docker and loopback ones, and no loopback,".to_string(), |(text, _)| {
-                format!("COLLC_SOCKET_IFNAME=`{text}` matches no interface that is up")
+            .map_or("no interface but docker and loopback ones, and no loopback,".to_string(), |pattern| {
+                format!("COLLC_SOCKET_IFNAME=`{}` matches no interface that is up", pattern.text)
             });
         return Err(format!("{what} on this host (up here: {})", if here.is_empty() { "none" } else { &here }));
     }
@@ -129,7 +131,7 @@ mod tests {
 
     fn names(pattern: &str) -> Result<Vec<String>, String> {
         let parsed: IfPattern = pattern.parse()?;
-        Ok(select(Some((pattern, &parsed)), &host())?.into_iter().map(|i| i.name).collect())
+        Ok(select(Some(&parsed), &host())?.into_iter().map(|i| i.name).collect())
     }
 
     #[test]

@@ -6,7 +6,8 @@
 # (alternating collc and MPI), and reports per-size medians, the ratios collc/MPI, the algorithms collc selected,
 # and the memory-bandwidth bound of an allreduce that reads each input and writes each output once in DRAM (ring,
 # two_shot and the other ring-shaped algorithms selected at large sizes), measured with bench/membw.c.
-# ALGO=allreduce/ring pins one algorithm instead.
+# ALGO=allreduce/ring pins one algorithm instead. BASE_CMD adds a third side, another collc build (before/after a
+# change), run alternating with the other two: a table of this build's times against it, and both latencies.
 #
 # Usage: bench/allreduce_vs_mpi.sh
 # Env knobs (defaults in brackets):
@@ -18,6 +19,8 @@
 #   COLLC_CMD ["target/release/collc run {ALGO} --ranks {N} --transport shm"]  the collc side, without the size
 #                       flags (the script appends -b -e -f -n -w -c 0); {N} and {ALGO} are replaced. When it is
 #                       set, collc is not built (point it at any command that prints the nccl-tests table).
+#   BASE_CMD [unset]    a second collc command line, as COLLC_CMD (e.g. "/tmp/old/collc run {ALGO} --ranks {N}
+#                       --transport shm"): a before/after comparison in the same run
 #   MPIRUN [mpirun]     MPI_ARGS ["--allow-run-as-root --oversubscribe --mca btl self,vader"]
 #   DRAM_BYTES_FACTOR [2]  DRAM bytes per call = DRAM_BYTES_FACTOR * p * n (n bytes per rank)
 #   RUN_TIMEOUT [1800]  seconds allowed for one run of either side
@@ -64,11 +67,24 @@ else
   collc_template=$COLLC_CMD
 fi
 
+base_template=${BASE_CMD:-}
+sides=(collc)
+[ -n "$base_template" ] && sides+=(base)
+sides+=(mpi)
+
 read -r -a mpi_args_arr <<<"$mpi_args"
-collc_cmd() {  # collc_cmd N -> the collc command line for N ranks, as an array in $cmd
-  local line=${collc_template//\{N\}/$1}
+collc_cmd() {  # collc_cmd N [TEMPLATE] -> the collc command line for N ranks, as an array in $cmd
+  local line=${2:-$collc_template}
+  line=${line//\{N\}/$1}
   line=${line//\{ALGO\}/$algo}
   read -r -a cmd <<<"$line"
+}
+side_cmd() {  # side_cmd collc|base|mpi N -> the side's command line in $cmd
+  case $1 in
+    collc) collc_cmd "$2" ;;
+    base) collc_cmd "$2" "$base_template" ;;
+    *) cmd=("$mpirun_bin" "${mpi_args_arr[@]}" -np "$2" "$work/mpi_allreduce") ;;
+  esac
 }
 
 # --- memory bandwidth ----------------------------------------------------------------------------------------
@@ -78,16 +94,13 @@ traffic_gbps=$(awk '$1 == "traffic_GBps" {print $2}' <<<"$membw_out")
 echo "memory: memcpy of 512 MiB best of 5: copy $copy_gbps GB/s, traffic (read + write) $traffic_gbps GB/s"
 echo "sizes: -b $sizes_b -e $sizes_e -f $factor, -n $iters -w $warmup; $runs runs per side, alternating; medians"
 echo "collc: $collc_template ${size_flags[*]}  ({N} = ranks, {ALGO} = $algo)"
+[ -n "$base_template" ] && echo "base:  $base_template ${size_flags[*]}"
 echo "MPI:   $mpirun_bin $mpi_args -np {N} mpi_allreduce ${size_flags[*]}  ($("$mpirun_bin" --version 2>/dev/null | head -1))"
 
 failed=0
-run_side() {  # run_side collc|mpi N RUN -> writes $work/<side>_<N>_<RUN>.txt; returns non-zero on failure
+run_side() {  # run_side collc|base|mpi N RUN -> writes $work/<side>_<N>_<RUN>.txt; returns non-zero on failure
   local side=$1 n=$2 r=$3 out="$work/$1_$2_$3.txt" cmd=()
-  if [ "$side" = collc ]; then
-    collc_cmd "$n"
-  else
-    cmd=("$mpirun_bin" "${mpi_args_arr[@]}" -np "$n" "$work/mpi_allreduce")
-  fi
+  side_cmd "$side" "$n"
   local rc=0
   timeout "$run_timeout" "${cmd[@]}" "${size_flags[@]}" >"$out" 2>"$out.err" || rc=$?
   if [ "$rc" -ne 0 ]; then
@@ -138,10 +151,9 @@ human() {  # bytes -> 8, 1K, 256M
 
 for n in $ranks_list; do
   echo
-  echo "== $n ranks: running $runs x (collc, MPI) ..." >&2
+  echo "== $n ranks: running $runs x (${sides[*]}) ..." >&2
   for r in $(seq "$runs"); do
-    run_side collc "$n" "$r" || true
-    run_side mpi "$n" "$r" || true
+    for side in "${sides[@]}"; do run_side "$side" "$n" "$r" || true; done
   done
   medians collc "$n" >"$work/med_collc_$n"
   medians mpi "$n" >"$work/med_mpi_$n"
@@ -168,25 +180,40 @@ for n in $ranks_list; do
     { printf "%8s %11s %11s %11s %11s %11s %11s %11.2f %9s\n", hs($1), num($2, "%.2f"), num($3, "%.2f"),
              num($4, "%.2f"), num($5, "%.2f"), ratio($3, $5), ratio($2, $4), bound,
              ($3 < 0 || bound <= 0) ? "-" : sprintf("%.1f%%", 100 * $3 / bound) }' "$work/joined_$n"
+  if [ -n "$base_template" ]; then
+    medians base "$n" >"$work/med_base_$n"
+    awk 'FILENAME == ARGV[1] {c[$1] = $2 " " $3; s[$1] = 1; next} {m[$1] = $2 " " $3; s[$1] = 1}
+         END {for (k in s) print k, (k in c ? c[k] : "-1 -1"), (k in m ? m[k] : "-1 -1")}' \
+      "$work/med_collc_$n" "$work/med_base_$n" | sort -k1,1n >"$work/vs_base_$n"
+    echo "== $n ranks, this build (collc) against BASE_CMD (base), out of place, medians of $runs runs"
+    awk '
+      function hs(s,   u, i) { u = "BKMGT"; i = 1; while (s >= 1024 && s % 1024 == 0 && i < 5) { s /= 1024; i++ }
+                               return sprintf("%d%s", s, i == 1 ? "" : substr(u, i, 1)) }
+      function num(x, fmt) { return x < 0 ? "-" : sprintf(fmt, x) }
+      BEGIN { printf "%8s %11s %11s %11s\n", "size", "collc_us", "base_us", "time_c/base" }
+      { printf "%8s %11s %11s %11s\n", hs($1), num($2, "%.2f"), num($4, "%.2f"),
+               ($2 < 0 || $4 <= 0) ? "-" : sprintf("%.2f", $2 / $4) }' "$work/vs_base_$n"
+  fi
 done
 
 # --- latency ---------------------------------------------------------------------------------------------------
 # The sweep's first row also pays for first-touch effects on both sides; the latency goal uses separate runs of
 # 8-byte calls only, many iterations each, alternating sides, median over RUNS.
 lat_iters=${LAT_ITERS:-20000}
-latency() {  # latency collc|mpi N -> median 8-byte out-of-place time in us over RUNS runs
+latency() {  # latency collc|base|mpi N -> median 8-byte out-of-place time in us over RUNS runs
   local side=$1 n=$2 cmd=() times=()
   for r in $(seq "$runs"); do
-    if [ "$side" = collc ]; then collc_cmd "$n"; else cmd=("$mpirun_bin" "${mpi_args_arr[@]}" -np "$n" "$work/mpi_allreduce"); fi
+    side_cmd "$side" "$n"
     times+=("$(timeout "$run_timeout" "${cmd[@]}" -b 8 -e 8 -n "$lat_iters" -w 1000 -c 0 2>/dev/null |
                awk '!/^#/ && $1 == 8 {print $6}')")
   done
   printf '%s\n' "${times[@]}" | awk 'NF' | sort -g | awk '{t[NR] = $1} END {if (NR) print (NR % 2) ? t[(NR + 1) / 2] : (t[NR / 2] + t[NR / 2 + 1]) / 2}'
 }
-lat_collc=""; lat_mpi=""
+lat_collc=""; lat_mpi=""; lat_base=""
 if [[ " $ranks_list " == *" 2 "* ]]; then
   echo "== 2 ranks: 8-byte latency, $runs x $lat_iters iterations per side ..." >&2
   lat_collc=$(latency collc 2); lat_mpi=$(latency mpi 2)
+  [ -n "$base_template" ] && lat_base=$(latency base 2)
 fi
 
 # --- goals ---------------------------------------------------------------------------------------------------
@@ -235,6 +262,18 @@ if [ -s "$work/joined_4" ]; then
     echo "4 ranks: worst busbw ratio collc/MPI = $(awk -v r="$wr" 'BEGIN {printf "%.2f", r}') at $(human "$ws") (goal >= 1.0)"
   else
     echo "4 ranks: no size with results on both sides"
+  fi
+fi
+if [ -n "$base_template" ]; then
+  for n in $ranks_list; do
+    [ -s "$work/vs_base_$n" ] || continue
+    awk -v n="$n" '$2 > 0 && $4 > 0 {print $2 / $4}' "$work/vs_base_$n" | sort -g |
+      awk -v n="$n" '{r[NR] = $1} END {if (NR) printf "%s ranks: time collc/base over %d sizes: median %.2f, range %.2f-%.2f\n",
+                       n, NR, (NR % 2) ? r[(NR + 1) / 2] : (r[NR / 2] + r[NR / 2 + 1]) / 2, r[1], r[NR]}'
+  done
+  if [ -n "$lat_collc" ] && [ -n "$lat_base" ]; then
+    echo "2 ranks: 8 B latency ($lat_iters iterations) collc/base = $(awk -v a="$lat_collc" -v b="$lat_base" 'BEGIN {printf "%.2f", a / b}')" \
+         "($lat_collc us / $lat_base us)"
   fi
 fi
 if [ "$failed" -ne 0 ]; then

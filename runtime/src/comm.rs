@@ -2,11 +2,11 @@
 //! picks the schedule for its collective and placement (compiled and verified once), the plan for its shape
 //! (prepared once), and runs it; only the first call of a shape allocates.
 
-use crate::control::{CallInfo, Control, Status};
 use crate::error::RuntimeError;
-use crate::exec::{self, Call};
-use crate::plan::{self, Origin, Plan, PlanInput};
-use crate::segment::{Heap, Segments, Shm};
+use crate::exec::{self, Call, Executor, Origin, PlanInput};
+use crate::transport::shm::{Heap, Memory, Shm};
+use crate::transport::tcp::TcpJob;
+use crate::transport::{Bootstrap, CallInfo, Fabric, Status};
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::Placement;
@@ -122,13 +122,14 @@ pub struct Communicator {
     rank: u32,
     n_ranks: u32,
     options: Options,
-    segments: Arc<dyn Segments>,
-    control: Control,
+    /// How this rank reaches its peers: opens each plan's links.
+    fabric: Arc<dyn Fabric>,
+    bootstrap: Arc<dyn Bootstrap>,
     /// Algorithm per collective: (name, source, parameter bindings).
     algorithms: HashMap<Collective, Algorithm>,
     schedules: HashMap<ScheduleKey, Arc<Shared>>,
     compiled: Compiled,
-    plans: Vec<Plan>,
+    plans: Vec<Box<dyn Executor>>,
     plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
     /// The last call's plan: back-to-back calls of one shape skip the hash lookup.
     last_plan: Option<(PlanKey, usize)>,
@@ -142,10 +143,13 @@ impl Communicator {
     /// `n_ranks` communicators of one group, for rank threads of this process (the `threads` transport).
     pub fn threads(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
-        let segments: Arc<dyn Segments> = Arc::new(Heap::default());
+        let memory = Arc::new(Memory::new(Arc::new(Heap::default())));
         let compiled = Compiled::default();
         (0..n_ranks)
-            .map(|rank| Communicator::join(segments.clone(), compiled.clone(), rank, n_ranks, options.clone()))
+            .map(|rank| {
+                let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+                Communicator::join(memory.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
+            })
             .collect()
     }
 
@@ -156,7 +160,20 @@ impl Communicator {
         if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
             return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
         }
-        let mut comm = Communicator::join(Arc::new(Shm::new(job)), Compiled::default(), rank, n_ranks, options)?;
+        let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
+        let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+        let mut comm = Communicator::join(memory, bootstrap, Compiled::default(), rank, n_ranks, options)?;
+        comm.barrier()?;
+        Ok(comm)
+    }
+
+    /// Rank `job.rank` of a job whose ranks reach each other over TCP (the `tcp` transport), on this host or any
+    /// other. Every rank calls this with the same rendezvous, job, world size and token; rank 0 hosts the
+    /// rendezvous. It returns once all have joined.
+    pub fn tcp(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
+        check_world(job.rank, job.n_ranks)?;
+        let (net, rendezvous) = crate::transport::tcp::join(job, options.timeout)?;
+        let mut comm = Communicator::join(net, rendezvous, Compiled::default(), job.rank, job.n_ranks, options)?;
         comm.barrier()?;
         Ok(comm)
     }
@@ -164,7 +181,16 @@ impl Communicator {
     /// This process's rank of the job a launcher started it in (torchrun, mpirun, Slurm or `collc run`), over
     /// `shm`; `Ok(None)` when no launcher's variables are set.
     pub fn from_env(options: Options) -> Result<Option<Communicator>, RuntimeError> {
+        Communicator::from_env_over(crate::Transport::Shm, options)
+    }
+
+    /// As `from_env`, over `transport` (`shm`, or `tcp` with the rendezvous and token `TcpJob::from_env` reads).
+    pub fn from_env_over(transport: crate::Transport, options: Options) -> Result<Option<Communicator>, RuntimeError> {
         let Some(launch) = crate::launch::from_env().map_err(RuntimeError::Config)? else { return Ok(None) };
+        if transport == crate::Transport::Tcp {
+            let job = TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map_err(RuntimeError::Config)?;
+            return Communicator::tcp(&job, options).map(Some);
+        }
         if launch.local_world_size.is_some_and(|local| local != launch.world_size) {
             return Err(RuntimeError::Config(format!(
                 "{} puts {} of {} ranks on this host; the shm transport needs all of them on one host",
@@ -177,20 +203,20 @@ impl Communicator {
     }
 
     fn join(
-        segments: Arc<dyn Segments>,
+        fabric: Arc<dyn Fabric>,
+        bootstrap: Arc<dyn Bootstrap>,
         compiled: Compiled,
         rank: u32,
         n_ranks: u32,
         options: Options,
     ) -> Result<Self, RuntimeError> {
-        let control = Control::open(segments.as_ref(), n_ranks)?;
-        control.join(rank)?;
+        bootstrap.join(rank)?;
         Ok(Communicator {
             rank,
             n_ranks,
             options,
-            segments,
-            control,
+            fabric,
+            bootstrap,
             algorithms: HashMap::new(),
             schedules: HashMap::new(),
             compiled,
@@ -212,7 +238,7 @@ impl Communicator {
     }
 
     pub fn transport(&self) -> crate::Transport {
-        self.segments.transport()
+        self.fabric.transport()
     }
 
     /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with
@@ -253,29 +279,32 @@ impl Communicator {
             0 => "communicator setup".to_string(),
             seq => format!("after call #{seq}"),
         };
-        self.control.barrier(self.rank, self.barriers, self.options.timeout, &at)
+        self.bootstrap.barrier(self.rank, self.barriers, self.options.timeout, &at)
     }
 
     /// Collects one (time, count) pair from every rank at rank 0, which gets `Some` of them in rank order; the
     /// others get `None`. A collective itself: every rank must call it.
     pub fn gather_report(&mut self, seconds: f64, count: u64) -> Result<Option<Vec<(f64, u64)>>, RuntimeError> {
-        self.control.publish_report(self.rank, [seconds.to_bits(), count]);
-        self.barrier()?;
-        let all = (self.rank == 0).then(|| {
-            (0..self.n_ranks)
-                .map(|r| {
-                    let [time, count] = self.control.report_of(r);
-                    (f64::from_bits(time), count)
-                })
-                .collect()
-        });
-        self.barrier()?;
-        Ok(all)
+        let mut blob = [0u8; 16];
+        blob[..8].copy_from_slice(&seconds.to_le_bytes());
+        blob[8..].copy_from_slice(&count.to_le_bytes());
+        self.barriers += 1;
+        let all = self.bootstrap.all_gather(self.rank, &blob, self.barriers, self.options.timeout)?;
+        if self.rank != 0 {
+            return Ok(None);
+        }
+        let decode = |(r, blob): (usize, Vec<u8>)| match <[u8; 16]>::try_from(blob.as_slice()) {
+            Ok(b) => {
+                Ok((f64::from_le_bytes(b[..8].try_into().unwrap()), u64::from_le_bytes(b[8..].try_into().unwrap())))
+            }
+            Err(_) => Err(RuntimeError::Config(format!("rank {r} reported {} bytes, not 16", blob.len()))),
+        };
+        all.into_iter().enumerate().map(decode).collect::<Result<_, _>>().map(Some)
     }
 
     /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).
     pub fn fail(&self) {
-        let _ = self.control.leave(self.rank, Status::Failed);
+        let _ = self.bootstrap.leave(self.rank, Status::Failed);
     }
 
     /// Runs one collective call. `count` is NCCL's: elements per rank for allreduce/broadcast/reduce, per block
@@ -289,7 +318,7 @@ impl Communicator {
         let outcome = self.run_call(shape, placement, buffers);
         if let Err(error) = &outcome {
             if !matches!(error, RuntimeError::PeerFailed { .. }) {
-                self.control.abort(self.rank);
+                self.bootstrap.abort(self.rank);
             }
         }
         outcome
@@ -297,7 +326,8 @@ impl Communicator {
 
     fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
         let index = self.plan(shape, placement)?;
-        let plan = &mut self.plans[index];
+        let executor = &mut self.plans[index];
+        let plan = executor.plan_mut();
         let elem = plan.elem;
         let check = |name: &str, got: usize, elements: usize| {
             let needed = elements * elem;
@@ -326,10 +356,11 @@ impl Communicator {
             | ((shape.dtype as u32) << 16)
             | ((shape.op as u32) << 8)
             | placement as u32;
-        self.control
-            .publish_call(self.rank, CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root });
-        let call = Call { control: &self.control, seq: self.seq, timeout: self.options.timeout, spins: self.spins };
-        exec::run(plan, &call)
+        let info = CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root };
+        self.bootstrap.publish_call(self.rank, info);
+        let (bootstrap, seq, timeout, spins) = (self.bootstrap.as_ref(), self.seq, self.options.timeout, self.spins);
+        let call = Call { bootstrap, seq, info, timeout, spins };
+        executor.run(&call)
     }
 
     /// The index of the prepared plan of a call shape, compiling and verifying its schedule on first use.
@@ -343,7 +374,7 @@ impl Communicator {
         if !self.plan_index.contains_key(&key) {
             let shared = self.schedule_for(shape, placement)?;
             let algorithm = self.algorithm_for(shape.collective);
-            let plan = plan::prepare(
+            let plan = exec::prepare(
                 &shared.sched,
                 PlanInput {
                     name: &algorithm.name,
@@ -355,11 +386,10 @@ impl Communicator {
                         Some(fixed) => Origin::Sched(&fixed.1),
                         None => Origin::Coll(&algorithm.source),
                     },
-                    segments: self.segments.as_ref(),
                     slot_cap: self.options.slot_cap(shared.connections),
                 },
             )?;
-            self.plans.push(plan);
+            self.plans.push(self.fabric.prepare(plan)?);
             self.plan_index.insert(key, self.plans.len() - 1);
         }
         let index = self.plan_index[&key];
@@ -454,8 +484,8 @@ impl Communicator {
 
 impl Drop for Communicator {
     fn drop(&mut self) {
-        if self.control.leave(self.rank, Status::Left) {
-            self.segments.remove_all();
+        if self.bootstrap.leave(self.rank, Status::Left) {
+            self.fabric.remove_all();
         }
     }
 }
@@ -491,12 +521,4 @@ pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
     let op = ReduceOp::ALL.get(((kind >> 8) & 0xff) as usize).map_or("?".into(), |o| o.to_string());
     let placement = if kind & 0xff == Placement::InPlace as u32 { "in-place" } else { "out-of-place" };
     format!("{collective} {dtype} {op} count {count} root {root} {placement}")
-}
-
-/// For a launcher whose rank process `failed_rank` died: marks it failed in job `job`'s control block, so every
-/// other rank stops with an error naming it instead of waiting for its timeout.
-pub fn mark_shm_rank_failed(job: &str, n_ranks: u32, failed_rank: u32) -> Result<(), RuntimeError> {
-    let control = Control::open(&Shm::new(job), n_ranks)?;
-    let _ = control.leave(failed_rank, Status::Failed);
-    Ok(())
 }

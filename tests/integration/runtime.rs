@@ -1,4 +1,4 @@
-//! gloo's matrix for the runtime: every library algorithm x transport (threads, shm) x ranks {1,2,3,4,5,8} x counts
+//! gloo's matrix for the runtime: every library algorithm x transport (threads, shm, tcp) x ranks {1,2,3,4,5,8} x counts
 //! {0,1,7,1000,65537} x every dtype x every op x both placements (x roots 0 and p-1 where there is a root). Each
 //! rank's result must equal the reference interpreter's on the same inputs and the collective's definition
 //! (`check::expected`), and the guard bytes around every buffer must stay untouched.
@@ -7,6 +7,7 @@ use crate::corpus;
 use collc_compiler::library::LIBRARY;
 use collc_compiler::{compile, Bindings, Collective, Limits, Options, Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
+use collc_runtime::transport::tcp::{TcpJob, Token};
 use collc_runtime::{check, Buffers, CallShape, Communicator, Options as RunOptions, Transport};
 use std::time::Duration;
 
@@ -29,6 +30,30 @@ fn communicators(transport: Transport, n_ranks: u32, job: &str) -> Vec<Communica
                 .collect();
             handles.into_iter().map(|h| h.join().expect("joins")).collect()
         }),
+        // Rank threads that each join a rendezvous on the loopback and connect over sockets, as rank processes on
+        // several hosts do.
+        Transport::Tcp => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+            let token = Token::new(format!("{job}-token-for-the-test")).expect("a long enough token");
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..n_ranks)
+                    .map(|rank| {
+                        let tcp = TcpJob {
+                            rendezvous: format!("127.0.0.1:{port}"),
+                            rank,
+                            n_ranks,
+                            job: job.to_string(),
+                            token: token.clone(),
+                            ifname: Some("lo".parse().expect("a pattern")),
+                            sockets: 1,
+                        };
+                        let options = options.clone();
+                        scope.spawn(move || Communicator::tcp(&tcp, options).expect("tcp communicator"))
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("joins")).collect()
+            })
+        }
     }
 }
 
@@ -192,6 +217,6 @@ fn matrix(transports: &[Transport]) {
 }
 
 #[test]
-fn every_algorithm_matches_the_reference_on_threads_and_shm() {
+fn every_algorithm_matches_the_reference_on_every_transport() {
     matrix(&Transport::ALL);
 }

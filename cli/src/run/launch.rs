@@ -6,7 +6,8 @@ use super::sweep;
 use super::table::{Header, Report};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
-use collc_runtime::{Communicator, RuntimeError, Shm};
+use collc_runtime::transport::tcp::{TcpJob, Token};
+use collc_runtime::{Communicator, RuntimeError, Shm, Transport};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -122,6 +123,9 @@ fn fail(error: &RuntimeError) -> u8 {
 
 /// This process is rank `launch.rank` of a job someone else started.
 pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
+    if job.transport == Transport::Tcp {
+        return run_tcp_rank(job, launch);
+    }
     if let Some(local) = launch.local_world_size {
         if local != launch.world_size {
             say_error(format_args!(
@@ -142,8 +146,30 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
     }
 }
 
+/// This process is rank `launch.rank` of a tcp job: the rendezvous and token come from the environment.
+fn run_tcp_rank(job: &Job, launch: &Launch) -> u8 {
+    let tcp = match TcpJob::from_env(launch.rank, launch.world_size, &launch.job) {
+        Ok(tcp) => tcp,
+        Err(message) => {
+            say_error(format_args!("rank {}: {message}", launch.rank));
+            return 2;
+        }
+    };
+    collc_runtime::log::set_rank(launch.rank);
+    let launcher = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok());
+    if launch.launcher == "collc" {
+        collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
+    }
+    watch_interrupts(None, launcher.filter(|_| launch.launcher == "collc"));
+    match Communicator::tcp(&tcp, job.options.clone()) {
+        Ok(comm) => rank_main(configure(comm, job), job),
+        Err(error) => fail(&error),
+    }
+}
+
 /// Spawns one process per rank (this executable, same arguments, `COLLC_RANK`/`COLLC_WORLD_SIZE`/`COLLC_JOB`
-/// set), watches them, and turns a rank that dies into an abort every other rank sees at once.
+/// set; for tcp also a rendezvous on this host and a fresh job token), watches them, and turns a rank that dies
+/// into an abort every other rank sees at once.
 pub fn spawn_ranks(job: &Job) -> u8 {
     let stale = Shm::remove_stale_jobs();
     if stale > 0 {
@@ -156,6 +182,13 @@ pub fn spawn_ranks(job: &Job) -> u8 {
         Err(e) => return fail(&RuntimeError::Config(format!("cannot find the collc executable: {e}"))),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let tcp = match job.transport {
+        Transport::Tcp => match tcp_environment() {
+            Ok(vars) => vars,
+            Err(message) => return fail(&RuntimeError::Config(message)),
+        },
+        _ => Vec::new(),
+    };
     let mut children: Vec<Option<Child>> = Vec::new();
     let launcher = std::process::id() as libc::pid_t;
     for rank in 0..job.n_ranks {
@@ -165,7 +198,8 @@ pub fn spawn_ranks(job: &Job) -> u8 {
             .env("COLLC_RANK", rank.to_string())
             .env("COLLC_WORLD_SIZE", job.n_ranks.to_string())
             .env("COLLC_JOB", &id)
-            .env(LAUNCHER_PID, launcher.to_string());
+            .env(LAUNCHER_PID, launcher.to_string())
+            .envs(tcp.iter().map(|(k, v)| (k, v)));
         // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
             command.pre_exec(move || {
@@ -191,6 +225,24 @@ pub fn spawn_ranks(job: &Job) -> u8 {
     let code = watch(&mut children, &id, job);
     Shm::remove_job(&id);
     code
+}
+
+/// The rendezvous and token of a tcp job `collc run` starts on this host: the loopback, a port free now, a fresh
+/// token (what the user set wins).
+fn tcp_environment() -> Result<Vec<(&'static str, String)>, String> {
+    let mut vars = Vec::new();
+    if std::env::var_os("COLLC_RENDEZVOUS").is_none() && std::env::var_os("MASTER_PORT").is_none() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map_err(|e| format!("no free port for the rendezvous: {e}"))?
+            .port();
+        vars.push(("MASTER_ADDR", "127.0.0.1".to_string()));
+        vars.push(("MASTER_PORT", port.to_string()));
+    }
+    if Token::from_env()?.is_none() {
+        vars.push(("COLLC_JOB_TOKEN", Token::generate()?));
+    }
+    Ok(vars)
 }
 
 /// The launcher's pid, for a spawned rank to tell that it has gone.

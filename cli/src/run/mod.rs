@@ -178,7 +178,7 @@ pub fn run(args: RunArgs) -> u8 {
     match (launched, job.transport) {
         (Some(launch), _) => launch::run_one_rank(&job, &launch),
         (None, Transport::Threads) => launch::run_threads(&job),
-        (None, Transport::Shm) => launch::spawn_ranks(&job),
+        (None, Transport::Shm | Transport::Tcp) => launch::spawn_ranks(&job),
     }
 }
 
@@ -257,7 +257,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         warmup: args.warmup,
         check: args.check != 0,
         format: args.format,
-        transport: if launched { Transport::Shm } else { args.transport },
+        // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
+        transport: match (launched, args.transport) {
+            (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
+            (true, Transport::Threads) => Transport::Shm,
+            (_, transport) => transport,
+        },
         options,
         algorithms,
     };

@@ -1,10 +1,24 @@
-//! How the ranks of a job reach each other. `Transport` names the ways, one type for the runtime, the CLI and the
-//! tests; a communicator is built for one (`Communicator::threads`, `Communicator::shm`).
+//! How the ranks of a job reach each other: the runtime's transport seam (DESIGN.md 5a).
+//!
+//! - `Transport` names the ways, one type for the runtime, the CLI and the tests.
+//! - `Link`: one end of a connection, the message slots an executor reserves and posts (sending) or peeks and
+//!   releases (receiving). Executors are generic over it, so each transport's hot loop is compiled for its link.
+//! - `Bootstrap`: what the ranks of a communicator do together outside the schedule: join, barriers, small
+//!   all-gathers, the call each rank is in (mismatch reports), aborts and failure notices naming the rank.
+//! - `Fabric`: opens a plan's links and returns its executor (the one dynamic call per collective call).
+//!
+//! `shm` backs both by shared memory (the heap of one process for `threads`, `/dev/shm` for `shm`); `tcp` by
+//! sockets and a rendezvous rank 0 hosts.
 
 pub mod ifname;
+pub(crate) mod shm;
+pub mod tcp;
 
+use crate::error::RuntimeError;
+use crate::exec::{Executor, Plan};
 use std::fmt;
 use std::str::FromStr;
+use std::time::Duration;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Transport {
@@ -12,16 +26,19 @@ pub enum Transport {
     Threads,
     /// Ranks are processes on one host; segments are files in /dev/shm that every rank maps.
     Shm,
+    /// Ranks are processes on any hosts, connected by TCP sockets, joined through a rendezvous.
+    Tcp,
 }
 
 impl Transport {
-    pub const ALL: [Transport; 2] = [Transport::Threads, Transport::Shm];
+    pub const ALL: [Transport; 3] = [Transport::Threads, Transport::Shm, Transport::Tcp];
 
     /// The name `--transport` takes and headers print.
     pub fn name(self) -> &'static str {
         match self {
             Transport::Threads => "threads",
             Transport::Shm => "shm",
+            Transport::Tcp => "tcp",
         }
     }
 
@@ -30,12 +47,13 @@ impl Transport {
         match self {
             Transport::Threads => "Ranks are threads of one process",
             Transport::Shm => "Ranks are processes on this host; buffers in /dev/shm",
+            Transport::Tcp => "Ranks are processes on any hosts, over TCP (MASTER_ADDR:MASTER_PORT rendezvous)",
         }
     }
 
-    /// Whether the ranks are separate processes, whose death another rank can see (`kill(pid, 0)`).
+    /// Whether the ranks are separate processes (`collc run` spawns them).
     pub fn processes(self) -> bool {
-        self == Transport::Shm
+        self != Transport::Threads
     }
 }
 
@@ -55,6 +73,118 @@ impl FromStr for Transport {
             collc_compiler::diag::with_suggestion(message, s, &names)
         })
     }
+}
+
+/// Messages in flight per connection: NCCL's NCCL_STEPS, and the `channel_slots` the verifier proved the
+/// schedules deadlock-free with.
+pub const SLOTS: u64 = 8;
+
+/// The call a message belongs to: its sequence number and the fingerprint of its shape (`Plan::fingerprint`).
+/// A receiver compares it with its own before it reads the message, so mismatched calls are caught, not misread.
+#[repr(C)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Stamp {
+    pub seq: u64,
+    pub fingerprint: u64,
+}
+
+/// One end of a connection, as an executor drives it. The sender reserves the next slot, writes the message into
+/// it and posts it; the receiver peeks at the next message, reads it in place and releases it. None of these may
+/// block: `None` means "not yet", and the executor tries another instruction. The associated functions act on all
+/// of a plan's links at once, for transports that move data in the background of these calls (sockets); shared
+/// memory needs none of them, and their defaults compile to nothing.
+pub(crate) trait Link: Send + Sized {
+    /// Sender: the data area of the next message (room for the connection's largest), once there is room.
+    fn reserve(&mut self) -> Option<*mut u8>;
+    /// Sender: publishes the first `len` bytes written into the area `reserve` returned.
+    fn post(&mut self, stamp: Stamp, len: usize);
+    /// Receiver: the next message's stamp and data, once it has arrived whole.
+    fn peek(&mut self) -> Option<(Stamp, *const u8)>;
+    /// Receiver: frees the message `peek` returned.
+    fn release(&mut self);
+    /// Receiver: the call the sender of the message `peek` returned was in, when the link carries it.
+    fn sender_call(&self) -> Option<CallInfo> {
+        None
+    }
+    /// A call starts on these links.
+    fn start(_links: &mut [Self], _call: &CallInfo) {}
+    /// Moves what is in flight; called when a round of the executor found nothing to run. `ours` is this call's
+    /// stamp, for telling a peer in another call.
+    fn progress(_links: &mut [Self], _ours: Stamp) -> Result<(), LinkFault> {
+        Ok(())
+    }
+    /// Whether everything posted has left this rank (a call returns only then).
+    fn flushed(_links: &mut [Self]) -> bool {
+        true
+    }
+}
+
+/// What went wrong on a link, found while moving data.
+#[derive(Debug)]
+pub(crate) enum LinkFault {
+    /// A peer broke the connection or broke the protocol.
+    Peer(u32, String),
+    /// A peer is in another call than this rank: its stamp and, when known, its call.
+    Mismatch { peer: u32, theirs: Stamp, call: Option<CallInfo> },
+}
+
+/// How a rank ended, as its peers see it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(u32)]
+pub(crate) enum Status {
+    Absent = 0,
+    Joined = 1,
+    Left = 2,
+    Failed = 3,
+}
+
+/// The call a rank is in, as its peers see it: for mismatch reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CallInfo {
+    pub seq: u64,
+    pub count: u64,
+    /// collective << 24 | dtype << 16 | op << 8 | placement.
+    pub kind: u32,
+    pub root: u32,
+}
+
+/// What the ranks of a communicator do together outside the schedule. One per rank; `rank` is its own.
+pub(crate) trait Bootstrap: Send + Sync {
+    /// Enters the job as `rank`: fails when another process claims that rank, or the world sizes disagree.
+    fn join(&self, rank: u32) -> Result<(), RuntimeError>;
+    /// Records how `rank` ended; whether it was the last rank of the job to leave (who then removes what the job
+    /// left behind).
+    fn leave(&self, rank: u32, status: Status) -> bool;
+    /// Marks the job failed, naming `rank` as the first to fail (later calls keep the first name).
+    fn abort(&self, rank: u32);
+    /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.
+    fn health(&self, peers: &[u32]) -> Result<(), (u32, String)>;
+    /// Waits until every rank has reached barrier `generation`, failing on the timeout or a peer's failure.
+    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError>;
+    /// Every rank's `blob` (at most `BLOB_BYTES`), in rank order; a collective: every rank calls it with the same
+    /// `generation`, the next barrier's.
+    fn all_gather(
+        &self,
+        rank: u32,
+        blob: &[u8],
+        generation: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError>;
+    /// Tells the peers which call this rank is in.
+    fn publish_call(&self, rank: u32, call: CallInfo);
+    /// The call `rank` last published.
+    fn call_of(&self, rank: u32) -> CallInfo;
+}
+
+/// The largest blob `Bootstrap::all_gather` carries: addresses, IPC handles, queue-pair numbers, reports.
+pub(crate) const BLOB_BYTES: usize = 256;
+
+/// Opens the links of a plan and returns the executor that runs it over them.
+pub(crate) trait Fabric: Send + Sync {
+    fn transport(&self) -> Transport;
+    /// Ends a communicator of the job no longer needs (the last one out calls it).
+    fn remove_all(&self);
+    fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError>;
 }
 
 #[cfg(test)]

@@ -3,14 +3,12 @@
 //! and frees it. Each slot starts with a header holding its ready flag and the stamp of the call the message
 //! belongs to (mismatched calls are caught instead of misread); small messages share that cache line.
 
+use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
-use crate::segment::{Segment, Segments};
-use std::cell::Cell;
+use crate::exec::LinkEnd;
+use crate::transport::{Link, Stamp, SLOTS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Messages in flight per connection: NCCL's NCCL_STEPS, and the `channel_slots` the verifier proved the
-/// schedules deadlock-free with.
-pub const SLOTS: u64 = 8;
 const HEADER: usize = 128;
 /// A slot starts with its header; the data follows in the same cache line, so a small message travels in one
 /// line (NCCL's LL protocol puts flag and data together for the same reason).
@@ -24,14 +22,6 @@ struct Counters {
     _pad: [u8; 56],
     /// Messages the receiver has consumed; the sender reads it only when it believes the ring is full.
     consumed: AtomicU64,
-}
-
-/// The call a message belongs to.
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Stamp {
-    pub seq: u64,
-    pub fingerprint: u64,
 }
 
 #[repr(C)]
@@ -52,32 +42,24 @@ pub fn segment_bytes(slot_bytes: usize) -> usize {
     HEADER + SLOTS as usize * stride(slot_bytes)
 }
 
-/// One end of a connection, as a plan holds it.
+/// One end of a connection.
 pub(crate) struct Fifo {
     base: *mut u8,
-    pub(crate) stride: usize,
+    stride: usize,
     /// The sender's last look at `consumed`: a lower bound, refreshed only when the ring seems full.
-    known_consumed: Cell<u64>,
-    pub from: u32,
-    pub to: u32,
-    pub channel: u8,
+    known_consumed: u64,
     _segment: Segment,
 }
 
 unsafe impl Send for Fifo {}
 
 impl Fifo {
-    pub fn open(
-        segments: &dyn Segments,
-        from: u32,
-        to: u32,
-        channel: u8,
-        slot_bytes: usize,
-    ) -> Result<Fifo, RuntimeError> {
-        let stride = stride(slot_bytes);
+    /// The FIFO of connection `end`, in the segment both of its ends open.
+    pub fn open(segments: &dyn Segments, end: &LinkEnd) -> Result<Fifo, RuntimeError> {
+        let LinkEnd { from, to, channel, slot_bytes } = *end;
         let len = segment_bytes(slot_bytes);
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
-        Ok(Fifo { base: segment.as_ptr(), stride, known_consumed: Cell::new(0), from, to, channel, _segment: segment })
+        Ok(Fifo { base: segment.as_ptr(), stride: stride(slot_bytes), known_consumed: 0, _segment: segment })
     }
 
     fn counters(&self) -> &Counters {
@@ -95,15 +77,17 @@ impl Fifo {
         // SAFETY: every slot starts with a header, 64-byte aligned.
         unsafe { &*(self.slot(message) as *const SlotHeader) }
     }
+}
 
+impl Link for Fifo {
     /// Sender: the data area of the next message if the receiver has freed room for it.
     #[inline]
-    pub fn reserve(&self) -> Option<*mut u8> {
+    fn reserve(&mut self) -> Option<*mut u8> {
         let c = self.counters();
         let next = c.posted.load(Ordering::Relaxed);
-        if next - self.known_consumed.get() >= SLOTS {
-            self.known_consumed.set(c.consumed.load(Ordering::Acquire));
-            if next - self.known_consumed.get() >= SLOTS {
+        if next - self.known_consumed >= SLOTS {
+            self.known_consumed = c.consumed.load(Ordering::Acquire);
+            if next - self.known_consumed >= SLOTS {
                 return None;
             }
         }
@@ -113,7 +97,7 @@ impl Fifo {
 
     /// Sender: publishes the message written into the area `reserve` returned.
     #[inline]
-    pub fn post(&self, stamp: Stamp) {
+    fn post(&mut self, stamp: Stamp, _len: usize) {
         let c = self.counters();
         let next = c.posted.load(Ordering::Relaxed);
         let slot = self.slot(next) as *mut SlotHeader;
@@ -125,7 +109,7 @@ impl Fifo {
 
     /// Receiver: the next message's stamp and data, once it has been posted.
     #[inline]
-    pub fn peek(&self) -> Option<(Stamp, *const u8)> {
+    fn peek(&mut self) -> Option<(Stamp, *const u8)> {
         let next = self.counters().consumed.load(Ordering::Relaxed);
         let header = self.header(next);
         if header.ready.load(Ordering::Acquire) != next + 1 {
@@ -140,7 +124,7 @@ impl Fifo {
 
     /// Receiver: frees the slot `peek` returned.
     #[inline]
-    pub fn release(&self) {
+    fn release(&mut self) {
         let c = self.counters();
         let next = c.consumed.load(Ordering::Relaxed);
         c.consumed.store(next + 1, Ordering::Release);

@@ -3,25 +3,34 @@
 //! or copied straight out of the sender's FIFO slot, and fused instructions write their result straight into the
 //! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long.
 
-use crate::control::Control;
+use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
+use super::{Call, Executor};
 use crate::error::RuntimeError;
-use crate::fifo::Stamp;
-use crate::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
+use crate::transport::{CallInfo, Link, LinkFault, Stamp};
 use crate::wait::Backoff;
 use collc_compiler::sched::Op;
 use collc_kernels::{host, ReduceOp};
-use std::time::Duration;
 
-pub(crate) struct Call<'a> {
-    pub control: &'a Control,
-    pub seq: u64,
-    pub timeout: Duration,
-    pub spins: u32,
+/// A plan and its links (`links[i]` is the connection `plan.links[i]` describes).
+pub(crate) struct Host<L> {
+    pub plan: Plan,
+    pub links: Vec<L>,
 }
 
-pub(crate) fn run(plan: &mut Plan, call: &Call) -> Result<(), RuntimeError> {
+impl<L: Link> Executor for Host<L> {
+    fn plan_mut(&mut self) -> &mut Plan {
+        &mut self.plan
+    }
+
+    fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
+        run(&mut self.plan, &mut self.links, call)
+    }
+}
+
+fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), RuntimeError> {
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
     let mut wait = Backoff::new(call.timeout, call.spins);
+    L::start(links, &call.info);
     for t in 0..plan.n_tiles {
         let lo = t * plan.tile;
         let hi = (lo + plan.tile).min(plan.capacity);
@@ -35,7 +44,7 @@ pub(crate) fn run(plan: &mut Plan, call: &Call) -> Result<(), RuntimeError> {
             let mut w = 0;
             while w < plan.waiting.len() {
                 let i = plan.waiting[w];
-                if !try_fire(plan, i as usize, lo, hi, stamp, call)? {
+                if !try_fire(plan, links, i as usize, lo, hi, stamp, call)? {
                     w += 1;
                     continue;
                 }
@@ -55,10 +64,28 @@ pub(crate) fn run(plan: &mut Plan, call: &Call) -> Result<(), RuntimeError> {
                 wait.reset();
                 continue;
             }
-            if let Err(fault) = wait.idle(|| call.control.health(&plan.peers)) {
-                let i = plan.waiting.first().copied().unwrap_or(0) as usize;
+            let i = plan.waiting.first().copied().unwrap_or(0) as usize;
+            match L::progress(links, stamp) {
+                Ok(()) => {}
+                Err(LinkFault::Peer(peer, how)) => {
+                    let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));
+                    return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
+                }
+                Err(LinkFault::Mismatch { peer, theirs, call: info }) => {
+                    return Err(mismatch(plan, peer, theirs, info, stamp, call))
+                }
+            }
+            if let Err(fault) = wait.idle(|| call.bootstrap.health(&plan.peers)) {
                 return Err(fault.into_error(plan.rank, describe(plan, i), format!("tile {t}"), waiting_for(plan, i)));
             }
+        }
+    }
+    wait.reset();
+    while !L::flushed(links) {
+        if let Err(fault) = wait.idle(|| call.bootstrap.health(&plan.peers)) {
+            let what = format!("the end of call #{} ({})", call.seq, plan.algorithm);
+            let waiting_for = "its last messages to leave this rank".to_string();
+            return Err(fault.into_error(plan.rank, what, "the last tile".into(), waiting_for));
         }
     }
     if plan.op == ReduceOp::Avg && plan.collective.reduces() {
@@ -88,11 +115,11 @@ fn waiting_for(plan: &Plan, i: usize) -> String {
     let Some(step) = plan.steps.get(i) else { return "nothing".into() };
     let mut what = Vec::new();
     if step.recv != NONE {
-        let f = &plan.fifos[step.recv as usize];
+        let f = &plan.links[step.recv as usize];
         what.push(format!("a message from rank {} on channel {}", f.from, f.channel));
     }
     if step.send != NONE {
-        let f = &plan.fifos[step.send as usize];
+        let f = &plan.links[step.send as usize];
         what.push(format!("room on the connection to rank {} on channel {}", f.to, f.channel));
     }
     if what.is_empty() {
@@ -103,16 +130,27 @@ fn waiting_for(plan: &Plan, i: usize) -> String {
 
 /// Runs step `i` on tile `lo..hi` if its connections allow; returns whether it ran.
 #[inline]
-fn try_fire(plan: &mut Plan, i: usize, lo: usize, hi: usize, stamp: Stamp, call: &Call) -> Result<bool, RuntimeError> {
+fn try_fire<L: Link>(
+    plan: &mut Plan,
+    links: &mut [L],
+    i: usize,
+    lo: usize,
+    hi: usize,
+    stamp: Stamp,
+    call: &Call,
+) -> Result<bool, RuntimeError> {
     let step = plan.steps[i];
     let incoming = if step.recv != NONE {
         if plan.fired_on[step.recv as usize] != step.recv_pos {
             return Ok(false);
         }
-        match plan.fifos[step.recv as usize].peek() {
+        match links[step.recv as usize].peek() {
             None => return Ok(false),
             Some((got, data)) if got == stamp => data,
-            Some((got, _)) => return Err(mismatch(plan, step.recv as usize, got, stamp, call)),
+            Some((got, _)) => {
+                let (peer, info) = (plan.links[step.recv as usize].from, links[step.recv as usize].sender_call());
+                return Err(mismatch(plan, peer, got, info, stamp, call));
+            }
         }
     } else {
         std::ptr::null()
@@ -121,7 +159,7 @@ fn try_fire(plan: &mut Plan, i: usize, lo: usize, hi: usize, stamp: Stamp, call:
         if plan.fired_on[step.send as usize] != step.send_pos {
             return Ok(false);
         }
-        match plan.fifos[step.send as usize].reserve() {
+        match links[step.send as usize].reserve() {
             None => return Ok(false),
             Some(data) => data,
         }
@@ -132,11 +170,13 @@ fn try_fire(plan: &mut Plan, i: usize, lo: usize, hi: usize, stamp: Stamp, call:
     // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles.
     unsafe { execute(plan, &step, pieces, incoming, outgoing, lo, hi) };
     if step.recv != NONE {
-        plan.fifos[step.recv as usize].release();
+        links[step.recv as usize].release();
         plan.fired_on[step.recv as usize] += 1;
     }
     if step.send != NONE {
-        plan.fifos[step.send as usize].post(stamp);
+        // Every piece sits at its tile's stride; the last one holds at most this tile's elements.
+        let len = (step.n as usize - 1) * plan.tile * plan.elem + (hi - lo) * plan.elem;
+        links[step.send as usize].post(stamp, len);
         plan.fired_on[step.send as usize] += 1;
     }
     Ok(true)
@@ -166,27 +206,27 @@ unsafe fn execute(
     let (dtype, op, elem) = (plan.dtype, plan.op, plan.elem);
     let stride = plan.tile * elem;
     for (k, piece) in pieces.iter().enumerate() {
-        let fifo_in = incoming.wrapping_add(k * stride);
-        let fifo_out = outgoing.wrapping_add(k * stride);
+        let slot_in = incoming.wrapping_add(k * stride);
+        let slot_out = outgoing.wrapping_add(k * stride);
         // SAFETY: every pointer below is inside its buffer or FIFO slot for the `n` elements used.
         unsafe {
             match step.op {
                 Op::Send => {
                     let (src, n) = local(plan, piece.src, lo, hi);
-                    host::copy(fifo_out, src, n * elem);
+                    host::copy(slot_out, src, n * elem);
                 }
                 Op::Recv => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
-                    store(plan, piece.dst, dst, fifo_in, n * elem);
+                    store(plan, piece.dst, dst, slot_in, n * elem);
                 }
                 Op::RecvReduceCopy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, dst, acc, fifo_in, n);
+                    host::reduce(dtype, op, dst, acc, slot_in, n);
                 }
                 Op::RecvReduceSend => {
                     let (acc, n) = local(plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, fifo_out, acc, fifo_in, n);
+                    host::reduce(dtype, op, slot_out, acc, slot_in, n);
                 }
                 // The fused forms write two places from one read: in blocks small enough that the second write
                 // reads what the first just touched from L1, not the message again from the other core.
@@ -194,8 +234,8 @@ unsafe fn execute(
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
                     for (at, m) in blocks(n, elem) {
-                        host::reduce(dtype, op, fifo_out.add(at), acc.add(at), fifo_in.add(at), m);
-                        store(plan, piece.dst, dst.add(at), fifo_out.add(at), m * elem);
+                        host::reduce(dtype, op, slot_out.add(at), acc.add(at), slot_in.add(at), m);
+                        store(plan, piece.dst, dst.add(at), slot_out.add(at), m * elem);
                     }
                 }
                 Op::RecvCopySend => {
@@ -203,8 +243,8 @@ unsafe fn execute(
                     // Forward the whole tile: a later rank may hold more of this chunk than this rank does.
                     for (at, m) in blocks(hi - lo, elem) {
                         let here = n.saturating_sub(at / elem).min(m);
-                        store(plan, piece.dst, dst.add(at), fifo_in.add(at), here * elem);
-                        host::copy(fifo_out.add(at), fifo_in.add(at), m * elem);
+                        store(plan, piece.dst, dst.add(at), slot_in.add(at), here * elem);
+                        host::copy(slot_out.add(at), slot_in.add(at), m * elem);
                     }
                 }
                 Op::Copy => {
@@ -249,19 +289,24 @@ fn blocks(n: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
     (0..n).step_by(per_block).map(move |start| (start * elem, per_block.min(n - start)))
 }
 
-fn mismatch(plan: &Plan, fifo: usize, got: Stamp, ours: Stamp, call: &Call) -> RuntimeError {
-    let peer = plan.fifos[fifo].from;
-    let theirs = call.control.call_of(peer);
-    let describe_call = |seq: u64, info: Option<crate::control::CallInfo>| match info {
+/// The error of a message from `peer` stamped `got` arriving in call `ours`; `info` is the peer's call when the link
+/// carried it, else what the bootstrap knows of it.
+fn mismatch(plan: &Plan, peer: u32, got: Stamp, info: Option<CallInfo>, ours: Stamp, call: &Call) -> RuntimeError {
+    let theirs = info.unwrap_or_else(|| call.bootstrap.call_of(peer));
+    let describe_call = |seq: u64, info: Option<CallInfo>| match info {
         Some(info) => format!("call #{seq}: {}", crate::comm::describe_kind(info.kind, info.count, info.root)),
         None => format!("call #{seq}"),
     };
-    let ours_info = call.control.call_of(plan.rank);
     let peer_info = (theirs.seq == got.seq).then_some(theirs);
     RuntimeError::Mismatch {
         rank: plan.rank,
         peer,
-        ours: format!("{} with {}", describe_call(ours.seq, Some(ours_info)), plan.algorithm),
-        theirs: describe_call(got.seq, peer_info),
+        ours: format!(
+            "{} with {} (fingerprint {:016x})",
+            describe_call(ours.seq, Some(call.info)),
+            plan.algorithm,
+            ours.fingerprint
+        ),
+        theirs: format!("{} (fingerprint {:016x})", describe_call(got.seq, peer_info), got.fingerprint),
     }
 }

@@ -1,6 +1,7 @@
 //! A `Plan`: one rank's part of a verified schedule, prepared for one call shape (count, dtype, op) so that running
 //! it allocates nothing. Instructions become steps with element offsets for every chunk they touch, connections
-//! become FIFOs, scratch buffers are allocated, and the message is cut into tiles.
+//! become link ends (which the transport's `Fabric` opens), scratch buffers are allocated, and the message is cut
+//! into tiles.
 //!
 //! Tiles: every chunk slot has the same padded capacity `ceil(count / C)` elements; tile `t` is the element range
 //! `[t*E, (t+1)*E)` of every chunk, and a call runs the whole schedule once per tile. Each run is the verified
@@ -9,9 +10,7 @@
 //! `count` is spread over the first chunks): only its valid elements are read or written.
 
 use crate::error::RuntimeError;
-use crate::fifo::Fifo;
 use crate::layout::ChunkLayout;
-use crate::segment::Segments;
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
@@ -44,7 +43,7 @@ pub(crate) struct Step {
     /// Chunks it moves; its pieces are `pieces[first_piece..first_piece + n]`.
     pub n: u32,
     pub first_piece: u32,
-    /// Indices into `Plan::fifos`, `NONE` if unused.
+    /// Indices into `Plan::links`, `NONE` if unused.
     pub send: u16,
     pub recv: u16,
     /// Its position among this rank's instructions on `send` / `recv`.
@@ -68,6 +67,16 @@ pub(crate) struct StepLabel {
     pub line: usize,
 }
 
+/// One of the rank's connections: who sends, who receives, on which channel, and the bytes its slots hold (the
+/// largest message it carries in the call, rounded up to a power of two, so calls of similar sizes share a link).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct LinkEnd {
+    pub from: u32,
+    pub to: u32,
+    pub channel: u8,
+    pub slot_bytes: usize,
+}
+
 pub struct Plan {
     pub(crate) rank: u32,
     pub(crate) n_ranks: u32,
@@ -89,7 +98,8 @@ pub struct Plan {
     pub(crate) dependents: Vec<u32>,
     pub(crate) unmet_at_start: Vec<u32>,
     pub(crate) roots: Vec<u32>,
-    pub(crate) fifos: Vec<Fifo>,
+    /// The connections this rank sends or receives on, in the order steps name them.
+    pub(crate) links: Vec<LinkEnd>,
     pub(crate) peers: Vec<u32>,
     /// The storage of the scratch buffers, which `bases[2..]` point into (64-byte aligned).
     _scratch: Vec<Vec<u8>>,
@@ -134,13 +144,12 @@ pub(crate) struct PlanInput<'a> {
     pub dtype: DataType,
     pub op: ReduceOp,
     pub origin: Origin<'a>,
-    pub segments: &'a dyn Segments,
     /// The largest FIFO slot (`Options::slot_cap`): it sets the tile.
     pub slot_cap: usize,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { name, rank, count, dtype, op, origin, segments, slot_cap } = input;
+    let PlanInput { name, rank, count, dtype, op, origin, slot_cap } = input;
     let elem = dtype.size_bytes();
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
@@ -149,8 +158,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let layout = ChunkLayout::new(count, sched.chunks);
     let (tile, n_tiles) = tiles(sched, elem, capacity, slot_cap)?;
-    let Translated { steps, pieces, labels, fifos } =
-        translate(sched, rank, origin, &layout, capacity, segments, tile * elem)?;
+    let Translated { steps, pieces, labels, links } = translate(sched, rank, origin, &layout, capacity, tile * elem);
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
     let (bases, scratch) = scratch_buffers(sched, capacity * elem);
@@ -158,10 +166,10 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
     let (out_buf, out_offset) = sched.output_window(rank);
     let output = (out_buf.0, layout.elements(out_offset, out_chunks));
-    let mut peers: Vec<u32> = fifos.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
+    let mut peers: Vec<u32> = links.iter().map(|f| if f.from == rank { f.to } else { f.from }).collect();
     peers.sort_unstable();
     peers.dedup();
-    let (n_steps, n_fifos) = (steps.len(), fifos.len());
+    let (n_steps, n_links) = (steps.len(), links.len());
     Ok(Plan {
         rank,
         n_ranks: sched.n_ranks,
@@ -181,14 +189,14 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         dependents,
         unmet_at_start,
         roots,
-        fifos,
+        links,
         peers,
         _scratch: scratch,
         user_elements,
         output,
         fingerprint: fingerprint(sched, count, dtype, op),
         unmet: vec![0; n_steps],
-        fired_on: vec![0; n_fifos],
+        fired_on: vec![0; n_links],
         waiting: Vec::with_capacity(n_steps),
         bases,
     })
@@ -218,22 +226,20 @@ struct Translated {
     steps: Vec<Step>,
     pieces: Vec<Piece>,
     labels: Vec<StepLabel>,
-    fifos: Vec<Fifo>,
+    links: Vec<LinkEnd>,
 }
 
-/// `rank`'s instructions as steps with the element places of every chunk they touch, and the FIFOs of its
-/// connections (opened in `segments`), each step with its position on them. A connection's slots hold its largest
-/// message, `tile_bytes` per chunk (rounded up to a power of two, so calls of similar sizes share a FIFO): both ends
-/// size it alike, as the verifier matched each send with a receive of the same chunk count.
+/// `rank`'s instructions as steps with the element places of every chunk they touch, and its connections, each
+/// step with its position on them. A connection's slots hold its largest message, `tile_bytes` per chunk: both
+/// ends size it alike, as the verifier matched each send with a receive of the same chunk count.
 fn translate(
     sched: &VerifiedSchedule,
     rank: u32,
     origin: Origin,
     layout: &ChunkLayout,
     capacity: usize,
-    segments: &dyn Segments,
     tile_bytes: usize,
-) -> Result<Translated, RuntimeError> {
+) -> Translated {
     // A user buffer's chunk j sits in block j / C at the chunk layout's offset; scratch chunks are padded.
     let place = |operand: Operand, k: u32| -> Place {
         let Some(operand) = operand.get() else { return Place::NONE };
@@ -247,38 +253,38 @@ fn translate(
     };
     let program = &sched.ranks[rank as usize];
     let mut connections = connections_of(program, rank);
-    let mut fifos: Vec<Fifo> = Vec::new();
-    let mut fifo_index = |from: u32, to: u32, channel: u8, fifos: &mut Vec<Fifo>| -> Result<u16, RuntimeError> {
+    let mut links: Vec<LinkEnd> = Vec::new();
+    let mut link_index = |from: u32, to: u32, channel: u8, links: &mut Vec<LinkEnd>| -> u16 {
         let connection = connections.get_mut(&(from, to, channel)).expect("every connection of the program");
-        if let Some(i) = connection.fifo {
-            return Ok(i);
+        if let Some(i) = connection.link {
+            return i;
         }
         let slot_bytes = (connection.widest as usize * tile_bytes).next_power_of_two();
-        fifos.push(Fifo::open(segments, from, to, channel, slot_bytes)?);
-        connection.fifo = Some((fifos.len() - 1) as u16);
-        Ok((fifos.len() - 1) as u16)
+        links.push(LinkEnd { from, to, channel, slot_bytes });
+        connection.link = Some((links.len() - 1) as u16);
+        (links.len() - 1) as u16
     };
     let mut steps = Vec::with_capacity(program.len());
     let mut pieces = Vec::new();
     let mut labels = Vec::with_capacity(program.len());
-    // Instructions so far on each FIFO. A FIFO is this rank's sending end or its receiving end, never both.
-    let mut on_fifo: Vec<u32> = Vec::new();
+    // Instructions so far on each link. A link is this rank's sending end or its receiving end, never both.
+    let mut on_link: Vec<u32> = Vec::new();
     for (index, instr) in program.instrs.iter().enumerate() {
         let send = match instr.send_peer() {
-            Some(peer) => fifo_index(rank, peer, instr.channel, &mut fifos)?,
+            Some(peer) => link_index(rank, peer, instr.channel, &mut links),
             None => NONE,
         };
         let recv = match instr.recv_peer() {
-            Some(peer) => fifo_index(peer, rank, instr.channel, &mut fifos)?,
+            Some(peer) => link_index(peer, rank, instr.channel, &mut links),
             None => NONE,
         };
-        on_fifo.resize(fifos.len(), 0);
+        on_link.resize(links.len(), 0);
         let mut position = |f: u16| {
             if f == NONE {
                 return 0;
             }
-            on_fifo[f as usize] += 1;
-            on_fifo[f as usize] - 1
+            on_link[f as usize] += 1;
+            on_link[f as usize] - 1
         };
         let (send_pos, recv_pos) = (position(send), position(recv));
         let first_piece = pieces.len() as u32;
@@ -289,16 +295,16 @@ fn translate(
         steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
         labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }
-    Ok(Translated { steps, pieces, labels, fifos })
+    Translated { steps, pieces, labels, links }
 }
 
-/// One of a rank's connections while its FIFOs are opened.
+/// One of a rank's connections while its links are laid out.
 #[derive(Default)]
 struct Connection {
     /// The most chunks one message carries on it.
     widest: u32,
-    /// Its FIFO in the plan, once opened.
-    fifo: Option<u16>,
+    /// Its index in `Plan::links`, once it has one.
+    link: Option<u16>,
 }
 
 /// `rank`'s connections, keyed by (sender, receiver, channel).
@@ -373,7 +379,6 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::segment::Heap;
     use collc_compiler::{compile, library, Bindings, Limits, Options};
 
     fn one_shot(n_ranks: u32) -> VerifiedSchedule {
@@ -381,7 +386,7 @@ mod tests {
         compile(source, &Bindings::ranks(n_ranks), Options::default(), &Limits::default()).expect("verifies")
     }
 
-    fn input<'a>(count: usize, rank: u32, segments: &'a Heap) -> PlanInput<'a> {
+    fn input(count: usize, rank: u32) -> PlanInput<'static> {
         PlanInput {
             name: "allreduce/one_shot",
             rank,
@@ -389,26 +394,23 @@ mod tests {
             dtype: DataType::F32,
             op: ReduceOp::Sum,
             origin: Origin::Coll(""),
-            segments,
             slot_cap: 128 << 10,
         }
     }
 
-    /// A connection's slots hold the largest message it carries in the call, not the cap: an 8-byte call's FIFOs
-    /// are one cache line a slot, a large call's hold a whole tile; both ends of a connection size it alike.
+    /// A connection's slots hold the largest message it carries in the call, not the cap: an 8-byte call's slots
+    /// hold 8 bytes, a large call's a whole tile; both ends of a connection size it alike.
     #[test]
-    fn fifo_slots_are_sized_by_the_messages_of_the_call() {
+    fn link_slots_are_sized_by_the_messages_of_the_call() {
         let sched = one_shot(4);
-        let segments = Heap::default();
-        for (count, stride) in [(2, 64), (1 << 20, (128 << 10) + 64)] {
-            let plans: Vec<Plan> =
-                (0..4).map(|rank| prepare(&sched, input(count, rank, &segments)).expect("prepares")).collect();
+        for (count, slot_bytes) in [(2, 8), (1 << 20, 128 << 10)] {
+            let plans: Vec<Plan> = (0..4).map(|rank| prepare(&sched, input(count, rank)).expect("prepares")).collect();
             for plan in &plans {
-                for fifo in &plan.fifos {
-                    assert_eq!(fifo.stride, stride, "count {count}: rank {} {}->{}", plan.rank, fifo.from, fifo.to);
-                    let other = &plans[if fifo.from == plan.rank { fifo.to } else { fifo.from } as usize];
-                    let end = other.fifos.iter().find(|f| (f.from, f.to) == (fifo.from, fifo.to)).expect("both ends");
-                    assert_eq!(end.stride, fifo.stride);
+                for link in &plan.links {
+                    assert_eq!(link.slot_bytes, slot_bytes, "count {count}: rank {} {link:?}", plan.rank);
+                    let other = &plans[if link.from == plan.rank { link.to } else { link.from } as usize];
+                    let end = other.links.iter().find(|f| (f.from, f.to) == (link.from, link.to)).expect("both ends");
+                    assert_eq!(end, link);
                 }
             }
         }

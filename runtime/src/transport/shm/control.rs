@@ -1,8 +1,9 @@
 //! The control block every rank of a communicator maps: who has joined, a barrier, the call each rank is in (for
 //! mismatch reports), and the abort flag that turns one rank's failure into an error on every rank.
 
+use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
-use crate::segment::{Segment, Segments};
+use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -29,40 +30,32 @@ struct RankState {
     /// collective << 24 | dtype << 16 | op << 8 | placement.
     call_kind: AtomicU32,
     call_root: AtomicU32,
-    /// Two numbers a rank reports to rank 0 (a measured time, a count of wrong elements), between barriers.
-    report: [AtomicU64; 2],
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u32)]
-pub(crate) enum Status {
-    Absent = 0,
-    Joined = 1,
-    Left = 2,
-    Failed = 3,
-}
-
-/// What a rank is doing, as its peers see it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CallInfo {
-    pub seq: u64,
-    pub count: u64,
-    pub kind: u32,
-    pub root: u32,
+/// One rank's blob of an all-gather: its length, then the bytes. Each rank has two, used by alternate barrier
+/// generations: a rank writes the one of generation g + 2 only after barrier g + 1, which every rank reaches only
+/// once it has read generation g's.
+#[repr(C, align(64))]
+struct Blob {
+    len: AtomicU64,
+    bytes: [u8; BLOB_BYTES],
 }
 
 pub(crate) struct Control {
     segment: Segment,
     n_ranks: u32,
+    /// Bytes of the header and the rank states, after which the blobs start.
+    states: usize,
     /// Whether peers are separate processes whose death `kill(pid, 0)` can see.
     processes: bool,
 }
 
 impl Control {
     pub fn open(segments: &dyn Segments, n_ranks: u32) -> Result<Control, RuntimeError> {
-        let len = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
+        let states = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
+        let len = states + std::mem::size_of::<Blob>() * 2 * n_ranks as usize;
         let segment = segments.open("control", len)?;
-        let control = Control { segment, n_ranks, processes: segments.transport().processes() };
+        let control = Control { segment, n_ranks, states, processes: segments.transport().processes() };
         let header = control.header();
         match header.magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => header.n_ranks.store(n_ranks, Ordering::Release),
@@ -99,7 +92,17 @@ impl Control {
         unsafe { &*(self.segment.as_ptr() as *const RankState).add(1 + rank as usize) }
     }
 
-    pub fn join(&self, rank: u32) -> Result<(), RuntimeError> {
+    /// Rank `rank`'s blob for barrier generation `generation`.
+    fn blob(&self, rank: u32, generation: u64) -> *mut Blob {
+        debug_assert!(rank < self.n_ranks);
+        let index = 2 * rank as usize + (generation % 2) as usize;
+        // SAFETY: the blobs follow the states, 2 per rank, inside the segment.
+        unsafe { (self.segment.as_ptr().add(self.states) as *mut Blob).add(index) }
+    }
+}
+
+impl Bootstrap for Control {
+    fn join(&self, rank: u32) -> Result<(), RuntimeError> {
         let state = self.state(rank);
         let previous = state.status.swap(Status::Joined as u32, Ordering::AcqRel);
         if previous != Status::Absent as u32 && self.processes {
@@ -113,7 +116,7 @@ impl Control {
     }
 
     /// Records how `rank` ended; returns whether it was the last rank of the job to leave.
-    pub fn leave(&self, rank: u32, status: Status) -> bool {
+    fn leave(&self, rank: u32, status: Status) -> bool {
         let previous = self.state(rank).status.swap(status as u32, Ordering::AcqRel);
         if status == Status::Failed {
             self.abort(rank);
@@ -123,11 +126,11 @@ impl Control {
     }
 
     /// Marks the job failed, naming the first rank that failed; later calls keep the first name.
-    pub fn abort(&self, rank: u32) {
+    fn abort(&self, rank: u32) {
         let _ = self.header().abort.compare_exchange(0, rank + 1, Ordering::AcqRel, Ordering::Acquire);
     }
 
-    pub fn publish_call(&self, rank: u32, call: CallInfo) {
+    fn publish_call(&self, rank: u32, call: CallInfo) {
         let state = self.state(rank);
         state.call_count.store(call.count, Ordering::Relaxed);
         state.call_kind.store(call.kind, Ordering::Relaxed);
@@ -135,7 +138,7 @@ impl Control {
         state.call_seq.store(call.seq, Ordering::Release);
     }
 
-    pub fn call_of(&self, rank: u32) -> CallInfo {
+    fn call_of(&self, rank: u32) -> CallInfo {
         let state = self.state(rank);
         let seq = state.call_seq.load(Ordering::Acquire);
         CallInfo {
@@ -146,19 +149,8 @@ impl Control {
         }
     }
 
-    pub fn publish_report(&self, rank: u32, values: [u64; 2]) {
-        let state = self.state(rank);
-        state.report[0].store(values[0], Ordering::Relaxed);
-        state.report[1].store(values[1], Ordering::Relaxed);
-    }
-
-    pub fn report_of(&self, rank: u32) -> [u64; 2] {
-        let state = self.state(rank);
-        [state.report[0].load(Ordering::Relaxed), state.report[1].load(Ordering::Relaxed)]
-    }
-
     /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.
-    pub fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
+    fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
         let abort = self.header().abort.load(Ordering::Acquire);
         if abort != 0 {
             return Err((abort - 1, "failed (see its error); this rank stops too".into()));
@@ -184,7 +176,7 @@ impl Control {
     }
 
     /// Waits until every rank has reached barrier `generation`, failing on the timeout or a peer's failure.
-    pub fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
+    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
         self.state(rank).barrier.store(generation, Ordering::Release);
         let everyone: Vec<u32> = (0..self.n_ranks).collect();
         let mut wait = crate::wait::Backoff::new(timeout, crate::wait::SPINS);
@@ -196,5 +188,36 @@ impl Control {
             wait.reset();
         }
         Ok(())
+    }
+
+    fn all_gather(
+        &self,
+        rank: u32,
+        blob: &[u8],
+        generation: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        if blob.len() > BLOB_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "an all-gather blob of {} bytes exceeds {BLOB_BYTES}",
+                blob.len()
+            )));
+        }
+        let mine = self.blob(rank, generation);
+        // SAFETY: this rank's blob of this generation: no other rank writes it, and none reads it before the barrier.
+        unsafe {
+            std::ptr::copy_nonoverlapping(blob.as_ptr(), std::ptr::addr_of_mut!((*mine).bytes).cast(), blob.len());
+            (*mine).len.store(blob.len() as u64, Ordering::Release);
+        }
+        self.barrier(rank, generation, timeout, "all-gather")?;
+        let read = |peer: u32| {
+            let theirs = self.blob(peer, generation);
+            // SAFETY: written before `peer` reached the barrier, and not again before every rank passes the next.
+            unsafe {
+                let len = ((*theirs).len.load(Ordering::Acquire) as usize).min(BLOB_BYTES);
+                std::slice::from_raw_parts(std::ptr::addr_of!((*theirs).bytes).cast::<u8>(), len).to_vec()
+            }
+        };
+        Ok((0..self.n_ranks).map(read).collect())
     }
 }

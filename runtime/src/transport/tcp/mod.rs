@@ -1,0 +1,365 @@
+//! The tcp transport: ranks on any hosts that reach each other over TCP.
+//!
+//! - `store.rs`: the rendezvous rank 0 hosts (MASTER_ADDR:MASTER_PORT), the `Bootstrap` of this transport.
+//! - `auth.rs`: the HMAC challenge-response every connection opens with (a job token).
+//! - `wire.rs`: the data plane, sockets and message slots driven by the executor; `frame.rs`, its frames.
+//!
+//! A rank listens for its peers on the interface `COLLC_SOCKET_IFNAME` selects and tells the others its address
+//! through the rendezvous; the connection between two ranks is made when a plan first needs it (the lower rank
+//! connects, the higher accepts), `sockets` per pair, each authenticated.
+
+mod auth;
+mod frame;
+mod store;
+mod wire;
+
+pub use auth::Token;
+
+use super::ifname::{self, IfPattern};
+use super::{Bootstrap, CallInfo, Fabric, Link, LinkFault, Stamp, Transport};
+use crate::error::RuntimeError;
+use crate::exec::{Executor, Host, Plan};
+use crate::log::{self, Subsys};
+use auth::{Hello, Purpose, Refusal};
+use std::collections::HashMap;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+pub(crate) use store::Rendezvous;
+use wire::{Socket, Wire};
+
+/// How one rank joins a tcp job.
+#[derive(Clone, Debug)]
+pub struct TcpJob {
+    /// `host:port` of the rendezvous, which rank 0 hosts.
+    pub rendezvous: String,
+    pub rank: u32,
+    pub n_ranks: u32,
+    /// Names the job; every rank gives the same.
+    pub job: String,
+    pub token: Token,
+    /// `COLLC_SOCKET_IFNAME`; `None`: NCCL's default.
+    pub ifname: Option<IfPattern>,
+    /// Connections per pair of ranks (`COLLC_NSOCKS_PERPEER`).
+    pub sockets: u8,
+}
+
+impl TcpJob {
+    /// From a launcher's environment: MASTER_ADDR/MASTER_PORT (or `COLLC_RENDEZVOUS`), the token
+    /// (`COLLC_JOB_TOKEN` or `COLLC_JOB_TOKEN_FILE`), `COLLC_SOCKET_IFNAME` and `COLLC_NSOCKS_PERPEER`.
+    pub fn from_env(rank: u32, n_ranks: u32, job: &str) -> Result<TcpJob, String> {
+        let rendezvous = match std::env::var("COLLC_RENDEZVOUS") {
+            Ok(addr) => addr,
+            Err(_) => match (std::env::var("MASTER_ADDR"), std::env::var("MASTER_PORT")) {
+                (Ok(addr), Ok(port)) => format!("{addr}:{port}"),
+                (Ok(addr), Err(_)) => format!("{addr}:29500"),
+                _ => {
+                    return Err("the tcp transport needs the rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's \
+                                host and a free port), or COLLC_RENDEZVOUS=host:port"
+                        .into())
+                }
+            },
+        };
+        let token = Token::from_env()?.ok_or(
+            "the tcp transport needs the job's token: set COLLC_JOB_TOKEN (or COLLC_JOB_TOKEN_FILE) to the same \
+             secret on every rank (`collc run` makes one when it starts the ranks itself)",
+        )?;
+        let ifname = match std::env::var("COLLC_SOCKET_IFNAME") {
+            Ok(text) => Some(text.parse::<IfPattern>().map_err(|e| format!("COLLC_SOCKET_IFNAME: {e}"))?),
+            Err(_) => None,
+        };
+        let sockets = match std::env::var("COLLC_NSOCKS_PERPEER") {
+            Ok(text) => text
+                .trim()
+                .parse::<u8>()
+                .ok()
+                .filter(|n| (1..=16).contains(n))
+                .ok_or(format!("COLLC_NSOCKS_PERPEER=`{text}` is not in 1..=16"))?,
+            Err(_) => 1,
+        };
+        Ok(TcpJob { rendezvous, rank, n_ranks, job: job.to_string(), token, ifname, sockets })
+    }
+}
+
+fn job_hash(job: &str) -> u64 {
+    job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// Connections the acceptor has authenticated, by (peer, socket index), until a plan takes them.
+#[derive(Default)]
+struct Inbox {
+    streams: Mutex<HashMap<(u32, u8), TcpStream>>,
+    arrived: Condvar,
+}
+
+/// One rank's tcp fabric: its wire, its peers' addresses, and the acceptor of its data port.
+pub(crate) struct Net {
+    wire: Arc<Mutex<Wire>>,
+    rendezvous: Arc<Rendezvous>,
+    addrs: Vec<SocketAddr>,
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
+    job: TcpJob,
+    timeout: Duration,
+}
+
+/// Joins `job`: the rendezvous, then every rank's data address; returns the fabric and the bootstrap.
+pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Rendezvous>), RuntimeError> {
+    let TcpJob { rank, n_ranks, .. } = *job;
+    let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
+    let hash = job_hash(&job.job);
+    let all = ifname::interfaces().map_err(|e| config(format!("cannot list the network interfaces: {e}")))?;
+    let chosen = ifname::select(job.ifname.as_ref(), &all).map_err(config)?;
+    let interface = chosen.first().ok_or_else(|| config("no interface is up".into()))?;
+    let listener = TcpListener::bind((interface.addr, 0))
+        .map_err(|e| config(format!("cannot listen on {interface} for its peers: {e}")))?;
+    let data_addr = listener.local_addr().map_err(|e| config(format!("data port: {e}")))?;
+    log::info(Subsys::Init, format_args!("rank {rank}: data port {data_addr} on {}", interface.name));
+    let rendezvous = Arc::new(Rendezvous::join(&job.rendezvous, rank, n_ranks, hash, &job.token, timeout)?);
+    let blobs = rendezvous.all_gather(rank, data_addr.to_string().as_bytes(), 0, timeout)?;
+    let addrs = blobs
+        .iter()
+        .enumerate()
+        .map(|(r, blob)| {
+            let text = String::from_utf8_lossy(blob);
+            text.parse::<SocketAddr>().map_err(|_| config(format!("rank {r} gave `{text}` as its address")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let inbox = Arc::new(Inbox::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    listener.set_nonblocking(true).map_err(|e| config(format!("data port: {e}")))?;
+    let (acceptor_inbox, acceptor_stop, token) = (inbox.clone(), stop.clone(), job.token.clone());
+    std::thread::Builder::new()
+        .name(format!("collc accept {rank}"))
+        .spawn(move || accept_peers(listener, rank, n_ranks, hash, token, &acceptor_inbox, &acceptor_stop))
+        .map_err(|e| config(format!("cannot start the acceptor thread: {e}")))?;
+    let net = Net {
+        wire: Arc::new(Mutex::new(Wire::new(rank, n_ranks, hash))),
+        rendezvous: rendezvous.clone(),
+        addrs,
+        inbox,
+        stop,
+        job: job.clone(),
+        timeout,
+    };
+    Ok((Arc::new(net), rendezvous))
+}
+
+/// Handshakes the acceptor runs at once.
+const MAX_HANDSHAKES: usize = 64;
+
+/// Accepts this rank's peers on its data port: each connection is authenticated on a thread of its own (bounded
+/// in time by the handshake, in number by `MAX_HANDSHAKES`) and put in the inbox.
+fn accept_peers(
+    listener: TcpListener,
+    rank: u32,
+    n_ranks: u32,
+    job: u64,
+    token: Token,
+    inbox: &Arc<Inbox>,
+    stop: &AtomicBool,
+) {
+    let running = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        let (stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if running.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
+            log::warn(Subsys::Net, format_args!("rank {rank}: refusing {from}: too many handshakes under way"));
+            continue;
+        }
+        running.fetch_add(1, Ordering::Relaxed);
+        let (token, inbox, running) = (token.clone(), inbox.clone(), running.clone());
+        let spawned = std::thread::Builder::new().name(format!("collc handshake {rank}")).spawn(move || {
+            let mut stream = stream;
+            let _ = stream.set_nonblocking(false);
+            let expect = |h: &Hello| -> Option<Refusal> {
+                if h.purpose != Purpose::Data {
+                    Some(Refusal::Purpose)
+                } else if h.job != job {
+                    Some(Refusal::Job)
+                } else if h.world != n_ranks || h.rank >= rank {
+                    // Only lower ranks connect to this one.
+                    Some(Refusal::Rank)
+                } else {
+                    None
+                }
+            };
+            match auth::accept(&mut stream, &token, expect) {
+                Ok(hello) => {
+                    let mut streams = inbox.streams.lock().unwrap_or_else(|p| p.into_inner());
+                    if streams.insert((hello.rank, hello.socket), stream).is_some() {
+                        log::warn(Subsys::Net, format_args!("rank {rank}: rank {} connected twice", hello.rank));
+                    }
+                    inbox.arrived.notify_all();
+                }
+                Err(e) => log::warn(Subsys::Net, format_args!("rank {rank}: refused a connection from {from}: {e}")),
+            }
+            running.fetch_sub(1, Ordering::Relaxed);
+        });
+        if spawned.is_err() {
+            log::warn(Subsys::Net, format_args!("rank {rank}: no thread to authenticate {from}; refused"));
+        }
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+impl Net {
+    /// The sockets to `peer`, made if this rank has none yet.
+    fn reach(&self, wire: &mut Wire, peer: u32) -> Result<(), RuntimeError> {
+        if !wire.peers[peer as usize].is_empty() {
+            return Ok(());
+        }
+        let rank = self.job.rank;
+        let fail = |how: String| RuntimeError::PeerFailed {
+            rank,
+            what: "connecting".into(),
+            at: "communicator setup".into(),
+            peer,
+            how,
+        };
+        let mut sockets = Vec::new();
+        for socket in 0..self.job.sockets {
+            let stream = if rank < peer {
+                let addr = self.addrs[peer as usize];
+                let mut stream = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(30)))
+                    .map_err(|e| fail(format!("cannot be reached at {addr}: {e}")))?;
+                let hello = Hello { purpose: Purpose::Data, socket, rank, world: self.job.n_ranks, job: wire.job };
+                auth::connect(&mut stream, &self.job.token, &hello, auth::HANDSHAKE_TIMEOUT * 2)
+                    .map_err(|e| fail(format!("refused this rank's connection to {addr}: {e}")))?;
+                stream
+            } else {
+                self.accepted(peer, socket)?
+            };
+            sockets.push(Socket::new(stream).map_err(|e| fail(format!("socket setup: {e}")))?);
+        }
+        log::info(Subsys::Init, format_args!("rank {rank}: connected to rank {peer} via NET/Socket/{}", sockets.len()));
+        wire.peers[peer as usize] = sockets;
+        Ok(())
+    }
+
+    /// Waits for the acceptor to have authenticated `peer`'s connection number `socket`.
+    fn accepted(&self, peer: u32, socket: u8) -> Result<TcpStream, RuntimeError> {
+        let started = Instant::now();
+        let mut streams = self.inbox.streams.lock().map_err(|_| RuntimeError::Poisoned)?;
+        loop {
+            if let Some(stream) = streams.remove(&(peer, socket)) {
+                return Ok(stream);
+            }
+            let at = "communicator setup".to_string();
+            let what = format!("waiting for rank {peer} to connect");
+            if let Err((failed, how)) = self.rendezvous.health(&[]) {
+                return Err(RuntimeError::PeerFailed { rank: self.job.rank, what, at, peer: failed, how });
+            }
+            if started.elapsed() > self.timeout {
+                return Err(RuntimeError::Timeout {
+                    rank: self.job.rank,
+                    what,
+                    at,
+                    seconds: started.elapsed().as_secs_f64(),
+                    waiting_for: format!("rank {peer}'s connection to this rank's data port"),
+                });
+            }
+            streams = self
+                .inbox
+                .arrived
+                .wait_timeout(streams, Duration::from_millis(50))
+                .map_err(|_| RuntimeError::Poisoned)?
+                .0;
+        }
+    }
+}
+
+impl Fabric for Net {
+    fn transport(&self) -> Transport {
+        Transport::Tcp
+    }
+
+    fn remove_all(&self) {}
+
+    fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
+        let mut wire = self.wire.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let mut links = Vec::with_capacity(plan.links.len());
+        for end in &plan.links {
+            let peer = if end.from == self.job.rank { end.to } else { end.from };
+            self.reach(&mut wire, peer)?;
+            links.push(TcpLink { wire: self.wire.clone(), id: wire.register(end) });
+        }
+        drop(wire);
+        Ok(Box::new(Host { plan, links }))
+    }
+}
+
+/// One end of a link over tcp: its index in the rank's wire.
+pub(crate) struct TcpLink {
+    wire: Arc<Mutex<Wire>>,
+    id: u32,
+}
+
+impl TcpLink {
+    fn wire(&self) -> std::sync::MutexGuard<'_, Wire> {
+        // Only this rank's thread uses its wire; a poisoned lock means it panicked mid-call, and the call failed.
+        self.wire.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Link for TcpLink {
+    fn reserve(&mut self) -> Option<*mut u8> {
+        self.wire().reserve(self.id)
+    }
+
+    fn post(&mut self, stamp: Stamp, len: usize) {
+        self.wire().post(self.id, stamp, len);
+    }
+
+    fn peek(&mut self) -> Option<(Stamp, *const u8)> {
+        self.wire().peek(self.id)
+    }
+
+    fn release(&mut self) {
+        self.wire().release(self.id);
+    }
+
+    fn sender_call(&self) -> Option<CallInfo> {
+        self.wire().sender_call(self.id)
+    }
+
+    fn start(links: &mut [Self], call: &CallInfo) {
+        if let Some(link) = links.first() {
+            link.wire().call = *call;
+        }
+    }
+
+    fn progress(links: &mut [Self], ours: Stamp) -> Result<(), LinkFault> {
+        let Some(link) = links.first() else { return Ok(()) };
+        let mut wire = link.wire();
+        wire.pump_all();
+        if let Some((peer, how)) = wire.fault.clone() {
+            return Err(LinkFault::Peer(peer, how));
+        }
+        // A peer's frame waiting for a link this rank has not opened, from the same call: the calls differ.
+        if let Some((peer, frame)) = wire.parked().find(|(_, f)| f.seq == ours.seq) {
+            return Err(LinkFault::Mismatch { peer, theirs: frame.stamp(), call: Some(frame.call) });
+        }
+        Ok(())
+    }
+
+    fn flushed(links: &mut [Self]) -> bool {
+        links.first().is_none_or(|link| {
+            let mut wire = link.wire();
+            wire.pump_all();
+            wire.flushed()
+        })
+    }
+}

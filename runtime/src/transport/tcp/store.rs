@@ -1,0 +1,574 @@
+//! The rendezvous: rank 0 hosts a hub at MASTER_ADDR:MASTER_PORT that every rank (rank 0 too) joins over an
+//! authenticated connection. Through it the ranks learn each other's data addresses and do what `Bootstrap` asks:
+//! barriers, all-gathers of small blobs, aborts. It also watches the ranks: a rank whose connection closes before
+//! it has left is announced to every other rank as failed, naming it, so a rank killed with SIGKILL stops the job
+//! at once instead of at the timeout.
+//!
+//! Messages are `[len u32][tag u8][body]`; a length over `MAX_MESSAGE` closes the connection before anything is
+//! allocated for it.
+
+use super::auth::{self, Hello, Purpose, Refusal, Token};
+use crate::error::RuntimeError;
+use crate::log::{self, Subsys};
+use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES};
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+const GATHER: u8 = 1;
+const ABORT: u8 = 2;
+const LEAVE: u8 = 3;
+const RELEASE: u8 = 11;
+const FAILED: u8 = 12;
+const REFUSED: u8 = 13;
+
+/// Handshakes the hub runs at once; more connections wait in the listen backlog.
+const MAX_HANDSHAKES: usize = 64;
+
+/// The largest message for `n_ranks`: a release carries every rank's blob.
+fn max_message(n_ranks: u32) -> usize {
+    64 + n_ranks as usize * (BLOB_BYTES + 4)
+}
+
+fn write_message(stream: &mut TcpStream, tag: u8, body: &[u8]) -> std::io::Result<()> {
+    let mut message = Vec::with_capacity(5 + body.len());
+    message.extend_from_slice(&(1 + body.len() as u32).to_le_bytes());
+    message.push(tag);
+    message.extend_from_slice(body);
+    stream.write_all(&message)
+}
+
+/// One message, or an error (EOF, a length over `max`, an empty message).
+fn read_message(stream: &mut TcpStream, max: usize) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut len = [0u8; 4];
+    stream.read_exact(&mut len)?;
+    let len = u32::from_le_bytes(len) as usize;
+    if len == 0 || len > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("a message of {len} bytes (at most {max} here)"),
+        ));
+    }
+    let mut body = vec![0u8; len];
+    stream.read_exact(&mut body)?;
+    let tag = body.remove(0);
+    Ok((tag, body))
+}
+
+fn blobs_body(generation: u64, blobs: &[Vec<u8>]) -> Vec<u8> {
+    let mut body = generation.to_le_bytes().to_vec();
+    for blob in blobs {
+        body.extend_from_slice(&(blob.len() as u32).to_le_bytes());
+        body.extend_from_slice(blob);
+    }
+    body
+}
+
+fn parse_blobs(body: &[u8], n_ranks: u32) -> Option<(u64, Vec<Vec<u8>>)> {
+    let generation = u64::from_le_bytes(body.get(..8)?.try_into().ok()?);
+    let mut rest = &body[8..];
+    let mut blobs = Vec::with_capacity(n_ranks as usize);
+    for _ in 0..n_ranks {
+        let len = u32::from_le_bytes(rest.get(..4)?.try_into().ok()?) as usize;
+        if len > BLOB_BYTES {
+            return None;
+        }
+        blobs.push(rest.get(4..4 + len)?.to_vec());
+        rest = &rest[4 + len..];
+    }
+    rest.is_empty().then_some((generation, blobs))
+}
+
+/// What the hub knows, behind one lock.
+struct HubState {
+    n_ranks: u32,
+    /// Each rank's connection, to send to; `None` before it joins and after it leaves.
+    writers: Vec<Option<TcpStream>>,
+    ever_joined: Vec<bool>,
+    left: Vec<bool>,
+    gathers: HashMap<u64, Vec<Option<Vec<u8>>>>,
+    /// The first failure announced: (rank, how); later ones are not announced again.
+    failed: Option<(u32, String)>,
+}
+
+impl HubState {
+    fn broadcast(&mut self, tag: u8, body: &[u8]) {
+        for writer in self.writers.iter_mut().flatten() {
+            let _ = write_message(writer, tag, body);
+        }
+    }
+
+    fn fail(&mut self, rank: u32, how: String) {
+        if self.failed.is_some() {
+            return;
+        }
+        log::warn(Subsys::Net, format_args!("rendezvous: rank {rank} {how}; telling every rank"));
+        let mut body = rank.to_le_bytes().to_vec();
+        body.extend_from_slice(how.as_bytes());
+        self.broadcast(FAILED, &body);
+        self.failed = Some((rank, how));
+    }
+
+    fn done(&self) -> bool {
+        self.left.iter().all(|&l| l)
+    }
+}
+
+/// Rank 0's hub, serving until every rank has left (or the process ends).
+pub struct Hub {
+    state: Arc<(Mutex<HubState>, Condvar)>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Hub {
+    /// Binds the hub's port (every address of the host) and starts serving it.
+    pub fn start(port: u16, n_ranks: u32, job: u64, token: Token) -> Result<Hub, RuntimeError> {
+        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+            RuntimeError::Config(match e.kind() {
+                std::io::ErrorKind::AddrInUse => format!(
+                    "the rendezvous port {port} is in use (another job, or one that has not ended): choose another \
+                     MASTER_PORT or --rendezvous"
+                ),
+                _ => format!("cannot listen on the rendezvous port {port}: {e}"),
+            })
+        })?;
+        let state = HubState {
+            n_ranks,
+            writers: (0..n_ranks).map(|_| None).collect(),
+            ever_joined: vec![false; n_ranks as usize],
+            left: vec![false; n_ranks as usize],
+            gathers: HashMap::new(),
+            failed: None,
+        };
+        let state = Arc::new((Mutex::new(state), Condvar::new()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (serve_state, serve_stop) = (state.clone(), stop.clone());
+        listener.set_nonblocking(true).map_err(|e| RuntimeError::Config(format!("rendezvous socket: {e}")))?;
+        std::thread::Builder::new()
+            .name("collc rendezvous".into())
+            .spawn(move || serve(listener, serve_state, serve_stop, job, token))
+            .map_err(|e| RuntimeError::Config(format!("cannot start the rendezvous thread: {e}")))?;
+        Ok(Hub { state, stop })
+    }
+
+    /// Waits (up to `timeout`) until every rank has left, so rank 0's process does not take the hub away from
+    /// ranks still finishing.
+    pub fn wait_for_all(&self, timeout: Duration) {
+        let (lock, changed) = &*self.state;
+        let deadline = Instant::now() + timeout;
+        let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
+        while !state.done() && state.failed.is_none() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            state = changed.wait_timeout(state, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+impl Drop for Hub {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+fn serve(listener: TcpListener, state: Arc<(Mutex<HubState>, Condvar)>, stop: Arc<AtomicBool>, job: u64, token: Token) {
+    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let n_ranks = state.0.lock().unwrap_or_else(|p| p.into_inner()).n_ranks;
+    while !stop.load(Ordering::Relaxed) {
+        let (stream, from) = match listener.accept() {
+            Ok(accepted) => accepted,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if handshakes.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
+            log::warn(
+                Subsys::Net,
+                format_args!("rendezvous: refusing {from}: {MAX_HANDSHAKES} handshakes already under way"),
+            );
+            continue;
+        }
+        handshakes.fetch_add(1, Ordering::Relaxed);
+        let (state, token, handshakes) = (state.clone(), token.clone(), handshakes.clone());
+        let spawned = std::thread::Builder::new().name("collc rendezvous peer".into()).spawn(move || {
+            let mut stream = stream;
+            let _ = stream.set_nonblocking(false);
+            let expect = |h: &Hello| -> Option<Refusal> {
+                if h.purpose != Purpose::Rendezvous {
+                    Some(Refusal::Purpose)
+                } else if h.job != job {
+                    Some(Refusal::Job)
+                } else if h.world != n_ranks || h.rank >= n_ranks {
+                    Some(Refusal::Rank)
+                } else {
+                    None
+                }
+            };
+            let hello = auth::accept(&mut stream, &token, expect);
+            handshakes.fetch_sub(1, Ordering::Relaxed);
+            match hello {
+                Ok(hello) => session(stream, hello.rank, &state),
+                Err(e) => log::warn(Subsys::Net, format_args!("rendezvous: refused {from}: {e}")),
+            }
+        });
+        if spawned.is_err() {
+            log::warn(Subsys::Net, format_args!("rendezvous: no thread for {from}; refused"));
+        }
+    }
+}
+
+/// Serves one rank's connection until it leaves or the connection ends.
+fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
+    let (lock, changed) = state;
+    let mut reader = stream;
+    let _ = reader.set_read_timeout(None);
+    let _ = reader.set_nodelay(true);
+    {
+        let mut hub = lock.lock().unwrap_or_else(|p| p.into_inner());
+        if hub.ever_joined[rank as usize] {
+            drop(hub);
+            log::warn(Subsys::Net, format_args!("rendezvous: a second connection claims rank {rank}; refused"));
+            let _ = write_message(&mut reader, REFUSED, format!("rank {rank} has already joined this job").as_bytes());
+            return;
+        }
+        hub.ever_joined[rank as usize] = true;
+        hub.writers[rank as usize] = reader.try_clone().ok();
+        // A failure announced before this rank joined is news to it too.
+        if let Some((failed, how)) = hub.failed.clone() {
+            let mut body = failed.to_le_bytes().to_vec();
+            body.extend_from_slice(how.as_bytes());
+            if let Some(w) = hub.writers[rank as usize].as_mut() {
+                let _ = write_message(w, FAILED, &body);
+            }
+        }
+    }
+    let max = max_message(lock.lock().unwrap_or_else(|p| p.into_inner()).n_ranks);
+    let ended = loop {
+        let (tag, body) = match read_message(&mut reader, max) {
+            Ok(message) => message,
+            Err(e) => break format!("lost its connection to the rendezvous ({e}): its process died or was cut off"),
+        };
+        let mut hub = lock.lock().unwrap_or_else(|p| p.into_inner());
+        match tag {
+            GATHER if body.len() >= 8 && body.len() <= 8 + BLOB_BYTES => {
+                let generation = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+                let n = hub.n_ranks as usize;
+                let entry = hub.gathers.entry(generation).or_insert_with(|| vec![None; n]);
+                entry[rank as usize] = Some(body[8..].to_vec());
+                if entry.iter().all(Option::is_some) {
+                    let blobs: Vec<Vec<u8>> =
+                        hub.gathers.remove(&generation).expect("just seen").into_iter().flatten().collect();
+                    hub.broadcast(RELEASE, &blobs_body(generation, &blobs));
+                }
+            }
+            ABORT => hub.fail(rank, "failed (see its error)".into()),
+            LEAVE if body.len() == 1 => {
+                hub.left[rank as usize] = true;
+                hub.writers[rank as usize] = None;
+                if body[0] == Status::Failed as u8 {
+                    hub.fail(rank, "failed (see its error)".into());
+                }
+                changed.notify_all();
+                return;
+            }
+            _ => break format!("sent a malformed rendezvous message (tag {tag}, {} bytes)", body.len()),
+        }
+    };
+    let mut hub = lock.lock().unwrap_or_else(|p| p.into_inner());
+    hub.writers[rank as usize] = None;
+    if !hub.left[rank as usize] {
+        hub.left[rank as usize] = true;
+        hub.fail(rank, ended);
+    }
+    changed.notify_all();
+}
+
+/// What a rank has heard from the hub.
+#[derive(Default)]
+struct Heard {
+    releases: HashMap<u64, Vec<Vec<u8>>>,
+    failure: Option<(u32, String)>,
+    refused: Option<String>,
+}
+
+/// A rank's end of the rendezvous: its `Bootstrap` for the tcp transport.
+pub struct Rendezvous {
+    writer: Mutex<TcpStream>,
+    heard: Arc<(Mutex<Heard>, Condvar)>,
+    failed: Arc<AtomicBool>,
+    leaving: Arc<AtomicBool>,
+    n_ranks: u32,
+    rank: u32,
+    /// The call this rank is in (its peers learn theirs from the frames' headers).
+    call: Mutex<CallInfo>,
+    /// Rank 0 hosts the hub.
+    hub: Option<Hub>,
+    timeout: Duration,
+}
+
+impl Rendezvous {
+    /// Joins the job at `addr` (rank 0 starts the hub there first), retrying until `timeout` while the hub is not
+    /// up yet.
+    pub fn join(
+        addr: &str,
+        rank: u32,
+        n_ranks: u32,
+        job: u64,
+        token: &Token,
+        timeout: Duration,
+    ) -> Result<Rendezvous, RuntimeError> {
+        let hub = match rank {
+            0 => {
+                let port = addr
+                    .rsplit_once(':')
+                    .and_then(|(_, p)| p.parse::<u16>().ok())
+                    .ok_or_else(|| RuntimeError::Config(format!("rendezvous address `{addr}` is not host:port")))?;
+                Some(Hub::start(port, n_ranks, job, token.clone())?)
+            }
+            _ => None,
+        };
+        let started = Instant::now();
+        let mut last_error;
+        let stream = loop {
+            match connect_once(addr, rank, n_ranks, job, token, timeout) {
+                Ok(stream) => break stream,
+                // Refusals are final: retrying would not change the token or the world size.
+                Err(Fatal(message)) => return Err(RuntimeError::Config(message)),
+                Err(Retry(message)) => last_error = message,
+            }
+            if started.elapsed() > timeout {
+                return Err(RuntimeError::Config(format!(
+                    "rank {rank}: could not join the rendezvous at {addr} within {:.0} s: {last_error} (is rank 0 \
+                     running, and MASTER_ADDR/MASTER_PORT the same on every rank?)",
+                    timeout.as_secs_f64()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let heard = Arc::new((Mutex::new(Heard::default()), Condvar::new()));
+        let failed = Arc::new(AtomicBool::new(false));
+        let leaving = Arc::new(AtomicBool::new(false));
+        let reader = stream.try_clone().map_err(|e| RuntimeError::Config(format!("rendezvous socket: {e}")))?;
+        let (h, f, l) = (heard.clone(), failed.clone(), leaving.clone());
+        std::thread::Builder::new()
+            .name("collc rendezvous client".into())
+            .spawn(move || listen(reader, n_ranks, &h, &f, &l))
+            .map_err(|e| RuntimeError::Config(format!("cannot start the rendezvous reader: {e}")))?;
+        Ok(Rendezvous {
+            writer: Mutex::new(stream),
+            heard,
+            failed,
+            leaving,
+            n_ranks,
+            rank,
+            call: Mutex::new(CallInfo { seq: 0, count: 0, kind: 0, root: 0 }),
+            hub,
+            timeout,
+        })
+    }
+
+    fn send(&self, tag: u8, body: &[u8]) -> Result<(), RuntimeError> {
+        let mut writer = self.writer.lock().map_err(|_| RuntimeError::Poisoned)?;
+        write_message(&mut writer, tag, body)
+            .map_err(|e| RuntimeError::Config(format!("rank {}: the rendezvous connection failed: {e}", self.rank)))
+    }
+}
+
+enum Attempt {
+    Retry(String),
+    Fatal(String),
+}
+use Attempt::{Fatal, Retry};
+
+fn connect_once(
+    addr: &str,
+    rank: u32,
+    n_ranks: u32,
+    job: u64,
+    token: &Token,
+    timeout: Duration,
+) -> Result<TcpStream, Attempt> {
+    let addrs: Vec<SocketAddr> =
+        addr.to_socket_addrs().map_err(|e| Retry(format!("cannot resolve `{addr}`: {e}")))?.collect();
+    let target = addrs.first().ok_or_else(|| Retry(format!("`{addr}` resolves to no address")))?;
+    let mut stream =
+        TcpStream::connect_timeout(target, Duration::from_secs(2)).map_err(|e| Retry(format!("{target}: {e}")))?;
+    let hello = Hello { purpose: Purpose::Rendezvous, socket: 0, rank, world: n_ranks, job };
+    auth::connect(&mut stream, token, &hello, timeout.min(auth::HANDSHAKE_TIMEOUT * 2)).map_err(|e| match e {
+        auth::HandshakeError::RefusedByPeer(Refusal::Rank) => Fatal(format!(
+            "rank {rank}: the rendezvous at {addr} refused it: this rank was started with {n_ranks} ranks and \
+             rank {rank}, the job has another world size (every rank needs the same WORLD_SIZE)"
+        )),
+        auth::HandshakeError::RefusedByPeer(why) => {
+            Fatal(format!("rank {rank}: the rendezvous at {addr} refused it: {}", why.reason()))
+        }
+        auth::HandshakeError::Impostor => {
+            Fatal(format!("rank {rank}: the rendezvous at {addr} does not hold this job's token: another job's port?"))
+        }
+        other => Retry(format!("handshake with {target}: {other}")),
+    })?;
+    let _ = stream.set_read_timeout(None);
+    let _ = stream.set_nodelay(true);
+    Ok(stream)
+}
+
+/// Reads what the hub sends until the connection ends.
+fn listen(
+    mut reader: TcpStream,
+    n_ranks: u32,
+    heard: &(Mutex<Heard>, Condvar),
+    failed: &AtomicBool,
+    leaving: &AtomicBool,
+) {
+    let (lock, changed) = heard;
+    loop {
+        let message = read_message(&mut reader, max_message(n_ranks));
+        let mut h = lock.lock().unwrap_or_else(|p| p.into_inner());
+        match message {
+            Ok((RELEASE, body)) => match parse_blobs(&body, n_ranks) {
+                Some((generation, blobs)) => {
+                    h.releases.insert(generation, blobs);
+                }
+                None => {
+                    h.failure.get_or_insert((0, "sent a malformed release (the rendezvous host)".into()));
+                    failed.store(true, Ordering::Release);
+                }
+            },
+            Ok((FAILED, body)) if body.len() >= 4 => {
+                let rank = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                let how = String::from_utf8_lossy(&body[4..]).into_owned();
+                h.failure.get_or_insert((rank, how));
+                failed.store(true, Ordering::Release);
+            }
+            Ok((REFUSED, body)) => {
+                h.refused = Some(String::from_utf8_lossy(&body).into_owned());
+                failed.store(true, Ordering::Release);
+            }
+            Ok((tag, _)) => {
+                h.failure.get_or_insert((0, format!("sent an unknown message (tag {tag}): the rendezvous host")));
+                failed.store(true, Ordering::Release);
+            }
+            Err(e) => {
+                if !leaving.load(Ordering::Acquire) {
+                    let how = format!("(the rendezvous host) closed its connection ({e}): its process is gone?");
+                    h.failure.get_or_insert((0, how));
+                    failed.store(true, Ordering::Release);
+                }
+                changed.notify_all();
+                return;
+            }
+        }
+        changed.notify_all();
+    }
+}
+
+impl Bootstrap for Rendezvous {
+    fn join(&self, _rank: u32) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn leave(&self, _rank: u32, status: Status) -> bool {
+        let _ = self.send(LEAVE, &[status as u8]);
+        self.leaving.store(true, Ordering::Release);
+        if let Some(hub) = &self.hub {
+            hub.wait_for_all(self.timeout);
+        }
+        false
+    }
+
+    fn abort(&self, _rank: u32) {
+        let _ = self.send(ABORT, &[]);
+    }
+
+    fn health(&self, _peers: &[u32]) -> Result<(), (u32, String)> {
+        if !self.failed.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
+        match (&heard.failure, &heard.refused) {
+            (Some(failure), _) => Err(failure.clone()),
+            (None, Some(refused)) => Err((self.rank, format!("was refused by the rendezvous: {refused}"))),
+            (None, None) => Ok(()),
+        }
+    }
+
+    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
+        self.gather(rank, &[], generation, timeout, at).map(drop)
+    }
+
+    fn all_gather(
+        &self,
+        rank: u32,
+        blob: &[u8],
+        generation: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.gather(rank, blob, generation, timeout, "all-gather")
+    }
+
+    fn publish_call(&self, _rank: u32, call: CallInfo) {
+        *self.call.lock().unwrap_or_else(|p| p.into_inner()) = call;
+    }
+
+    fn call_of(&self, rank: u32) -> CallInfo {
+        match rank == self.rank {
+            true => *self.call.lock().unwrap_or_else(|p| p.into_inner()),
+            false => CallInfo { seq: 0, count: 0, kind: 0, root: 0 },
+        }
+    }
+}
+
+impl Rendezvous {
+    fn gather(
+        &self,
+        rank: u32,
+        blob: &[u8],
+        generation: u64,
+        timeout: Duration,
+        at: &str,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        if blob.len() > BLOB_BYTES {
+            return Err(RuntimeError::Config(format!(
+                "an all-gather blob of {} bytes exceeds {BLOB_BYTES}",
+                blob.len()
+            )));
+        }
+        let mut body = generation.to_le_bytes().to_vec();
+        body.extend_from_slice(blob);
+        self.send(GATHER, &body)?;
+        let (lock, changed) = &*self.heard;
+        let started = Instant::now();
+        let mut heard = lock.lock().map_err(|_| RuntimeError::Poisoned)?;
+        loop {
+            if let Some(blobs) = heard.releases.remove(&generation) {
+                debug_assert_eq!(blobs.len(), self.n_ranks as usize);
+                return Ok(blobs);
+            }
+            let what = "barrier".to_string();
+            if let Some((peer, how)) = heard.failure.clone() {
+                return Err(RuntimeError::PeerFailed { rank, what, at: at.into(), peer, how });
+            }
+            if let Some(refused) = &heard.refused {
+                return Err(RuntimeError::Config(format!("rank {rank}: the rendezvous refused it: {refused}")));
+            }
+            let waited = started.elapsed();
+            if waited > timeout {
+                return Err(RuntimeError::Timeout {
+                    rank,
+                    what,
+                    at: at.into(),
+                    seconds: waited.as_secs_f64(),
+                    waiting_for: "every rank to reach it (through the rendezvous)".into(),
+                });
+            }
+            heard = changed.wait_timeout(heard, Duration::from_millis(100)).map_err(|_| RuntimeError::Poisoned)?.0;
+        }
+    }
+}

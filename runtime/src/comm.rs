@@ -118,6 +118,20 @@ struct Shared {
 }
 type PlanKey = (CallShape, Placement);
 
+/// Aborts a communicator from any thread, as `ncclCommAbort` does: the call it is in returns an error within a
+/// health check (milliseconds), and so does every peer's, naming this rank.
+#[derive(Clone)]
+pub struct AbortHandle {
+    bootstrap: Arc<dyn Bootstrap>,
+    rank: u32,
+}
+
+impl AbortHandle {
+    pub fn abort(&self) {
+        self.bootstrap.abort(self.rank);
+    }
+}
+
 pub struct Communicator {
     rank: u32,
     n_ranks: u32,
@@ -165,6 +179,49 @@ impl Communicator {
         let mut comm = Communicator::join(memory, bootstrap, Compiled::default(), rank, n_ranks, options)?;
         comm.barrier()?;
         Ok(comm)
+    }
+
+    /// `n_ranks` communicators of one group over `transport`, each made by a rank thread of its own as rank
+    /// processes make theirs: shm segments under a fresh job id, or a tcp job on the loopback with its rendezvous
+    /// on a free port and a fresh token. For tests and for checking a transport inside one process.
+    pub fn group(
+        transport: crate::Transport,
+        n_ranks: u32,
+        options: Options,
+    ) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        static GROUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let job = format!("group-{}-{id}", std::process::id());
+        let make: Box<dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync> = match transport {
+            crate::Transport::Threads => return Communicator::threads(n_ranks, options),
+            crate::Transport::Shm => Box::new(|rank| Communicator::shm(&job, rank, n_ranks, options.clone())),
+            crate::Transport::Tcp => {
+                let port = std::net::TcpListener::bind("127.0.0.1:0")
+                    .and_then(|l| l.local_addr())
+                    .map_err(|e| RuntimeError::Config(format!("no free port for the rendezvous: {e}")))?
+                    .port();
+                let token = crate::transport::tcp::Token::new(
+                    crate::transport::tcp::Token::generate().map_err(RuntimeError::Config)?,
+                )
+                .map_err(RuntimeError::Config)?;
+                let tcp = TcpJob {
+                    rendezvous: format!("127.0.0.1:{port}"),
+                    rank: 0,
+                    n_ranks,
+                    job: job.clone(),
+                    token,
+                    ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
+                    sockets: 1,
+                };
+                Box::new(move |rank| Communicator::tcp(&TcpJob { rank, ..tcp.clone() }, options.clone()))
+            }
+        };
+        std::thread::scope(|scope| {
+            let make = &make;
+            let handles: Vec<_> = (0..n_ranks).map(|rank| scope.spawn(move || make(rank))).collect();
+            handles.into_iter().map(|h| h.join().map_err(|_| RuntimeError::Poisoned)?).collect()
+        })
     }
 
     /// Rank `job.rank` of a job whose ranks reach each other over TCP (the `tcp` transport), on this host or any
@@ -300,6 +357,11 @@ impl Communicator {
             Err(_) => Err(RuntimeError::Config(format!("rank {r} reported {} bytes, not 16", blob.len()))),
         };
         all.into_iter().enumerate().map(decode).collect::<Result<_, _>>().map(Some)
+    }
+
+    /// A handle another thread can stop this rank's calls with (`AbortHandle::abort`).
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle { bootstrap: self.bootstrap.clone(), rank: self.rank }
     }
 
     /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).

@@ -25,7 +25,7 @@ mod wait;
 pub use collc_compiler::Collective;
 pub use collc_kernels::{DataType, ReduceOp};
 pub use collectives::Element;
-pub use comm::{Buffers, CallShape, Communicator, Options};
+pub use comm::{AbortHandle, Buffers, CallShape, Communicator, Options};
 pub use error::RuntimeError;
 pub use exec::Plan;
 pub use layout::ChunkLayout;

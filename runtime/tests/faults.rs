@@ -1,7 +1,8 @@
 //! Faults become errors on every rank, naming the rank, the instruction and the `.coll` line, within a bounded
-//! time: mismatched calls, a rank that never makes its call, a rank that fails, a rank that never joins.
+//! time: mismatched calls, a rank that never makes its call, a rank that fails, a rank that never joins, an abort
+//! from another thread.
 
-use collc_runtime::{Communicator, Options, ReduceOp, RuntimeError};
+use collc_runtime::{Communicator, Options, ReduceOp, RuntimeError, Transport};
 use std::time::{Duration, Instant};
 
 fn quick() -> Options {
@@ -136,5 +137,33 @@ fn stale_shm_files_of_dead_launchers_are_removed() {
     for path in &kept {
         assert!(path.exists(), "{} should stay", path.display());
         std::fs::remove_file(path).expect("clean up");
+    }
+}
+
+#[test]
+fn abort_from_another_thread_ends_the_call_within_a_second_on_every_transport() {
+    for transport in Transport::ALL {
+        let options = Options { timeout: Duration::from_secs(30), slot_bytes: 0 };
+        let mut comms = Communicator::group(transport, 2, options).expect("a group");
+        let waiting = comms.remove(0);
+        let handle = waiting.abort_handle();
+        // Rank 1 never calls: rank 0 would wait for it until the timeout, but is aborted after 300 ms.
+        let (outcome, waited) = std::thread::scope(|scope| {
+            let call = scope.spawn(move || {
+                let mut comm = waiting;
+                let started = Instant::now();
+                let outcome = comm.all_reduce(&[1f32; 1000], &mut [0f32; 1000], ReduceOp::Sum);
+                (outcome, started.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(300));
+            let aborted = Instant::now();
+            handle.abort();
+            let (outcome, waited) = call.join().expect("no panic");
+            assert!(aborted.elapsed() < Duration::from_secs(1), "{transport}: abort took {:?}", aborted.elapsed());
+            (outcome, waited)
+        });
+        let text = outcome.expect_err("an aborted call fails").to_string();
+        assert!(waited < Duration::from_secs(2), "{transport}: {waited:?}");
+        assert!(text.contains("rank 0") && text.contains("instruction #"), "{transport}: {text}");
     }
 }

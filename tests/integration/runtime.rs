@@ -7,7 +7,6 @@ use crate::corpus;
 use collc_compiler::library::LIBRARY;
 use collc_compiler::{compile, Bindings, Collective, Limits, Options, Placement, VerifiedSchedule};
 use collc_kernels::{DataType, ReduceOp};
-use collc_runtime::transport::tcp::{TcpJob, Token};
 use collc_runtime::{check, Buffers, CallShape, Communicator, Options as RunOptions, Transport};
 use std::time::Duration;
 
@@ -16,45 +15,9 @@ const COUNTS: [usize; 5] = [0, 1, 7, 1000, 65537];
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xA5;
 
-fn communicators(transport: Transport, n_ranks: u32, job: &str) -> Vec<Communicator> {
+fn communicators(transport: Transport, n_ranks: u32) -> Vec<Communicator> {
     let options = RunOptions { timeout: Duration::from_secs(30), slot_bytes: 4096 };
-    match transport {
-        Transport::Threads => Communicator::threads(n_ranks, options).expect("threads communicator"),
-        // Rank threads that each map the job's /dev/shm segments themselves, exactly as rank processes do.
-        Transport::Shm => std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..n_ranks)
-                .map(|rank| {
-                    let options = options.clone();
-                    scope.spawn(move || Communicator::shm(job, rank, n_ranks, options).expect("shm communicator"))
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().expect("joins")).collect()
-        }),
-        // Rank threads that each join a rendezvous on the loopback and connect over sockets, as rank processes on
-        // several hosts do.
-        Transport::Tcp => {
-            let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-            let token = Token::new(format!("{job}-token-for-the-test")).expect("a long enough token");
-            std::thread::scope(|scope| {
-                let handles: Vec<_> = (0..n_ranks)
-                    .map(|rank| {
-                        let tcp = TcpJob {
-                            rendezvous: format!("127.0.0.1:{port}"),
-                            rank,
-                            n_ranks,
-                            job: job.to_string(),
-                            token: token.clone(),
-                            ifname: Some("lo".parse().expect("a pattern")),
-                            sockets: 1,
-                        };
-                        let options = options.clone();
-                        scope.spawn(move || Communicator::tcp(&tcp, options).expect("tcp communicator"))
-                    })
-                    .collect();
-                handles.into_iter().map(|h| h.join().expect("joins")).collect()
-            })
-        }
-    }
+    Communicator::group(transport, n_ranks, options).expect("a communicator group")
 }
 
 /// A buffer with guard bytes on both sides.
@@ -162,9 +125,8 @@ fn matrix(transports: &[Transport]) {
                     assert!(n_ranks == 1, "{name} does not compile for {n_ranks} ranks");
                     continue;
                 };
-                let job = format!("test-{}-{}-{n_ranks}-{root}", std::process::id(), name.replace('/', "_"));
                 let mut groups: Vec<(Transport, Vec<Communicator>)> =
-                    transports.iter().map(|&t| (t, communicators(t, n_ranks, &job))).collect();
+                    transports.iter().map(|&t| (t, communicators(t, n_ranks))).collect();
                 for (_, comms) in &mut groups {
                     for comm in comms {
                         comm.set_algorithm(collective, name, source, bindings.params.clone());
@@ -209,7 +171,6 @@ fn matrix(transports: &[Transport]) {
                     }
                 }
                 drop(groups);
-                collc_runtime::Shm::remove_job(&job);
             }
         }
     }

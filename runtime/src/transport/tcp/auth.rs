@@ -19,15 +19,15 @@ use std::time::{Duration, Instant};
 
 type HmacSha256 = Hmac<Sha256>;
 
-const MAGIC: [u8; 8] = *b"collc-hs";
+pub const MAGIC: [u8; 8] = *b"collc-hs";
 /// The wire protocol's version: frames, store messages and this handshake.
 pub const VERSION: u32 = 1;
 /// How long an acceptor gives a connecting peer for the whole handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
-const NONCE: usize = 32;
+pub const NONCE: usize = 32;
 const MAC: usize = 32;
-const CHALLENGE: usize = 8 + 4 + NONCE;
-const ANSWER: usize = 8 + 4 + 4 + 4 + 4 + 8 + NONCE + MAC;
+pub const CHALLENGE: usize = 8 + 4 + NONCE;
+pub const ANSWER: usize = 8 + 4 + 4 + 4 + 4 + 8 + NONCE + MAC;
 const VERDICT: usize = 4 + MAC;
 
 /// The secret every rank of a job holds.
@@ -208,25 +208,43 @@ pub fn accept(
     let mut answer = [0u8; ANSWER];
     // A peer that sends fewer bytes than an answer, or none, is cut off at the deadline.
     read_exact_by(stream, &mut answer, deadline)?;
-    let refuse = |stream: &mut TcpStream, why: Refusal| {
-        let mut verdict = [0u8; VERDICT];
-        verdict[0] = why as u8;
-        let _ = stream.write_all(&verdict);
-        HandshakeError::Refused(why)
+    let (hello, theirs) = match check_answer(&answer, &ours, token, expect) {
+        Ok(checked) => checked,
+        Err(why) => {
+            let mut verdict = [0u8; VERDICT];
+            verdict[0] = why as u8;
+            let _ = stream.write_all(&verdict);
+            return Err(HandshakeError::Refused(why));
+        }
     };
+    let theirs = &theirs;
+    let mut verdict = [0u8; VERDICT];
+    let mac = token.mac(&[b"collc-acceptor", theirs, &ours, &hello_bytes(&hello)]).finalize().into_bytes();
+    verdict[4..].copy_from_slice(&mac);
+    stream.write_all(&verdict)?;
+    Ok(hello)
+}
+
+/// Checks a connector's answer to the challenge with nonce `ours`: what it says it is and its nonce, or why it is
+/// refused. Total over any bytes.
+pub fn check_answer(
+    answer: &[u8; ANSWER],
+    ours: &[u8; NONCE],
+    token: &Token,
+    expect: impl Fn(&Hello) -> Option<Refusal>,
+) -> Result<(Hello, [u8; NONCE]), Refusal> {
     if answer[..8] != MAGIC {
-        return Err(refuse(stream, Refusal::Garbage));
+        return Err(Refusal::Garbage);
     }
-    let version = u32::from_le_bytes(answer[8..12].try_into().expect("4 bytes"));
-    if version != VERSION {
-        return Err(refuse(stream, Refusal::Version));
+    let u32_at = |i: usize| u32::from_le_bytes(answer[i..i + 4].try_into().expect("4 bytes"));
+    if u32_at(8) != VERSION {
+        return Err(Refusal::Version);
     }
     let purpose = match answer[12] {
         1 => Purpose::Rendezvous,
         2 => Purpose::Data,
-        _ => return Err(refuse(stream, Refusal::Garbage)),
+        _ => return Err(Refusal::Garbage),
     };
-    let u32_at = |i: usize| u32::from_le_bytes(answer[i..i + 4].try_into().expect("4 bytes"));
     let hello = Hello {
         purpose,
         socket: answer[13],
@@ -234,19 +252,31 @@ pub fn accept(
         world: u32_at(20),
         job: u64::from_le_bytes(answer[24..32].try_into().expect("8 bytes")),
     };
-    let theirs = &answer[32..32 + NONCE];
+    let theirs: [u8; NONCE] = answer[32..32 + NONCE].try_into().expect("a nonce");
     let proof = &answer[32 + NONCE..];
-    if token.mac(&[b"collc-connector", &ours, theirs, &hello_bytes(&hello)]).verify_slice(proof).is_err() {
-        return Err(refuse(stream, Refusal::Token));
+    if token.mac(&[b"collc-connector", ours, &theirs, &hello_bytes(&hello)]).verify_slice(proof).is_err() {
+        return Err(Refusal::Token);
     }
-    if let Some(why) = expect(&hello) {
-        return Err(refuse(stream, why));
+    match expect(&hello) {
+        Some(why) => Err(why),
+        None => Ok((hello, theirs)),
     }
-    let mut verdict = [0u8; VERDICT];
-    let mac = token.mac(&[b"collc-acceptor", theirs, &ours, &hello_bytes(&hello)]).finalize().into_bytes();
-    verdict[4..].copy_from_slice(&mac);
-    stream.write_all(&verdict)?;
-    Ok(hello)
+}
+
+/// The answer of a connector that is `hello`, with nonce `ours`, to a challenge with nonce `theirs`.
+pub fn answer(hello: &Hello, theirs: &[u8; NONCE], ours: &[u8; NONCE], token: &Token) -> [u8; ANSWER] {
+    let mut answer = [0u8; ANSWER];
+    answer[..8].copy_from_slice(&MAGIC);
+    answer[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    answer[12] = hello.purpose as u8;
+    answer[13] = hello.socket;
+    answer[16..20].copy_from_slice(&hello.rank.to_le_bytes());
+    answer[20..24].copy_from_slice(&hello.world.to_le_bytes());
+    answer[24..32].copy_from_slice(&hello.job.to_le_bytes());
+    answer[32..32 + NONCE].copy_from_slice(ours);
+    let mac = token.mac(&[b"collc-connector", theirs, ours, &hello_bytes(hello)]).finalize().into_bytes();
+    answer[32 + NONCE..].copy_from_slice(&mac);
+    answer
 }
 
 /// The connecting end: answers the challenge as `hello` and checks that the acceptor holds the token too.
@@ -262,27 +292,16 @@ pub fn connect(stream: &mut TcpStream, token: &Token, hello: &Hello, timeout: Du
     if version != VERSION {
         return Err(HandshakeError::PeerVersion(version));
     }
-    let theirs = &challenge[12..];
+    let theirs: [u8; NONCE] = challenge[12..].try_into().expect("a nonce");
     let ours = random::<NONCE>().map_err(HandshakeError::Random)?;
     let fields = hello_bytes(hello);
-    let mut answer = [0u8; ANSWER];
-    answer[..8].copy_from_slice(&MAGIC);
-    answer[8..12].copy_from_slice(&VERSION.to_le_bytes());
-    answer[12] = hello.purpose as u8;
-    answer[13] = hello.socket;
-    answer[16..20].copy_from_slice(&hello.rank.to_le_bytes());
-    answer[20..24].copy_from_slice(&hello.world.to_le_bytes());
-    answer[24..32].copy_from_slice(&hello.job.to_le_bytes());
-    answer[32..32 + NONCE].copy_from_slice(&ours);
-    let mac = token.mac(&[b"collc-connector", theirs, &ours, &fields]).finalize().into_bytes();
-    answer[32 + NONCE..].copy_from_slice(&mac);
-    stream.write_all(&answer)?;
+    stream.write_all(&answer(hello, &theirs, &ours, token))?;
     let mut verdict = [0u8; VERDICT];
     read_exact_by(stream, &mut verdict, deadline)?;
     if verdict[0] != 0 {
         return Err(Refusal::from_code(verdict[0]).map_or(HandshakeError::BadVerdict, HandshakeError::RefusedByPeer));
     }
-    if token.mac(&[b"collc-acceptor", &ours, theirs, &fields]).verify_slice(&verdict[4..]).is_err() {
+    if token.mac(&[b"collc-acceptor", &ours, &theirs, &fields]).verify_slice(&verdict[4..]).is_err() {
         return Err(HandshakeError::Impostor);
     }
     Ok(())
@@ -367,6 +386,21 @@ mod tests {
         assert!(started.elapsed() < HANDSHAKE_TIMEOUT + Duration::from_secs(2));
     }
 
+    proptest::proptest! {
+        /// Any bytes as an answer are refused (never a panic), unless they carry the token's proof.
+        #[test]
+        fn any_answer_without_the_proof_is_refused(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), ANSWER), magic in proptest::prelude::any::<bool>()) {
+            let mut answer: [u8; ANSWER] = bytes.try_into().unwrap();
+            if magic {
+                answer[..8].copy_from_slice(&MAGIC);
+                answer[8..12].copy_from_slice(&VERSION.to_le_bytes());
+                answer[12] = 2;
+            }
+            let checked = check_answer(&answer, &[3u8; NONCE], &token("0123456789abcdef-job-a"), |_| None);
+            proptest::prop_assert!(checked.is_err());
+        }
+    }
+
     /// A stream that keeps what the connector writes after the challenge (its answer).
     struct Recorder<'a> {
         inner: TcpStream,
@@ -376,19 +410,7 @@ mod tests {
     fn connect_through(s: &mut Recorder, token: &Token) {
         let mut challenge = [0u8; CHALLENGE];
         s.inner.read_exact(&mut challenge).unwrap();
-        let theirs = &challenge[12..];
-        let ours = [7u8; NONCE];
-        let h = hello();
-        let mut answer = [0u8; ANSWER];
-        answer[..8].copy_from_slice(&MAGIC);
-        answer[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        answer[12] = h.purpose as u8;
-        answer[16..20].copy_from_slice(&h.rank.to_le_bytes());
-        answer[20..24].copy_from_slice(&h.world.to_le_bytes());
-        answer[24..32].copy_from_slice(&h.job.to_le_bytes());
-        answer[32..32 + NONCE].copy_from_slice(&ours);
-        let mac = token.mac(&[b"collc-connector", theirs, &ours, &hello_bytes(&h)]).finalize().into_bytes();
-        answer[32 + NONCE..].copy_from_slice(&mac);
+        let answer = answer(&hello(), &challenge[12..].try_into().unwrap(), &[7u8; NONCE], token);
         s.inner.write_all(&answer).unwrap();
         *s.sent.lock().unwrap() = answer.to_vec();
         let mut verdict = [0u8; VERDICT];

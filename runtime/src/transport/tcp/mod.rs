@@ -8,7 +8,7 @@
 //! through the rendezvous; the connection between two ranks is made when a plan first needs it (the lower rank
 //! connects, the higher accepts), `sockets` per pair, each authenticated.
 
-mod auth;
+pub mod auth;
 mod frame;
 mod store;
 mod wire;

@@ -24,6 +24,8 @@ const LEAVE: u8 = 3;
 const RELEASE: u8 = 11;
 const FAILED: u8 = 12;
 const REFUSED: u8 = 13;
+/// Rank 0 has left: the hub goes when its process does, which is then no failure.
+const HOST_LEFT: u8 = 14;
 
 /// Handshakes the hub runs at once; more connections wait in the listen backlog.
 const MAX_HANDSHAKES: usize = 64;
@@ -111,10 +113,6 @@ impl HubState {
         self.broadcast(FAILED, &body);
         self.failed = Some((rank, how));
     }
-
-    fn done(&self) -> bool {
-        self.left.iter().all(|&l| l)
-    }
 }
 
 /// Rank 0's hub, serving until every rank has left (or the process ends).
@@ -154,13 +152,13 @@ impl Hub {
         Ok(Hub { state, stop })
     }
 
-    /// Waits (up to `timeout`) until every rank has left, so rank 0's process does not take the hub away from
-    /// ranks still finishing.
-    pub fn wait_for_all(&self, timeout: Duration) {
+    /// Waits (up to `timeout`) until the hub has taken rank 0's leave: then everything it sent before is in the
+    /// ranks' sockets, and they know that its going is no failure.
+    fn wait_for_host_leave(&self, timeout: Duration) {
         let (lock, changed) = &*self.state;
         let deadline = Instant::now() + timeout;
         let mut state = lock.lock().unwrap_or_else(|p| p.into_inner());
-        while !state.done() && state.failed.is_none() {
+        while !state.left[0] {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -253,6 +251,9 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
     let ended = loop {
         let (tag, body) = match read_message(&mut reader, max) {
             Ok(message) => message,
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                break "closed its connection to the rendezvous without leaving: its process died".into()
+            }
             Err(e) => break format!("lost its connection to the rendezvous ({e}): its process died or was cut off"),
         };
         let mut hub = lock.lock().unwrap_or_else(|p| p.into_inner());
@@ -275,6 +276,9 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
                 if body[0] == Status::Failed as u8 {
                     hub.fail(rank, "failed (see its error)".into());
                 }
+                if rank == 0 {
+                    hub.broadcast(HOST_LEFT, &[]);
+                }
                 changed.notify_all();
                 return;
             }
@@ -296,6 +300,8 @@ struct Heard {
     releases: HashMap<u64, Vec<Vec<u8>>>,
     failure: Option<(u32, String)>,
     refused: Option<String>,
+    /// Rank 0 has left: the hub's going is expected.
+    host_left: bool,
 }
 
 /// A rank's end of the rendezvous: its `Bootstrap` for the tcp transport.
@@ -310,7 +316,6 @@ pub struct Rendezvous {
     call: Mutex<CallInfo>,
     /// Rank 0 hosts the hub.
     hub: Option<Hub>,
-    timeout: Duration,
 }
 
 impl Rendezvous {
@@ -370,7 +375,6 @@ impl Rendezvous {
             rank,
             call: Mutex::new(CallInfo { seq: 0, count: 0, kind: 0, root: 0 }),
             hub,
-            timeout,
         })
     }
 
@@ -447,6 +451,7 @@ fn listen(
                 h.failure.get_or_insert((rank, how));
                 failed.store(true, Ordering::Release);
             }
+            Ok((HOST_LEFT, _)) => h.host_left = true,
             Ok((REFUSED, body)) => {
                 h.refused = Some(String::from_utf8_lossy(&body).into_owned());
                 failed.store(true, Ordering::Release);
@@ -456,7 +461,7 @@ fn listen(
                 failed.store(true, Ordering::Release);
             }
             Err(e) => {
-                if !leaving.load(Ordering::Acquire) {
+                if !leaving.load(Ordering::Acquire) && !h.host_left {
                     let how = format!("(the rendezvous host) closed its connection ({e}): its process is gone?");
                     h.failure.get_or_insert((0, how));
                     failed.store(true, Ordering::Release);
@@ -478,12 +483,17 @@ impl Bootstrap for Rendezvous {
         let _ = self.send(LEAVE, &[status as u8]);
         self.leaving.store(true, Ordering::Release);
         if let Some(hub) = &self.hub {
-            hub.wait_for_all(self.timeout);
+            hub.wait_for_host_leave(Duration::from_secs(5));
         }
         false
     }
 
-    fn abort(&self, _rank: u32) {
+    fn abort(&self, rank: u32) {
+        // This rank stops at once; the hub tells the others.
+        let mut heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
+        heard.failure.get_or_insert((rank, "aborted".into()));
+        self.failed.store(true, Ordering::Release);
+        drop(heard);
         let _ = self.send(ABORT, &[]);
     }
 

@@ -14,6 +14,7 @@ mod build;
 mod calibrate;
 mod check;
 mod cost;
+mod fr;
 mod library;
 mod list;
 mod report;
@@ -61,6 +62,9 @@ enum Command {
     /// Pick the predicted-fastest algorithm per message size, per collective, on a topology.
     #[command(after_help = EXIT_STATUS)]
     Tune(tune::TuneArgs),
+    /// Flight recorder: `collc fr analyze DIR` reads every rank's dump (COLLC_DUMP_DIR) and says who hangs where.
+    #[command(after_help = EXIT_STATUS)]
+    Fr(fr::FrArgs),
 }
 
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
@@ -94,6 +98,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Cost(a) => cost::run(a),
         Command::Tune(a) => tune::run(a),
+        Command::Fr(a) => fr::run(a),
     });
     match worker.map(|handle| handle.join()) {
         Ok(Ok(code)) => ExitCode::from(code),

@@ -58,10 +58,13 @@ fn recorded_answer(hello: Hello) -> [u8; ANSWER] {
     answer
 }
 
+/// What an attacker does once it has read the acceptor's challenge (its nonce).
+type Act = Box<dyn FnOnce(&mut TcpStream, [u8; NONCE]) + Send>;
+
 /// Each attack on `target`; panics unless every one is refused in time.
 fn attack(target: SocketAddr, purpose: Purpose) {
     let hello = Hello { purpose, socket: 0, rank: 0, world: 3, job: 0 };
-    let attacks: Vec<(&str, Box<dyn FnOnce(&mut TcpStream, [u8; NONCE]) + Send>, Option<Refusal>)> = vec![
+    let attacks: Vec<(&str, Act, Option<Refusal>)> = vec![
         (
             "no token",
             Box::new(|s: &mut TcpStream, _| {

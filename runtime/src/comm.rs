@@ -4,6 +4,7 @@
 
 use crate::error::RuntimeError;
 use crate::exec::{self, Call, Executor, Origin, PlanInput};
+use crate::recorder::{self, Recorder};
 use crate::transport::shm::{Heap, Memory, Shm};
 use crate::transport::tcp::TcpJob;
 use crate::transport::{Bootstrap, CallInfo, Fabric, Status};
@@ -151,6 +152,9 @@ pub struct Communicator {
     barriers: u64,
     /// Idle rounds a wait spins before it yields the core.
     spins: u32,
+    recorder: recorder::Shared,
+    /// Dump requests (SIGUSR1) this rank has answered.
+    answered: std::cell::Cell<u64>,
 }
 
 impl Communicator {
@@ -283,6 +287,8 @@ impl Communicator {
             seq: 0,
             barriers: 0,
             spins: spins_for(n_ranks),
+            recorder: Recorder::new(rank, n_ranks),
+            answered: std::cell::Cell::new(crate::recorder::requests()),
         })
     }
 
@@ -420,9 +426,13 @@ impl Communicator {
             | placement as u32;
         let info = CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root };
         self.bootstrap.publish_call(self.rank, info);
+        self.recorder.start(&info, executor.plan_mut().recorded_as);
         let (bootstrap, seq, timeout, spins) = (self.bootstrap.as_ref(), self.seq, self.options.timeout, self.spins);
-        let call = Call { bootstrap, seq, info, timeout, spins };
-        executor.run(&call)
+        let (recorder, answered) = (self.recorder.as_ref(), &self.answered);
+        let call = Call { bootstrap, seq, info, timeout, spins, recorder, answered };
+        let outcome = executor.run(&call);
+        self.recorder.finish(outcome.as_ref().err());
+        outcome
     }
 
     /// The index of the prepared plan of a call shape, compiling and verifying its schedule on first use.
@@ -451,6 +461,8 @@ impl Communicator {
                     slot_cap: self.options.slot_cap(shared.connections),
                 },
             )?;
+            let mut plan = plan;
+            plan.recorded_as = self.recorder.intern(&plan.algorithm);
             self.plans.push(self.fabric.prepare(plan)?);
             self.plan_index.insert(key, self.plans.len() - 1);
         }

@@ -18,6 +18,7 @@ mod exec;
 pub mod launch;
 pub mod layout;
 pub mod log;
+pub mod recorder;
 pub mod reference;
 pub mod transport;
 mod wait;

@@ -96,6 +96,11 @@ fn hostname() -> String {
     }
 }
 
+/// This host's name, as log lines and flight-recorder dumps give it.
+pub fn host() -> &'static str {
+    &config().host
+}
+
 /// The rank a process's lines carry (`u32::MAX`: not known yet).
 static RANK: AtomicU32 = AtomicU32::new(u32::MAX);
 

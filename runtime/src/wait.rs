@@ -52,6 +52,12 @@ impl Backoff {
         self.napping = false;
     }
 
+    /// Whether the wait is still in its spinning phase (a transport that can sleep until data comes waits so only
+    /// past it).
+    pub fn spinning(&self) -> bool {
+        self.rounds < self.spins
+    }
+
     /// One idle round. `health` is asked now and then whether the peers are still there.
     pub fn idle(&mut self, health: impl FnOnce() -> Result<(), (u32, String)>) -> Result<(), Fault> {
         self.rounds = self.rounds.saturating_add(1);

@@ -6,6 +6,7 @@
 use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
 use super::{Call, Executor};
 use crate::error::RuntimeError;
+use crate::recorder::{Current, InstrState};
 use crate::transport::{CallInfo, Link, LinkFault, Stamp};
 use crate::wait::Backoff;
 use collc_compiler::sched::Op;
@@ -23,7 +24,62 @@ impl<L: Link> Executor for Host<L> {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        run(&mut self.plan, &mut self.links, call)
+        let outcome = run(&mut self.plan, &mut self.links, call);
+        if let Err(error) = &outcome {
+            let reason = match error {
+                RuntimeError::Timeout { .. } => "timeout",
+                RuntimeError::PeerFailed { peer, .. } if *peer == self.plan.rank => "abort",
+                RuntimeError::PeerFailed { .. } => "peer failed",
+                RuntimeError::Mismatch { .. } => "mismatch",
+                _ => "error",
+            };
+            call.recorder.dump(reason, Some(snapshot(&self.plan, call.seq)));
+        }
+        outcome
+    }
+}
+
+/// The state of each instruction of the call in progress, at tile `plan.at_tile`.
+fn snapshot(plan: &Plan, seq: u64) -> Current {
+    let instructions = (0..plan.steps.len())
+        .map(|i| {
+            let (step, label) = (&plan.steps[i], &plan.labels[i]);
+            let waiting = plan.waiting.contains(&(i as u32));
+            let state = match () {
+                _ if plan.unmet[i] > 0 => "blocked",
+                _ if waiting => "waiting",
+                _ => "done",
+            };
+            let peer = |link: u16, sending: bool| {
+                (link != NONE).then(|| {
+                    let end = &plan.links[link as usize];
+                    if sending {
+                        end.to
+                    } else {
+                        end.from
+                    }
+                })
+            };
+            InstrState {
+                index: label.index,
+                op: label.op.name().to_string(),
+                line: label.line,
+                state: state.to_string(),
+                waiting_for: waiting.then(|| waiting_for(plan, i)),
+                recv_from: peer(step.recv, false),
+                send_to: peer(step.send, true),
+            }
+        })
+        .collect();
+    Current { seq, algorithm: plan.algorithm.clone(), tile: plan.at_tile, tiles: plan.n_tiles, instructions }
+}
+
+/// Answers a dump request (SIGUSR1) that came since the last one this communicator answered.
+fn answer_dump_request(plan: &Plan, call: &Call) {
+    let requests = crate::recorder::requests();
+    if requests != call.answered.get() {
+        call.answered.set(requests);
+        call.recorder.dump("SIGUSR1", Some(snapshot(plan, call.seq)));
     }
 }
 
@@ -32,6 +88,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
     let mut wait = Backoff::new(call.timeout, call.spins);
     L::start(links, &call.info);
     for t in 0..plan.n_tiles {
+        plan.at_tile = t;
         let lo = t * plan.tile;
         let hi = (lo + plan.tile).min(plan.capacity);
         plan.unmet.copy_from_slice(&plan.unmet_at_start);
@@ -65,7 +122,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 continue;
             }
             let i = plan.waiting.first().copied().unwrap_or(0) as usize;
-            match L::progress(links, stamp) {
+            match L::progress(links, stamp, !wait.spinning()) {
                 Ok(()) => {}
                 Err(LinkFault::Peer(peer, how)) => {
                     let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));
@@ -75,7 +132,11 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                     return Err(mismatch(plan, peer, theirs, info, stamp, call))
                 }
             }
-            if let Err(fault) = wait.idle(|| call.bootstrap.health(&plan.peers)) {
+            let checked = wait.idle(|| {
+                answer_dump_request(plan, call);
+                call.bootstrap.health(&plan.peers)
+            });
+            if let Err(fault) = checked {
                 return Err(fault.into_error(plan.rank, describe(plan, i), format!("tile {t}"), waiting_for(plan, i)));
             }
         }
@@ -169,15 +230,16 @@ fn try_fire<L: Link>(
     let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
     // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles.
     unsafe { execute(plan, &step, pieces, incoming, outgoing, lo, hi) };
-    if step.recv != NONE {
-        links[step.recv as usize].release();
-        plan.fired_on[step.recv as usize] += 1;
-    }
+    // The message out first: it is what the next rank waits for.
     if step.send != NONE {
         // Every piece sits at its tile's stride; the last one holds at most this tile's elements.
         let len = (step.n as usize - 1) * plan.tile * plan.elem + (hi - lo) * plan.elem;
         links[step.send as usize].post(stamp, len);
         plan.fired_on[step.send as usize] += 1;
+    }
+    if step.recv != NONE {
+        links[step.recv as usize].release();
+        plan.fired_on[step.recv as usize] += 1;
     }
     Ok(true)
 }

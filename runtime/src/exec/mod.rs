@@ -11,7 +11,9 @@ pub use plan::Plan;
 pub(crate) use plan::{prepare, LinkEnd, Origin, PlanInput};
 
 use crate::error::RuntimeError;
+use crate::recorder::Recorder;
 use crate::transport::{Bootstrap, CallInfo};
+use std::cell::Cell;
 use std::time::Duration;
 
 /// One call as an executor runs it.
@@ -23,6 +25,9 @@ pub(crate) struct Call<'a> {
     pub timeout: Duration,
     /// Idle rounds a wait spins before it yields the core.
     pub spins: u32,
+    /// The communicator's flight recorder, and the dump requests (SIGUSR1) it has answered.
+    pub recorder: &'a Recorder,
+    pub answered: &'a Cell<u64>,
 }
 
 /// A plan prepared to run over its links: made once per call shape, run once per call.

@@ -112,6 +112,9 @@ pub struct Plan {
     pub(crate) unmet: Vec<u32>,
     pub(crate) fired_on: Vec<u32>,
     pub(crate) waiting: Vec<u32>,
+    /// The tile being run, and the algorithm's index in the flight recorder.
+    pub(crate) at_tile: usize,
+    pub(crate) recorded_as: u32,
     /// Where each buffer starts: `in` and `out` set by each call, scratch when the plan is prepared.
     pub(crate) bases: Vec<*mut u8>,
 }
@@ -198,6 +201,8 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         unmet: vec![0; n_steps],
         fired_on: vec![0; n_links],
         waiting: Vec::with_capacity(n_steps),
+        at_tile: 0,
+        recorded_as: 0,
         bases,
     })
 }

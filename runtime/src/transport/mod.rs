@@ -109,8 +109,9 @@ pub(crate) trait Link: Send + Sized {
     /// A call starts on these links.
     fn start(_links: &mut [Self], _call: &CallInfo) {}
     /// Moves what is in flight; called when a round of the executor found nothing to run. `ours` is this call's
-    /// stamp, for telling a peer in another call.
-    fn progress(_links: &mut [Self], _ours: Stamp) -> Result<(), LinkFault> {
+    /// stamp, for telling a peer in another call; `block`: the executor has spun long enough, and the transport may
+    /// sleep (briefly) until something arrives.
+    fn progress(_links: &mut [Self], _ours: Stamp, _block: bool) -> Result<(), LinkFault> {
         Ok(())
     }
     /// Whether everything posted has left this rank (a call returns only then).

@@ -341,9 +341,13 @@ impl Link for TcpLink {
         }
     }
 
-    fn progress(links: &mut [Self], ours: Stamp) -> Result<(), LinkFault> {
+    fn progress(links: &mut [Self], ours: Stamp, block: bool) -> Result<(), LinkFault> {
         let Some(link) = links.first() else { return Ok(()) };
         let mut wire = link.wire();
+        wire.flush_credits();
+        if block {
+            wire.sleep(Duration::from_millis(1));
+        }
         wire.pump_all();
         if let Some((peer, how)) = wire.fault.clone() {
             return Err(LinkFault::Peer(peer, how));
@@ -358,6 +362,7 @@ impl Link for TcpLink {
     fn flushed(links: &mut [Self]) -> bool {
         links.first().is_none_or(|link| {
             let mut wire = link.wire();
+            wire.flush_credits();
             wire.pump_all();
             wire.flushed()
         })

@@ -63,6 +63,7 @@ struct LinkState {
     /// Receiver: messages arrived whole, consumed, and the consumed count last sent as a credit.
     received: u64,
     consumed: u64,
+    reported: u64,
     credit_queued: bool,
     /// Receiver: each slot's header as it arrived (stamp, length, the sender's call).
     arrived: [Option<Frame>; SLOTS_U],
@@ -170,6 +171,7 @@ impl Wire {
             headers: [[0u8; frame::HEADER]; SLOTS_U],
             received: 0,
             consumed: 0,
+            reported: 0,
             credit_queued: false,
             arrived: [None; SLOTS_U],
         };
@@ -233,16 +235,37 @@ impl Wire {
         state.arrived[(state.consumed % SLOTS) as usize].map(|f| f.call)
     }
 
+    /// Frees the slot; the sender hears of it when half the slots are free again or this rank next goes idle
+    /// (`flush_credits`), so a message costs the receiver no system call of its own.
     pub fn release(&mut self, link: u32) {
         let state = &mut self.links[link as usize];
         state.arrived[(state.consumed % SLOTS) as usize] = None;
         state.consumed += 1;
+        if state.consumed - state.reported >= SLOTS / 2 {
+            self.send_credit(link);
+        }
+    }
+
+    fn send_credit(&mut self, link: u32) {
+        let state = &mut self.links[link as usize];
+        state.reported = state.consumed;
         let (peer, socket) = (state.peer, state.socket);
         if !state.credit_queued {
             state.credit_queued = true;
             self.peers[peer as usize][socket].out.push_back(Out::Credit { link });
         }
         self.pump_out(peer, socket);
+    }
+
+    /// Sends every credit not sent yet: a rank about to wait tells its senders of all the room it has. (A sender
+    /// that waits for room while this rank waits for its next message would otherwise wait for good.)
+    pub fn flush_credits(&mut self) {
+        for link in 0..self.links.len() as u32 {
+            let state = &self.links[link as usize];
+            if state.consumed > state.reported {
+                self.send_credit(link);
+            }
+        }
     }
 
     // --- the sockets -----------------------------------------------------------------------------------------
@@ -255,6 +278,31 @@ impl Wire {
                 self.pump_in(peer, socket);
             }
         }
+    }
+
+    /// Sleeps until a socket can be read (or written, if it has something to write), at most `timeout`: the wait
+    /// of a rank that has spun long enough, woken by the kernel when data comes instead of taking turns on a core.
+    pub fn sleep(&self, timeout: std::time::Duration) {
+        use std::os::fd::AsRawFd;
+        let mut fds: Vec<libc::pollfd> = Vec::new();
+        for s in self.peers.iter().flatten().filter(|s| !s.closed) {
+            let mut events = 0;
+            if !matches!(s.reading, Reading::Parked(_)) {
+                events |= libc::POLLIN;
+            }
+            if !s.out.is_empty() {
+                events |= libc::POLLOUT;
+            }
+            if events != 0 {
+                fds.push(libc::pollfd { fd: s.stream.as_raw_fd(), events, revents: 0 });
+            }
+        }
+        if fds.is_empty() {
+            std::thread::sleep(timeout.min(std::time::Duration::from_micros(100)));
+            return;
+        }
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.
+        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout.as_millis().max(1) as i32) };
     }
 
     /// Whether every socket has written all it has.

@@ -217,7 +217,9 @@ pub fn spawn_ranks(job: &Job) -> u8 {
             Ok(child) => children.push(Some(child)),
             Err(e) => {
                 say_error(format_args!("cannot start rank {rank}: {e}"));
-                let _ = collc_runtime::mark_shm_rank_failed(&id, job.n_ranks, rank);
+                if job.transport == Transport::Shm {
+                    let _ = collc_runtime::mark_shm_rank_failed(&id, job.n_ranks, rank);
+                }
                 children.push(None);
             }
         }
@@ -312,7 +314,10 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
                         if status.code().is_none() || worst == 0 {
                             say_error(format_args!("rank {rank} (pid {pid}) {how}"));
                         }
-                        let _ = collc_runtime::mark_shm_rank_failed(job_id, job.n_ranks, rank as u32);
+                        // Over tcp the rendezvous sees the rank's connection close and tells the others.
+                        if job.transport == Transport::Shm {
+                            let _ = collc_runtime::mark_shm_rank_failed(job_id, job.n_ranks, rank as u32);
+                        }
                         worst = worst.max(status.code().map_or(1, |c| c.clamp(1, 255) as u8));
                         failed_since.get_or_insert_with(Instant::now);
                     }

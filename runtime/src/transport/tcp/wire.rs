@@ -24,9 +24,11 @@ use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
 
 const SLOTS_U: usize = SLOTS as usize;
-/// Bytes read from a socket at a time into its staging buffer; a message body larger than this is read straight
-/// into its slot.
+/// The staging buffer of a socket; a message body larger than this is read straight into its slot.
 const STAGE: usize = 64 << 10;
+/// Bytes read into the staging buffer at a time: a header and a small message, or many small frames, in one
+/// read, but no more than this of a large body copied through the staging buffer.
+const STAGE_READ: usize = 4 << 10;
 
 /// A link's memory: `SLOTS` slots of `slot_bytes`, 64-byte aligned.
 struct Slots {
@@ -379,7 +381,7 @@ impl Wire {
             reads += 1;
             // A large body goes straight into its slot; everything else through the staging buffer.
             let result = match s.reading {
-                Reading::Body { link, message, len, got } if len - got >= STAGE && s.stage_lo == s.stage_hi => {
+                Reading::Body { link, message, len, got } if len - got >= STAGE_READ && s.stage_lo == s.stage_hi => {
                     let slot = self.links[link as usize].slots.ptr(message);
                     // SAFETY: the slot has room for `len` bytes (checked against its size when the header came).
                     let dst = unsafe { std::slice::from_raw_parts_mut(slot.add(got), len - got) };
@@ -398,7 +400,8 @@ impl Wire {
                         s.stage_lo = 0;
                     }
                     let hi = s.stage_hi;
-                    match s.stream.read(&mut s.stage[hi..]) {
+                    let end = (hi + STAGE_READ).min(STAGE);
+                    match s.stream.read(&mut s.stage[hi..end]) {
                         Ok(n) if n > 0 => {
                             s.stage_hi += n;
                             continue;

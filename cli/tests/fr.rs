@@ -75,11 +75,17 @@ fn a_hang_is_dumped_on_the_timeout_and_analyze_names_the_stopped_rank() {
 fn sigusr1_dumps_a_running_job_that_then_finishes() {
     let dir = dump_dir("usr1");
     let job = format!("fr-usr1-{}", std::process::id());
-    let args = ["-b", "64K", "-e", "64K", "-n", "20000", "-w", "1", "-c", "0"];
+    let args = ["-b", "64K", "-e", "64K", "-n", "200000", "-w", "1", "-c", "0"];
     let mut ranks: Vec<Child> = (0..2).map(|r| rank(&job, r, 2, &dir, &args)).collect();
-    std::thread::sleep(Duration::from_millis(1500));
-    for child in &ranks {
-        signal(child, libc::SIGUSR1);
+    // Once the ranks have caught SIGUSR1 (their communicators are up), each signal makes both dump.
+    std::thread::sleep(Duration::from_millis(1000));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (0..2).any(|r| !dir.join(format!("collc-fr-rank{r}.json")).exists()) {
+        assert!(Instant::now() < deadline, "no dumps after SIGUSR1");
+        for child in &ranks {
+            signal(child, libc::SIGUSR1);
+        }
+        std::thread::sleep(Duration::from_millis(200));
     }
     for child in &mut ranks {
         assert!(wait_within(child, Duration::from_secs(60)).success(), "a rank failed after SIGUSR1");

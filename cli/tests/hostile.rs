@@ -164,7 +164,7 @@ fn hostile_peers_are_refused_and_the_honest_job_beside_them_finishes_right() {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut honest = Command::new(env!("CARGO_BIN_EXE_collc"))
         .args(["run", "allreduce/ring", "--transport", "tcp", "--ranks", "3"])
-        .args(["-b", "8", "-e", "4M", "-f", "4", "-n", "400", "-w", "2", "-c", "1"])
+        .args(["-b", "8", "-e", "4M", "-f", "4", "-n", "1500", "-w", "2", "-c", "1"])
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
         .env("COLLC_JOB_TOKEN", TOKEN)

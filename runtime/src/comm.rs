@@ -55,14 +55,19 @@ impl Options {
         Ok(options)
     }
 
-    /// The largest FIFO slot for a schedule on `connections` connections: `slot_bytes`, or a power of two that
-    /// keeps 8 full slots on every connection near 256 MiB in all, from 16 KiB to 128 KiB.
-    pub fn slot_cap(&self, connections: usize) -> usize {
+    /// The largest link slot over `transport` for a schedule on `connections` connections: `slot_bytes`, or a power
+    /// of two that keeps 8 full slots on every connection near a budget: 256 MiB in all, from 16 KiB to 128 KiB,
+    /// for shared memory; over tcp, where each message costs system calls, 512 MiB and 64 KiB to 256 KiB (see
+    /// bench/README.md).
+    pub fn slot_cap(&self, transport: crate::Transport, connections: usize) -> usize {
         if self.slot_bytes != 0 {
             return self.slot_bytes;
         }
-        let budget = (256usize << 20) / (8 * connections).max(1);
-        let cap = budget.clamp(16 << 10, 128 << 10);
+        let (budget, range) = match transport {
+            crate::Transport::Tcp => (512usize << 20, (64 << 10, 256 << 10)),
+            _ => (256usize << 20, (16 << 10, 128 << 10)),
+        };
+        let cap = (budget / (8 * connections).max(1)).clamp(range.0, range.1);
         1 << cap.ilog2()
     }
 }
@@ -432,6 +437,12 @@ impl Communicator {
         let call = Call { bootstrap, seq, info, timeout, spins, recorder, answered };
         let outcome = executor.run(&call);
         self.recorder.finish(outcome.as_ref().err());
+        // A dump asked for (SIGUSR1) while the call ran, and not answered from inside it (it never waited long).
+        let requests = recorder::requests();
+        if requests != self.answered.get() {
+            self.answered.set(requests);
+            self.recorder.dump("SIGUSR1", None);
+        }
         outcome
     }
 
@@ -458,7 +469,7 @@ impl Communicator {
                         Some(fixed) => Origin::Sched(&fixed.1),
                         None => Origin::Coll(&algorithm.source),
                     },
-                    slot_cap: self.options.slot_cap(shared.connections),
+                    slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections),
                 },
             )?;
             let mut plan = plan;

@@ -31,6 +31,9 @@ pub struct Frame {
     pub fingerprint: u64,
     pub job: u64,
     pub call: CallInfo,
+    /// Data: 1 + the messages the sender has consumed of the link the other way with the same channel and slot
+    /// size (a credit riding on the message), 0 for none.
+    pub credit: u64,
 }
 
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
@@ -51,12 +54,13 @@ pub enum FrameError {
 
 impl Frame {
     pub fn data(channel: u8, slot_bytes: u32, len: u32, stamp: Stamp, job: u64, call: CallInfo) -> Frame {
-        Frame { kind: Kind::Data, channel, slot_bytes, len, seq: stamp.seq, fingerprint: stamp.fingerprint, job, call }
+        let (seq, fingerprint) = (stamp.seq, stamp.fingerprint);
+        Frame { kind: Kind::Data, channel, slot_bytes, len, seq, fingerprint, job, call, credit: 0 }
     }
 
     pub fn credit(channel: u8, slot_bytes: u32, consumed: u64, job: u64) -> Frame {
-        let call = CallInfo { seq: 0, count: 0, kind: 0, root: 0 };
-        Frame { kind: Kind::Credit, channel, slot_bytes, len: 0, seq: consumed, fingerprint: 0, job, call }
+        let call = CallInfo { seq: consumed, count: 0, kind: 0, root: 0 };
+        Frame { kind: Kind::Credit, channel, slot_bytes, len: 0, seq: consumed, fingerprint: 0, job, call, credit: 0 }
     }
 
     pub fn stamp(&self) -> Stamp {
@@ -79,7 +83,7 @@ impl Frame {
         b[40..44].copy_from_slice(&self.call.kind.to_le_bytes());
         b[44..48].copy_from_slice(&self.call.root.to_le_bytes());
         b[48..56].copy_from_slice(&self.call.count.to_le_bytes());
-        b[56..64].copy_from_slice(&self.call.seq.to_le_bytes());
+        b[56..64].copy_from_slice(&self.credit.to_le_bytes());
         b
     }
 
@@ -106,17 +110,13 @@ impl Frame {
             Kind::Credit if len != 0 => return Err(FrameError::CreditLength(len)),
             _ => {}
         }
-        let call = CallInfo { seq: u64_at(56), count: u64_at(48), kind: u32_at(40), root: u32_at(44) };
-        Ok(Frame {
-            kind,
-            channel: b[5],
-            slot_bytes,
-            len,
-            seq: u64_at(16),
-            fingerprint: u64_at(24),
-            job: u64_at(32),
-            call,
-        })
+        let seq = u64_at(16);
+        let call = CallInfo { seq, count: u64_at(48), kind: u32_at(40), root: u32_at(44) };
+        let credit = u64_at(56);
+        if kind == Kind::Credit && credit != 0 {
+            return Err(FrameError::Reserved);
+        }
+        Ok(Frame { kind, channel: b[5], slot_bytes, len, seq, fingerprint: u64_at(24), job: u64_at(32), call, credit })
     }
 }
 
@@ -164,7 +164,8 @@ mod tests {
         ) {
             let slot_bytes = 1u32 << shift;
             let call = CallInfo { seq, count, kind, root: 3 };
-            let frame = Frame::data(channel, slot_bytes, len % (slot_bytes + 1), Stamp { seq, fingerprint }, job, call);
+            let mut frame = Frame::data(channel, slot_bytes, len % (slot_bytes + 1), Stamp { seq, fingerprint }, job, call);
+            frame.credit = count ^ job;
             prop_assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
         }
     }

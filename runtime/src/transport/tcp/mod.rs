@@ -344,8 +344,9 @@ impl Link for TcpLink {
     fn progress(links: &mut [Self], ours: Stamp, block: bool) -> Result<(), LinkFault> {
         let Some(link) = links.first() else { return Ok(()) };
         let mut wire = link.wire();
-        wire.flush_credits();
         if block {
+            // About to sleep: every sender hears of all the room this rank has.
+            wire.flush_credits();
             wire.sleep(Duration::from_millis(1));
         }
         wire.pump_all();
@@ -362,7 +363,6 @@ impl Link for TcpLink {
     fn flushed(links: &mut [Self]) -> bool {
         links.first().is_none_or(|link| {
             let mut wire = link.wire();
-            wire.flush_credits();
             wire.pump_all();
             wire.flushed()
         })

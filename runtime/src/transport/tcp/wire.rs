@@ -205,10 +205,19 @@ impl Wire {
 
     pub fn post(&mut self, link: u32, stamp: Stamp, len: usize) {
         let (job, call) = (self.job, self.call);
+        let end = self.links[link as usize].end;
+        let mut header = Frame::data(end.channel, end.slot_bytes as u32, len as u32, stamp, job, call);
+        // The credit of the link the other way rides on the message, if it owes one.
+        let back = LinkEnd { from: end.to, to: end.from, ..end };
+        if let Some(&back) = self.by_end.get(&back) {
+            let back = &mut self.links[back as usize];
+            if back.consumed > back.reported {
+                back.reported = back.consumed;
+                header.credit = back.consumed + 1;
+            }
+        }
         let state = &mut self.links[link as usize];
         let message = state.posted;
-        let end = state.end;
-        let header = Frame::data(end.channel, end.slot_bytes as u32, len as u32, stamp, job, call);
         state.headers[(message % SLOTS) as usize] = header.encode();
         state.posted += 1;
         let (peer, socket) = (state.peer, state.socket);
@@ -237,8 +246,9 @@ impl Wire {
         state.arrived[(state.consumed % SLOTS) as usize].map(|f| f.call)
     }
 
-    /// Frees the slot; the sender hears of it when half the slots are free again or this rank next goes idle
-    /// (`flush_credits`), so a message costs the receiver no system call of its own.
+    /// Frees the slot; the sender hears of it with this rank's next message to it on the link the other way, when
+    /// half the slots are free again, or when this rank waits past spinning (`flush_credits`): a message costs the
+    /// receiver no system call of its own.
     pub fn release(&mut self, link: u32) {
         let state = &mut self.links[link as usize];
         state.arrived[(state.consumed % SLOTS) as usize] = None;
@@ -495,31 +505,49 @@ impl Wire {
                                     format!("sent a credit for no link ({ours:?})"),
                                 );
                             };
-                            let state = &mut self.links[link as usize];
-                            if frame.seq > state.posted || frame.seq < state.credited {
-                                let how = format!(
-                                    "sent a credit for {} messages on a link with {} posted",
-                                    frame.seq, state.posted
-                                );
-                                return self.protocol_fault(peer, socket, how);
+                            if !self.take_credit(peer, socket, link, frame.seq) {
+                                return false;
                             }
-                            state.credited = frame.seq;
                         }
-                        Kind::Data => match self.by_end.get(&end) {
-                            Some(&link) => {
-                                if !self.accept_data(peer, socket, link, frame) {
+                        Kind::Data => {
+                            if frame.credit != 0 {
+                                let ours = LinkEnd { from: self.rank, to: peer, ..end };
+                                let Some(&back) = self.by_end.get(&ours) else {
+                                    let how = format!("sent a credit for no link ({ours:?})");
+                                    return self.protocol_fault(peer, socket, how);
+                                };
+                                if !self.take_credit(peer, socket, back, frame.credit - 1) {
                                     return false;
                                 }
                             }
-                            None => {
-                                self.peers[peer as usize][socket].reading = Reading::Parked(frame);
-                                return false;
+                            match self.by_end.get(&end) {
+                                Some(&link) => {
+                                    if !self.accept_data(peer, socket, link, frame) {
+                                        return false;
+                                    }
+                                }
+                                None => {
+                                    self.peers[peer as usize][socket].reading = Reading::Parked(frame);
+                                    return false;
+                                }
                             }
-                        },
+                        }
                     }
                 }
             }
         }
+    }
+
+    /// The receiver of this rank's `link` has consumed `consumed` of its messages; false on a fault. A credit older
+    /// than one already taken (a credit frame can overtake the message carrying an older one) changes nothing.
+    fn take_credit(&mut self, peer: u32, socket: usize, link: u32, consumed: u64) -> bool {
+        let state = &mut self.links[link as usize];
+        if consumed > state.posted {
+            let how = format!("sent a credit for {consumed} messages on a link with {} posted", state.posted);
+            return self.protocol_fault(peer, socket, how);
+        }
+        state.credited = state.credited.max(consumed);
+        true
     }
 
     /// Starts reading the body of `frame` into `link`'s next slot; false on a fault.

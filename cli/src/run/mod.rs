@@ -234,8 +234,14 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
+    // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
+    let transport = match (launched, args.transport) {
+        (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
+        (true, Transport::Threads) => Transport::Shm,
+        (_, transport) => transport,
+    };
     let (collective, algorithms) = match fixed {
-        None => select(args, (n_ranks, per_node, launched), root, peer, &sizes)?,
+        None => select(args, (n_ranks, per_node, launched), transport, root, peer, &sizes)?,
         Some(source) if library::is_schedule(&source) => {
             let (collective, algorithms) = schedule_file(args, source, n_ranks)?;
             let sched = &algorithms.choices[0].schedule.as_ref().expect("a schedule file's choice has it").0;
@@ -257,12 +263,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         warmup: args.warmup,
         check: args.check != 0,
         format: args.format,
-        // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
-        transport: match (launched, args.transport) {
-            (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
-            (true, Transport::Threads) => Transport::Shm,
-            (_, transport) => transport,
-        },
+        transport,
         options,
         algorithms,
     };
@@ -426,6 +427,7 @@ fn schedule_file(
 fn select(
     args: &RunArgs,
     (n_ranks, per_node, launched): (u32, u32, bool),
+    transport: Transport,
     root: u32,
     peer: u32,
     sizes: &[usize],
@@ -448,13 +450,15 @@ fn select(
     };
     // Without a topology file: on one host, this host's calibration (cached on first use); across nodes, the
     // launcher's node split with the built-in constants.
-    let host = match (&file, per_node == n_ranks) {
+    let host = match (&file, per_node == n_ranks && transport != Transport::Tcp) {
         (None, true) => crate::calibrate::host_topology(args.recalibrate, !launched),
         _ => None,
     };
     let topo = match (&file, &host) {
         (Some((origin, path)), _) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
         (None, Some((topo, _))) => topo.clone(),
+        // Over tcp every message pays the socket's costs, on one host or several.
+        (None, None) if transport == Transport::Tcp => Topology::sockets(n_ranks),
         (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
     let topology = match &file {

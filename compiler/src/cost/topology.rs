@@ -16,6 +16,10 @@ pub mod defaults {
     pub const BANDWIDTH_GBPS: f64 = 16.0;
     /// A vectorised reduction reads two streams and writes one: about the copy rate.
     pub const REDUCE_GBPS: f64 = 16.0;
+    /// A small message over TCP sockets (loopback or a veth pair), one way, with its system calls.
+    pub const SOCKET_ALPHA_US: f64 = 15.0;
+    /// One TCP stream on a host of this class.
+    pub const SOCKET_BANDWIDTH_GBPS: f64 = 2.0;
 }
 
 /// One link class: the start-up time of a message and the bandwidth of one rank's port, and optionally the
@@ -183,6 +187,19 @@ impl Topology {
             topo.links.inter = Some(topo.links.intra.clone());
         }
         topo
+    }
+
+    /// `n_ranks` ranks that reach each other over TCP sockets (the `tcp` transport), each on a node of its own, with
+    /// the built-in socket constants: what `collc run --transport tcp` selects on without a topology file.
+    pub fn sockets(n_ranks: u32) -> Self {
+        let link = Link::linear(defaults::SOCKET_ALPHA_US, defaults::SOCKET_BANDWIDTH_GBPS);
+        Topology {
+            name: "sockets (built-in)".into(),
+            nodes: n_ranks,
+            ranks_per_node: Some(1),
+            links: Links { intra: link.clone(), inter: Some(link) },
+            ..Topology::uniform(n_ranks)
+        }
     }
 
     /// Parses and checks a topology file's text.

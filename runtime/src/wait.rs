@@ -10,6 +10,8 @@ use std::time::{Duration, Instant};
 pub(crate) const SPINS: u32 = 64;
 /// Waiting longer than this, a rank naps instead of yielding: it is waiting for something slow.
 const NAP_AFTER: Duration = Duration::from_millis(200);
+/// Idle rounds, in units of `spins`, before a socket transport sleeps in `poll`.
+const SLEEP_AFTER: u32 = 64;
 /// How often (in idle rounds past the spinning phase) the clock and peers are looked at.
 const CHECK_EVERY: u32 = 128;
 
@@ -52,10 +54,11 @@ impl Backoff {
         self.napping = false;
     }
 
-    /// Whether the wait is still in its spinning phase (a transport that can sleep until data comes waits so only
-    /// past it).
-    pub fn spinning(&self) -> bool {
-        self.rounds < self.spins
+    /// Whether a transport that can sleep until data comes (sockets) should now: with a core per rank, after
+    /// `SLEEP_AFTER` times the spinning rounds (waking from a sleep costs more than a message takes to come in
+    /// a stream), at once when ranks outnumber cores (`spins` 0).
+    pub fn may_sleep(&self) -> bool {
+        self.rounds >= self.spins.saturating_mul(SLEEP_AFTER)
     }
 
     /// One idle round. `health` is asked now and then whether the peers are still there.

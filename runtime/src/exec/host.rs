@@ -122,7 +122,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 continue;
             }
             let i = plan.waiting.first().copied().unwrap_or(0) as usize;
-            match L::progress(links, stamp, !wait.spinning()) {
+            match L::progress(links, stamp, wait.may_sleep()) {
                 Ok(()) => {}
                 Err(LinkFault::Peer(peer, how)) => {
                     let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));

@@ -139,6 +139,25 @@ pub(crate) struct Wire {
     pub fault: Option<Fault>,
 }
 
+/// `writev` that does not raise SIGPIPE when the peer has gone (`sendmsg` with `MSG_NOSIGNAL`, as std's own
+/// `write` on a socket does): a dead peer is an error naming it, not the death of this rank.
+fn send_vectored(stream: &TcpStream, slices: &[IoSlice]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: msghdr is plain data; the iovecs point at `slices`, which IoSlice lays out as iovec and which live
+    // for the call.
+    let sent = unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = slices.as_ptr() as *mut libc::iovec;
+        message.msg_iovlen = slices.len() as _;
+        libc::sendmsg(stream.as_raw_fd(), &message, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
+    }
+}
+
 fn would_block(e: &std::io::Error) -> bool {
     matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted)
 }
@@ -341,7 +360,7 @@ impl Wire {
                     let total = frame::HEADER + len;
                     let done = s.written;
                     let wrote = if done < frame::HEADER {
-                        s.stream.write_vectored(&[IoSlice::new(&header[done..]), IoSlice::new(body)])
+                        send_vectored(&s.stream, &[IoSlice::new(&header[done..]), IoSlice::new(body)])
                     } else {
                         s.stream.write(&body[done - frame::HEADER..])
                     };

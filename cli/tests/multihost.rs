@@ -104,8 +104,8 @@ fn a_rank_killed_stopped_or_cut_off_becomes_an_error_on_every_survivor() {
     let outputs = wait_within(job, Duration::from_secs(15), "SIGSTOP");
     signal(&stopped, libc::SIGKILL);
     let _ = stopped.wait_with_output();
-    let both = [outputs[0].clone(), Output { status: outputs[0].status, ..outputs[1].clone() }];
-    assert_survivors_fail(&both[..1], &[0], "rank", "SIGSTOP of rank 1");
+    // With rank 1 taken out, outputs[1] is rank 2's.
+    assert_survivors_fail(&outputs[..1], &[0], "rank", "SIGSTOP of rank 1");
     let text = printed(&outputs[1]);
     assert!(!outputs[1].status.success() && text.contains("rank 2:"), "SIGSTOP of rank 1, rank 2:\n{text}");
 
@@ -124,13 +124,12 @@ fn a_throttled_link_is_slower_but_right_and_mismatched_calls_fail_at_once() {
     run_checked(&hosts, 3, Launcher::Torchrun, "allreduce/ring");
 
     // Rank 1 calls with another count: the first message between them shows both calls.
-    let started = Instant::now();
     let args = ["allreduce/ring", "--transport", "tcp", "-b", "64K", "-e", "64K", "-n", "5", "-w", "0", "-c", "0"];
     let env = [("COLLC_TIMEOUT", "60")];
     let other = |rank: usize| if rank == 1 { vec!["-d".into(), "double".into()] } else { Vec::new() };
+    // Within a third of the timeout: the mismatch is seen on the first message, not waited out.
     let outputs =
         wait_within(Job::start(&hosts, 3, Launcher::Torchrun, &args, &env, other), Duration::from_secs(20), "mismatch");
-    assert!(started.elapsed() < Duration::from_secs(20), "a mismatch waited for the timeout");
     let texts: Vec<String> = outputs.iter().map(printed).collect();
     assert!(outputs.iter().all(|o| !o.status.success()), "{texts:#?}");
     let shown = texts.iter().find(|t| t.contains("mismatched calls")).unwrap_or_else(|| panic!("{texts:#?}"));

@@ -180,6 +180,14 @@ pub(crate) trait Bootstrap: Send + Sync {
 /// The largest blob `Bootstrap::all_gather` carries: addresses, IPC handles, queue-pair numbers, reports.
 pub(crate) const BLOB_BYTES: usize = 256;
 
+/// Refuses a blob `Bootstrap::all_gather` cannot carry.
+pub(crate) fn check_blob(blob: &[u8]) -> Result<(), RuntimeError> {
+    if blob.len() > BLOB_BYTES {
+        return Err(RuntimeError::Config(format!("an all-gather blob of {} bytes exceeds {BLOB_BYTES}", blob.len())));
+    }
+    Ok(())
+}
+
 /// Opens the links of a plan and returns the executor that runs it over them.
 pub(crate) trait Fabric: Send + Sync {
     fn transport(&self) -> Transport;

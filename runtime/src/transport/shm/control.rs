@@ -197,12 +197,7 @@ impl Bootstrap for Control {
         generation: u64,
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        if blob.len() > BLOB_BYTES {
-            return Err(RuntimeError::Config(format!(
-                "an all-gather blob of {} bytes exceeds {BLOB_BYTES}",
-                blob.len()
-            )));
-        }
+        crate::transport::check_blob(blob)?;
         let mine = self.blob(rank, generation);
         // SAFETY: this rank's blob of this generation: no other rank writes it, and none reads it before the barrier.
         unsafe {

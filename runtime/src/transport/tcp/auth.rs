@@ -11,10 +11,13 @@
 //! or a truncated message fail with a reason; the acceptor gives a handshake `HANDSHAKE_TIMEOUT` in all, so a peer
 //! that sends a byte a second is cut off. Messages are fixed-size: nothing a peer sends sets a length here.
 
+use crate::log::{self, Subsys};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 type HmacSha256 = Hmac<Sha256>;
@@ -277,6 +280,51 @@ pub fn answer(hello: &Hello, theirs: &[u8; NONCE], ours: &[u8; NONCE], token: &T
     let mac = token.mac(&[b"collc-connector", theirs, ours, &hello_bytes(hello)]).finalize().into_bytes();
     answer[32 + NONCE..].copy_from_slice(&mac);
     answer
+}
+
+/// Handshakes an acceptor runs at once; more connections are refused (and logged) until some end.
+const MAX_HANDSHAKES: usize = 64;
+
+/// Serves a port until `stop`: every connection is authenticated (`accept` with `expect`) on a thread of its own,
+/// bounded in time by `HANDSHAKE_TIMEOUT` and in number by `MAX_HANDSHAKES`, and handed with its hello to
+/// `accepted` on that thread (which may serve it there for good). Refusals are logged with the reason, naming
+/// the port `what`.
+pub fn serve<E, A>(listener: TcpListener, token: Token, stop: Arc<AtomicBool>, what: String, expect: E, accepted: A)
+where
+    E: Fn(&Hello) -> Option<Refusal> + Send + Sync + 'static,
+    A: Fn(TcpStream, Hello) + Send + Sync + 'static,
+{
+    let (expect, accepted) = (Arc::new(expect), Arc::new(accepted));
+    let running = Arc::new(AtomicUsize::new(0));
+    while !stop.load(Ordering::Relaxed) {
+        let (mut stream, from) = match listener.accept() {
+            Ok(connection) => connection,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(2));
+                continue;
+            }
+            Err(_) => continue,
+        };
+        if running.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
+            log::warn(Subsys::Net, format_args!("{what}: refused {from}: {MAX_HANDSHAKES} handshakes under way"));
+            continue;
+        }
+        running.fetch_add(1, Ordering::Relaxed);
+        let (token, expect, accepted, running, port) =
+            (token.clone(), expect.clone(), accepted.clone(), running.clone(), what.clone());
+        let spawned = std::thread::Builder::new().name("collc handshake".into()).spawn(move || {
+            let _ = stream.set_nonblocking(false);
+            let hello = accept(&mut stream, &token, |h| expect(h));
+            running.fetch_sub(1, Ordering::Relaxed);
+            match hello {
+                Ok(hello) => accepted(stream, hello),
+                Err(e) => log::warn(Subsys::Net, format_args!("{port}: refused {from}: {e}")),
+            }
+        });
+        if spawned.is_err() {
+            log::warn(Subsys::Net, format_args!("{what}: no thread to authenticate {from}; refused"));
+        }
+    }
 }
 
 /// The connecting end: answers the challenge as `hello` and checks that the acceptor holds the token too.

@@ -23,7 +23,7 @@ use crate::log::{self, Subsys};
 use auth::{Hello, Purpose, Refusal};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 pub(crate) use store::Rendezvous;
@@ -132,7 +132,7 @@ pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Ren
     let (acceptor_inbox, acceptor_stop, token) = (inbox.clone(), stop.clone(), job.token.clone());
     std::thread::Builder::new()
         .name(format!("collc accept {rank}"))
-        .spawn(move || accept_peers(listener, rank, n_ranks, hash, token, &acceptor_inbox, &acceptor_stop))
+        .spawn(move || accept_peers(listener, rank, n_ranks, hash, token, acceptor_inbox, acceptor_stop))
         .map_err(|e| config(format!("cannot start the acceptor thread: {e}")))?;
     let net = Net {
         wire: Arc::new(Mutex::new(Wire::new(rank, n_ranks, hash))),
@@ -146,67 +146,37 @@ pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Ren
     Ok((Arc::new(net), rendezvous))
 }
 
-/// Handshakes the acceptor runs at once.
-const MAX_HANDSHAKES: usize = 64;
-
-/// Accepts this rank's peers on its data port: each connection is authenticated on a thread of its own (bounded
-/// in time by the handshake, in number by `MAX_HANDSHAKES`) and put in the inbox.
+/// Accepts this rank's peers on its data port: each authenticated connection goes into the inbox, until a plan
+/// takes it.
 fn accept_peers(
     listener: TcpListener,
     rank: u32,
     n_ranks: u32,
     job: u64,
     token: Token,
-    inbox: &Arc<Inbox>,
-    stop: &AtomicBool,
+    inbox: Arc<Inbox>,
+    stop: Arc<AtomicBool>,
 ) {
-    let running = Arc::new(AtomicUsize::new(0));
-    while !stop.load(Ordering::Relaxed) {
-        let (stream, from) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(_) => continue,
-        };
-        if running.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
-            log::warn(Subsys::Net, format_args!("rank {rank}: refusing {from}: too many handshakes under way"));
-            continue;
+    let expect = move |h: &Hello| -> Option<Refusal> {
+        if h.purpose != Purpose::Data {
+            Some(Refusal::Purpose)
+        } else if h.job != job {
+            Some(Refusal::Job)
+        } else if h.world != n_ranks || h.rank >= rank {
+            // Only lower ranks connect to this one.
+            Some(Refusal::Rank)
+        } else {
+            None
         }
-        running.fetch_add(1, Ordering::Relaxed);
-        let (token, inbox, running) = (token.clone(), inbox.clone(), running.clone());
-        let spawned = std::thread::Builder::new().name(format!("collc handshake {rank}")).spawn(move || {
-            let mut stream = stream;
-            let _ = stream.set_nonblocking(false);
-            let expect = |h: &Hello| -> Option<Refusal> {
-                if h.purpose != Purpose::Data {
-                    Some(Refusal::Purpose)
-                } else if h.job != job {
-                    Some(Refusal::Job)
-                } else if h.world != n_ranks || h.rank >= rank {
-                    // Only lower ranks connect to this one.
-                    Some(Refusal::Rank)
-                } else {
-                    None
-                }
-            };
-            match auth::accept(&mut stream, &token, expect) {
-                Ok(hello) => {
-                    let mut streams = inbox.streams.lock().unwrap_or_else(|p| p.into_inner());
-                    if streams.insert((hello.rank, hello.socket), stream).is_some() {
-                        log::warn(Subsys::Net, format_args!("rank {rank}: rank {} connected twice", hello.rank));
-                    }
-                    inbox.arrived.notify_all();
-                }
-                Err(e) => log::warn(Subsys::Net, format_args!("rank {rank}: refused a connection from {from}: {e}")),
-            }
-            running.fetch_sub(1, Ordering::Relaxed);
-        });
-        if spawned.is_err() {
-            log::warn(Subsys::Net, format_args!("rank {rank}: no thread to authenticate {from}; refused"));
+    };
+    let accepted = move |stream: TcpStream, hello: Hello| {
+        let mut streams = inbox.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if streams.insert((hello.rank, hello.socket), stream).is_some() {
+            log::warn(Subsys::Net, format_args!("rank {rank}: rank {} connected twice", hello.rank));
         }
-    }
+        inbox.arrived.notify_all();
+    };
+    auth::serve(listener, token, stop, format!("rank {rank}'s data port"), expect, accepted);
 }
 
 impl Drop for Net {

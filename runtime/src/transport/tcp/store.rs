@@ -27,9 +27,6 @@ const REFUSED: u8 = 13;
 /// Rank 0 has left: the hub goes when its process does, which is then no failure.
 const HOST_LEFT: u8 = 14;
 
-/// Handshakes the hub runs at once; more connections wait in the listen backlog.
-const MAX_HANDSHAKES: usize = 64;
-
 /// The largest message for `n_ranks`: a release carries every rank's blob.
 fn max_message(n_ranks: u32) -> usize {
     64 + n_ranks as usize * (BLOB_BYTES + 4)
@@ -175,51 +172,20 @@ impl Drop for Hub {
 }
 
 fn serve(listener: TcpListener, state: Arc<(Mutex<HubState>, Condvar)>, stop: Arc<AtomicBool>, job: u64, token: Token) {
-    let handshakes = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let n_ranks = state.0.lock().unwrap_or_else(|p| p.into_inner()).n_ranks;
-    while !stop.load(Ordering::Relaxed) {
-        let (stream, from) = match listener.accept() {
-            Ok(accepted) => accepted,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_millis(2));
-                continue;
-            }
-            Err(_) => continue,
-        };
-        if handshakes.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
-            log::warn(
-                Subsys::Net,
-                format_args!("rendezvous: refusing {from}: {MAX_HANDSHAKES} handshakes already under way"),
-            );
-            continue;
+    let expect = move |h: &Hello| -> Option<Refusal> {
+        if h.purpose != Purpose::Rendezvous {
+            Some(Refusal::Purpose)
+        } else if h.job != job {
+            Some(Refusal::Job)
+        } else if h.world != n_ranks || h.rank >= n_ranks {
+            Some(Refusal::Rank)
+        } else {
+            None
         }
-        handshakes.fetch_add(1, Ordering::Relaxed);
-        let (state, token, handshakes) = (state.clone(), token.clone(), handshakes.clone());
-        let spawned = std::thread::Builder::new().name("collc rendezvous peer".into()).spawn(move || {
-            let mut stream = stream;
-            let _ = stream.set_nonblocking(false);
-            let expect = |h: &Hello| -> Option<Refusal> {
-                if h.purpose != Purpose::Rendezvous {
-                    Some(Refusal::Purpose)
-                } else if h.job != job {
-                    Some(Refusal::Job)
-                } else if h.world != n_ranks || h.rank >= n_ranks {
-                    Some(Refusal::Rank)
-                } else {
-                    None
-                }
-            };
-            let hello = auth::accept(&mut stream, &token, expect);
-            handshakes.fetch_sub(1, Ordering::Relaxed);
-            match hello {
-                Ok(hello) => session(stream, hello.rank, &state),
-                Err(e) => log::warn(Subsys::Net, format_args!("rendezvous: refused {from}: {e}")),
-            }
-        });
-        if spawned.is_err() {
-            log::warn(Subsys::Net, format_args!("rendezvous: no thread for {from}; refused"));
-        }
-    }
+    };
+    let accepted = move |stream: TcpStream, hello: Hello| session(stream, hello.rank, &state);
+    auth::serve(listener, token, stop, "rendezvous".into(), expect, accepted);
 }
 
 /// Serves one rank's connection until it leaves or the connection ends.
@@ -339,10 +305,11 @@ impl Rendezvous {
             }
             _ => None,
         };
+        let hello = Hello { purpose: Purpose::Rendezvous, socket: 0, rank, world: n_ranks, job };
         let started = Instant::now();
         let mut last_error;
         let stream = loop {
-            match connect_once(addr, rank, n_ranks, job, token, timeout) {
+            match connect_once(addr, &hello, token, timeout) {
                 Ok(stream) => break stream,
                 // Refusals are final: retrying would not change the token or the world size.
                 Err(Fatal(message)) => return Err(RuntimeError::Config(message)),
@@ -391,21 +358,15 @@ enum Attempt {
 }
 use Attempt::{Fatal, Retry};
 
-fn connect_once(
-    addr: &str,
-    rank: u32,
-    n_ranks: u32,
-    job: u64,
-    token: &Token,
-    timeout: Duration,
-) -> Result<TcpStream, Attempt> {
+/// One attempt to reach the hub at `addr` as `hello` says.
+fn connect_once(addr: &str, hello: &Hello, token: &Token, timeout: Duration) -> Result<TcpStream, Attempt> {
+    let Hello { rank, world: n_ranks, .. } = *hello;
     let addrs: Vec<SocketAddr> =
         addr.to_socket_addrs().map_err(|e| Retry(format!("cannot resolve `{addr}`: {e}")))?.collect();
     let target = addrs.first().ok_or_else(|| Retry(format!("`{addr}` resolves to no address")))?;
     let mut stream =
         TcpStream::connect_timeout(target, Duration::from_secs(2)).map_err(|e| Retry(format!("{target}: {e}")))?;
-    let hello = Hello { purpose: Purpose::Rendezvous, socket: 0, rank, world: n_ranks, job };
-    auth::connect(&mut stream, token, &hello, timeout.min(auth::HANDSHAKE_TIMEOUT * 2)).map_err(|e| match e {
+    auth::connect(&mut stream, token, hello, timeout.min(auth::HANDSHAKE_TIMEOUT * 2)).map_err(|e| match e {
         auth::HandshakeError::RefusedByPeer(Refusal::Rank) => Fatal(format!(
             "rank {rank}: the rendezvous at {addr} refused it: this rank was started with {n_ranks} ranks and \
              rank {rank}, the job has another world size (every rank needs the same WORLD_SIZE)"
@@ -544,12 +505,7 @@ impl Rendezvous {
         timeout: Duration,
         at: &str,
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        if blob.len() > BLOB_BYTES {
-            return Err(RuntimeError::Config(format!(
-                "an all-gather blob of {} bytes exceeds {BLOB_BYTES}",
-                blob.len()
-            )));
-        }
+        crate::transport::check_blob(blob)?;
         let mut body = generation.to_le_bytes().to_vec();
         body.extend_from_slice(blob);
         self.send(GATHER, &body)?;

@@ -49,18 +49,7 @@ impl TcpJob {
     /// From a launcher's environment: MASTER_ADDR/MASTER_PORT (or `COLLC_RENDEZVOUS`), the token
     /// (`COLLC_JOB_TOKEN` or `COLLC_JOB_TOKEN_FILE`), `COLLC_SOCKET_IFNAME` and `COLLC_NSOCKS_PERPEER`.
     pub fn from_env(rank: u32, n_ranks: u32, job: &str) -> Result<TcpJob, String> {
-        let rendezvous = match std::env::var("COLLC_RENDEZVOUS") {
-            Ok(addr) => addr,
-            Err(_) => match (std::env::var("MASTER_ADDR"), std::env::var("MASTER_PORT")) {
-                (Ok(addr), Ok(port)) => format!("{addr}:{port}"),
-                (Ok(addr), Err(_)) => format!("{addr}:29500"),
-                _ => {
-                    return Err("the tcp transport needs the rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's \
-                                host and a free port), or COLLC_RENDEZVOUS=host:port"
-                        .into())
-                }
-            },
-        };
+        let rendezvous = rendezvous_from(|name| std::env::var(name).ok())?;
         let token = Token::from_env()?.ok_or(
             "the tcp transport needs the job's token: set COLLC_JOB_TOKEN (or COLLC_JOB_TOKEN_FILE) to the same \
              secret on every rank (`collc run` makes one when it starts the ranks itself)",
@@ -80,6 +69,44 @@ impl TcpJob {
         };
         Ok(TcpJob { rendezvous, rank, n_ranks, job: job.to_string(), token, ifname, sockets })
     }
+}
+
+/// The rendezvous address: `COLLC_RENDEZVOUS`, else MASTER_ADDR:MASTER_PORT (torchrun's port 29500 when only the
+/// address is set), else under Slurm the first host of `SLURM_JOB_NODELIST` and port 15000 + the job id's last four
+/// digits (the convention of PyTorch Lightning's Slurm environment), so every rank of the job derives the same.
+fn rendezvous_from(var: impl Fn(&str) -> Option<String>) -> Result<String, String> {
+    if let Some(addr) = var("COLLC_RENDEZVOUS") {
+        return Ok(addr);
+    }
+    if let Some(addr) = var("MASTER_ADDR") {
+        return Ok(format!("{addr}:{}", var("MASTER_PORT").unwrap_or_else(|| "29500".into())));
+    }
+    if let (Some(list), Some(id)) = (var("SLURM_JOB_NODELIST").or_else(|| var("SLURM_NODELIST")), var("SLURM_JOB_ID")) {
+        let host = first_node(&list).ok_or(format!("SLURM_JOB_NODELIST=`{list}` names no host"))?;
+        let digits: String = id.chars().rev().take_while(char::is_ascii_digit).take(4).collect();
+        let low = digits.chars().rev().collect::<String>().parse::<u16>().unwrap_or(0);
+        return Ok(format!("{host}:{}", var("MASTER_PORT").unwrap_or_else(|| (15000 + low).to_string())));
+    }
+    Err("the tcp transport needs the rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's host and a free port; \
+         with mpirun, `-x MASTER_ADDR=... -x MASTER_PORT=...`), or COLLC_RENDEZVOUS=host:port"
+        .into())
+}
+
+/// The first host of a Slurm node list: `gpu[003-010,012],cpu07` -> `gpu003`, `rack[1-2]-n[01-04]` -> `rack1-n01`.
+fn first_node(list: &str) -> Option<String> {
+    let mut host = String::new();
+    let mut chars = list.trim().chars();
+    while let Some(c) = chars.next() {
+        match c {
+            ',' => break,
+            '[' => {
+                let group: String = chars.by_ref().take_while(|&c| c != ']').collect();
+                host.extend(group.chars().take_while(|&c| c != ',' && c != '-'));
+            }
+            c => host.push(c),
+        }
+    }
+    (!host.is_empty()).then_some(host)
 }
 
 fn job_hash(job: &str) -> u64 {
@@ -336,5 +363,35 @@ impl Link for TcpLink {
             wire.pump_all();
             wire.flushed()
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(pairs: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn rendezvous_comes_from_collc_then_torchrun_then_slurm() {
+        let all =
+            [("COLLC_RENDEZVOUS", "a:1"), ("MASTER_ADDR", "b"), ("SLURM_JOB_NODELIST", "c"), ("SLURM_JOB_ID", "9")];
+        assert_eq!(rendezvous_from(env(&all)).unwrap(), "a:1");
+        assert_eq!(rendezvous_from(env(&all[1..])).unwrap(), "b:29500");
+        assert_eq!(rendezvous_from(env(&[("MASTER_ADDR", "b"), ("MASTER_PORT", "7")])).unwrap(), "b:7");
+        let slurm = [("SLURM_JOB_NODELIST", "gpu[003-010,012],cpu07"), ("SLURM_JOB_ID", "4123456")];
+        assert_eq!(rendezvous_from(env(&slurm)).unwrap(), "gpu003:18456");
+        let err = rendezvous_from(env(&[("PMI_RANK", "0")])).unwrap_err();
+        assert!(err.contains("MASTER_ADDR") && err.contains("-x MASTER_ADDR"), "{err}");
+    }
+
+    #[test]
+    fn first_node_expands_only_the_first_of_each_range() {
+        assert_eq!(first_node("node7").as_deref(), Some("node7"));
+        assert_eq!(first_node("rack[1-2]-n[01-04],x").as_deref(), Some("rack1-n01"));
+        assert_eq!(first_node("a[5,1-3]").as_deref(), Some("a5"));
+        assert_eq!(first_node(" ,x"), None);
     }
 }

@@ -12,6 +12,7 @@
 //! never allocate, lock or dispatch per element, so a runtime can call them on any part of
 //! any buffer it owns.
 
+pub mod cuda;
 mod dtype;
 mod element;
 mod error;

@@ -176,6 +176,21 @@ impl Communicator {
             .collect()
     }
 
+    /// `n_ranks` communicators for rank threads of this process whose plans run on the host twin of the CUDA
+    /// interpreter (the `twin` transport): the device encoding and flag protocol, checked on a CPU.
+    pub fn twin(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        let fabric = Arc::new(crate::exec::TwinFabric::default());
+        let memory = Memory::new(Arc::new(Heap::default()));
+        let compiled = Compiled::default();
+        (0..n_ranks)
+            .map(|rank| {
+                let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+                Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
+            })
+            .collect()
+    }
+
     /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
     /// calls this with the same `job` and `n_ranks`; it returns once all have joined.
     pub fn shm(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
@@ -204,6 +219,7 @@ impl Communicator {
         let job = format!("group-{}-{id}", std::process::id());
         let make: Box<dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync> = match transport {
             crate::Transport::Threads => return Communicator::threads(n_ranks, options),
+            crate::Transport::Twin => return Communicator::twin(n_ranks, options),
             crate::Transport::Shm => Box::new(|rank| Communicator::shm(&job, rank, n_ranks, options.clone())),
             crate::Transport::Tcp => {
                 let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -96,7 +96,7 @@ fn watch_interrupts(shm_job: Option<String>, launcher: Option<libc::pid_t>) {
 
 pub fn run_threads(job: &Job) -> u8 {
     watch_interrupts(None, None);
-    let comms = match Communicator::threads(job.n_ranks, job.options.clone()) {
+    let comms = match Communicator::group(job.transport, job.n_ranks, job.options.clone()) {
         Ok(comms) => comms,
         Err(error) => return fail(&error),
     };

@@ -177,7 +177,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     match (launched, job.transport) {
         (Some(launch), _) => launch::run_one_rank(&job, &launch),
-        (None, Transport::Threads) => launch::run_threads(&job),
+        (None, Transport::Threads | Transport::Twin) => launch::run_threads(&job),
         (None, Transport::Shm | Transport::Tcp) => launch::spawn_ranks(&job),
     }
 }

@@ -172,7 +172,7 @@ pub(crate) fn describe(plan: &Plan, i: usize) -> String {
     format!("instruction #{} {} ({} line {})", label.index, label.op.name(), plan.algorithm, label.line)
 }
 
-fn waiting_for(plan: &Plan, i: usize) -> String {
+pub(crate) fn waiting_for(plan: &Plan, i: usize) -> String {
     let Some(step) = plan.steps.get(i) else { return "nothing".into() };
     let mut what = Vec::new();
     if step.recv != NONE {
@@ -353,7 +353,14 @@ fn blocks(n: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// The error of a message from `peer` stamped `got` arriving in call `ours`; `info` is the peer's call when the link
 /// carried it, else what the bootstrap knows of it.
-fn mismatch(plan: &Plan, peer: u32, got: Stamp, info: Option<CallInfo>, ours: Stamp, call: &Call) -> RuntimeError {
+pub(crate) fn mismatch(
+    plan: &Plan,
+    peer: u32,
+    got: Stamp,
+    info: Option<CallInfo>,
+    ours: Stamp,
+    call: &Call,
+) -> RuntimeError {
     let theirs = info.unwrap_or_else(|| call.bootstrap.call_of(peer));
     let describe_call = |seq: u64, info: Option<CallInfo>| match info {
         Some(info) => format!("call #{seq}: {}", crate::comm::describe_kind(info.kind, info.count, info.root)),

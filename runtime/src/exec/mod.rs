@@ -3,8 +3,11 @@
 //! `Link`, so its loop is compiled once per link type: no dynamic dispatch per instruction or element, only the one
 //! `Executor::run` per call.
 
+mod device;
 mod host;
 mod plan;
+
+pub(crate) use device::TwinFabric;
 
 pub(crate) use host::Host;
 pub use plan::Plan;

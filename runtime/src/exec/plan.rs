@@ -40,6 +40,8 @@ impl Place {
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Step {
     pub op: Op,
+    /// The schedule's channel: the device executor runs a block per channel.
+    pub channel: u8,
     /// Chunks it moves; its pieces are `pieces[first_piece..first_piece + n]`.
     pub n: u32,
     pub first_piece: u32,
@@ -297,7 +299,16 @@ fn translate(
             let piece = Piece { src: place(instr.src, k), acc: place(instr.acc, k), dst: place(instr.dst, k) };
             pieces.push(piece);
         }
-        steps.push(Step { op: instr.op, n: instr.count, first_piece, send, recv, send_pos, recv_pos });
+        steps.push(Step {
+            op: instr.op,
+            channel: instr.channel,
+            n: instr.count,
+            first_piece,
+            send,
+            recv,
+            send_pos,
+            recv_pos,
+        });
         labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }
     Translated { steps, pieces, labels, links }

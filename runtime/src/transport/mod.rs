@@ -28,10 +28,12 @@ pub enum Transport {
     Shm,
     /// Ranks are processes on any hosts, connected by TCP sockets, joined through a rendezvous.
     Tcp,
+    /// Ranks are threads whose plans run on the host twin of the CUDA interpreter (exec/device/twin.rs).
+    Twin,
 }
 
 impl Transport {
-    pub const ALL: [Transport; 3] = [Transport::Threads, Transport::Shm, Transport::Tcp];
+    pub const ALL: [Transport; 4] = [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin];
 
     /// The name `--transport` takes and headers print.
     pub fn name(self) -> &'static str {
@@ -39,6 +41,7 @@ impl Transport {
             Transport::Threads => "threads",
             Transport::Shm => "shm",
             Transport::Tcp => "tcp",
+            Transport::Twin => "twin",
         }
     }
 
@@ -48,12 +51,15 @@ impl Transport {
             Transport::Threads => "Ranks are threads of one process",
             Transport::Shm => "Ranks are processes on this host; buffers in /dev/shm",
             Transport::Tcp => "Ranks are processes on any hosts, over TCP (MASTER_ADDR:MASTER_PORT rendezvous)",
+            Transport::Twin => {
+                "Ranks are threads running the CUDA interpreter's host twin (its plan encoding and flag protocol, on the CPU)"
+            }
         }
     }
 
     /// Whether the ranks are separate processes (`collc run` spawns them).
     pub fn processes(self) -> bool {
-        self != Transport::Threads
+        matches!(self, Transport::Shm | Transport::Tcp)
     }
 }
 

@@ -1,0 +1,192 @@
+// Copy and reduce on the device, for every dtype and op, bit-identical to collc's reference kernels
+// (kernels/src/element.rs): integers wrap, f16 and bf16 combine in f32 and round to nearest even, max and min keep
+// the non-NaN operand and order -0 below +0, avg divides once at the end (integers truncate toward zero).
+// Each element is combined once, dst[i] = a[i] (op) b[i], so the order of a reduction is the schedule's.
+//
+// A range is split over the threads of one block (the interpreter) or of the grid (the standalone kernels):
+// 16-byte vector loads and stores where the pointers allow, element by element elsewhere.
+//
+// Compiled with NVRTC at run time (no headers: the half conversions are PTX). dtype codes are NCCL's:
+// int8 0, uint8 1, int32 2, uint32 3, int64 4, uint64 5, float16 6, float32 7, float64 8, bfloat16 9;
+// ops sum 0, prod 1, max 2, min 3, avg 4 (combined as sum).
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+struct f16 { u16 bits; };
+struct bf16 { u16 bits; };
+
+__device__ __forceinline__ float to_f32(f16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
+    return f;
+}
+__device__ __forceinline__ float to_f32(bf16 b) { return __uint_as_float(((u32)b.bits) << 16); }
+__device__ __forceinline__ f16 to_f16(float f) {
+    f16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ bf16 to_bf16(float f) {
+    bf16 b;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.bits) : "f"(f));
+    return b;
+}
+
+__device__ __forceinline__ bool negative(float x) { return (__float_as_uint(x) >> 31) != 0; }
+__device__ __forceinline__ bool negative(double x) { return __double_as_longlong(x) < 0; }
+
+template <typename F> __device__ __forceinline__ F max_ref(F a, F b) {
+    if (a != a) return b;
+    if (b != b || a > b || (a == b && negative(b))) return a;
+    return b;
+}
+template <typename F> __device__ __forceinline__ F min_ref(F a, F b) {
+    if (a != a) return b;
+    if (b != b || a < b || (a == b && negative(a))) return a;
+    return b;
+}
+
+enum { OP_SUM = 0, OP_PROD = 1, OP_MAX = 2, OP_MIN = 3, OP_AVG = 4 };
+
+// Integers: arithmetic in the unsigned type of the same width, so overflow wraps as Rust's wrapping_add.
+template <typename T, typename U, int OP> struct IntOp {
+    __device__ __forceinline__ static T apply(T a, T b) {
+        if (OP == OP_PROD) return (T)(U)((U)a * (U)b);
+        if (OP == OP_MAX) return a > b ? a : b;
+        if (OP == OP_MIN) return a < b ? a : b;
+        return (T)(U)((U)a + (U)b);
+    }
+};
+template <typename F, int OP> struct FloatOp {
+    __device__ __forceinline__ static F apply(F a, F b) {
+        if (OP == OP_PROD) return a * b;
+        if (OP == OP_MAX) return max_ref(a, b);
+        if (OP == OP_MIN) return min_ref(a, b);
+        return a + b;
+    }
+};
+template <typename H, int OP> struct HalfOp {
+    __device__ __forceinline__ static H apply(H a, H b);
+};
+template <int OP> struct HalfOp<f16, OP> {
+    __device__ __forceinline__ static f16 apply(f16 a, f16 b) { return to_f16(FloatOp<float, OP>::apply(to_f32(a), to_f32(b))); }
+};
+template <int OP> struct HalfOp<bf16, OP> {
+    __device__ __forceinline__ static bf16 apply(bf16 a, bf16 b) { return to_bf16(FloatOp<float, OP>::apply(to_f32(a), to_f32(b))); }
+};
+
+// dst[i] = a[i] (op) b[i] for i in [0, n), split over `nthreads` threads; 16-byte vectors when all three are aligned.
+template <typename T, typename Op>
+__device__ __forceinline__ void reduce_range(T* dst, const T* a, const T* b, u64 n, u32 tid, u32 nthreads) {
+    const u32 V = 16 / sizeof(T);
+    u64 start = 0;
+    if (((((u64)dst) | ((u64)a) | ((u64)b)) & 15) == 0) {
+        u64 vectors = n / V;
+        for (u64 v = tid; v < vectors; v += nthreads) {
+            uint4 x = ((const uint4*)a)[v];
+            uint4 y = ((const uint4*)b)[v];
+            uint4 z;
+            const T* xs = (const T*)&x;
+            const T* ys = (const T*)&y;
+            T* zs = (T*)&z;
+#pragma unroll
+            for (u32 j = 0; j < V; j++) zs[j] = Op::apply(xs[j], ys[j]);
+            ((uint4*)dst)[v] = z;
+        }
+        start = vectors * V;
+    }
+    for (u64 i = start + tid; i < n; i += nthreads) dst[i] = Op::apply(a[i], b[i]);
+}
+
+template <int OP>
+__device__ __forceinline__ void reduce_op(u32 dtype, void* dst, const void* a, const void* b, u64 n, u32 tid, u32 nt) {
+    switch (dtype) {
+    case 0: reduce_range<i8, IntOp<i8, u8, OP> >((i8*)dst, (const i8*)a, (const i8*)b, n, tid, nt); break;
+    case 1: reduce_range<u8, IntOp<u8, u8, OP> >((u8*)dst, (const u8*)a, (const u8*)b, n, tid, nt); break;
+    case 2: reduce_range<i32, IntOp<i32, u32, OP> >((i32*)dst, (const i32*)a, (const i32*)b, n, tid, nt); break;
+    case 3: reduce_range<u32, IntOp<u32, u32, OP> >((u32*)dst, (const u32*)a, (const u32*)b, n, tid, nt); break;
+    case 4: reduce_range<i64, IntOp<i64, u64, OP> >((i64*)dst, (const i64*)a, (const i64*)b, n, tid, nt); break;
+    case 5: reduce_range<u64, IntOp<u64, u64, OP> >((u64*)dst, (const u64*)a, (const u64*)b, n, tid, nt); break;
+    case 6: reduce_range<f16, HalfOp<f16, OP> >((f16*)dst, (const f16*)a, (const f16*)b, n, tid, nt); break;
+    case 7: reduce_range<float, FloatOp<float, OP> >((float*)dst, (const float*)a, (const float*)b, n, tid, nt); break;
+    case 8: reduce_range<double, FloatOp<double, OP> >((double*)dst, (const double*)a, (const double*)b, n, tid, nt); break;
+    case 9: reduce_range<bf16, HalfOp<bf16, OP> >((bf16*)dst, (const bf16*)a, (const bf16*)b, n, tid, nt); break;
+    }
+}
+
+// dst = a (op) b over n elements of `dtype`; avg combines as sum.
+__device__ __forceinline__ void reduce_any(u32 dtype, u32 op, void* dst, const void* a, const void* b, u64 n, u32 tid,
+                                           u32 nt) {
+    switch (op) {
+    case OP_PROD: reduce_op<OP_PROD>(dtype, dst, a, b, n, tid, nt); break;
+    case OP_MAX: reduce_op<OP_MAX>(dtype, dst, a, b, n, tid, nt); break;
+    case OP_MIN: reduce_op<OP_MIN>(dtype, dst, a, b, n, tid, nt); break;
+    default: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    }
+}
+
+// Copies `bytes` bytes: 16-byte vectors once both pointers are aligned alike (after a head of single bytes), else
+// 4-byte words when they allow, else bytes.
+__device__ __forceinline__ void copy_range(u8* dst, const u8* src, u64 bytes, u32 tid, u32 nthreads) {
+    u64 head = 0;
+    if ((((u64)dst ^ (u64)src) & 15) == 0) {
+        head = (16 - ((u64)dst & 15)) & 15;
+        if (head > bytes) head = bytes;
+        u64 vectors = (bytes - head) / 16;
+        const uint4* s = (const uint4*)(src + head);
+        uint4* d = (uint4*)(dst + head);
+        for (u64 v = tid; v < vectors; v += nthreads) d[v] = s[v];
+        for (u64 i = tid; i < head; i += nthreads) dst[i] = src[i];
+        for (u64 i = head + vectors * 16 + tid; i < bytes; i += nthreads) dst[i] = src[i];
+        return;
+    }
+    if (((((u64)dst) | ((u64)src)) & 3) == 0) {
+        u64 words = bytes / 4;
+        for (u64 w = tid; w < words; w += nthreads) ((u32*)dst)[w] = ((const u32*)src)[w];
+        for (u64 i = words * 4 + tid; i < bytes; i += nthreads) dst[i] = src[i];
+        return;
+    }
+    for (u64 i = tid; i < bytes; i += nthreads) dst[i] = src[i];
+}
+
+template <typename T> __device__ __forceinline__ T divide_int(T v, u32 n) { return (T)(v / (T)n); }
+
+// The last step of avg: every element divided by the rank count, as reference::finish_avg.
+__device__ __forceinline__ void divide_range(u32 dtype, void* buf, u64 n, u32 ranks, u32 tid, u32 nt) {
+    for (u64 i = tid; i < n; i += nt) {
+        switch (dtype) {
+        case 0: ((i8*)buf)[i] = (i8)((i32)((i8*)buf)[i] / (i32)ranks); break;
+        case 1: ((u8*)buf)[i] = (u8)((u32)((u8*)buf)[i] / ranks); break;
+        case 2: ((i32*)buf)[i] = (i32)((i64)((i32*)buf)[i] / (i64)ranks); break;
+        case 3: ((u32*)buf)[i] = ((u32*)buf)[i] / ranks; break;
+        case 4: ((i64*)buf)[i] = ((i64*)buf)[i] / (i64)ranks; break;
+        case 5: ((u64*)buf)[i] = ((u64*)buf)[i] / (u64)ranks; break;
+        case 6: ((f16*)buf)[i] = to_f16(to_f32(((f16*)buf)[i]) / (float)ranks); break;
+        case 7: ((float*)buf)[i] = ((float*)buf)[i] / (float)ranks; break;
+        case 8: ((double*)buf)[i] = ((double*)buf)[i] / (double)ranks; break;
+        case 9: ((bf16*)buf)[i] = to_bf16(to_f32(((bf16*)buf)[i]) / (float)ranks); break;
+        }
+    }
+}
+
+// Standalone kernels over the whole grid: the bandwidth benchmark's copy and reduce, and an empty kernel whose
+// launch is the latency floor.
+extern "C" __global__ void collc_copy(u8* dst, const u8* src, u64 bytes) {
+    copy_range(dst, src, bytes, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
+extern "C" __global__ void collc_reduce(u32 dtype, u32 op, void* dst, const void* a, const void* b, u64 n) {
+    reduce_any(dtype, op, dst, a, b, n, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
+extern "C" __global__ void collc_divide(u32 dtype, void* buf, u64 n, u32 ranks) {
+    divide_range(dtype, buf, n, ranks, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
+}
+
+extern "C" __global__ void collc_empty() {}

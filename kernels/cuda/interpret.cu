@@ -1,0 +1,313 @@
+// The device interpreter: one launch per collective call runs every block of an image (runtime/src/exec/device/
+// encode.rs), a thread block per (rank, channel), as NCCL runs a channel per block. The host twin
+// (runtime/src/exec/device/twin.rs) is this file in Rust, round for round: read it for the protocol.
+//
+// A round: thread 0 tries each instruction of the current tile not done yet; for one it may fire (every dependency
+// done, next in order on its links, a message in its receive slot, room in its send slot) the block's threads move
+// its data, then thread 0 publishes the send (stamp, fence, tail), the receive (fence, head) and its done word.
+// A round that fires nothing checks the abort word, the first fault of the launch and the timeout.
+//
+// The blocks of a launch wait on each other, so they must all be resident at once: the host launches the grid
+// cooperatively (cuLaunchCooperativeKernel), which fails rather than run them in turns.
+//
+// Compiled after elementwise.cu, with the layout macros (COLLC_*) the Rust encoder defines.
+
+struct Header {
+    u32 magic, version, n_plans, n_blocks, n_conns, blocks, plans, state_words, conn_table, pad;
+};
+struct BlockDesc {
+    u32 plan, channel, first, count, plan_blocks, index_in_plan;
+};
+struct PlanDesc {
+    u32 rank, n_ranks, dtype, op, elem, tile, n_tiles, capacity, n_instrs, n_links, n_bufs, avg;
+    u32 instrs, pieces, deps, order, links, bases_at, done_at, link_start_at, finished_at, out_buf;
+    u64 out_lo, out_hi, fingerprint;
+};
+struct DInstr {
+    u32 op;
+    u16 send, recv;
+    u32 n, first_piece, first_dep, n_deps, send_pos, recv_pos;
+};
+struct DPlace {
+    u32 buf, valid;
+    u64 offset;
+};
+struct DPiece {
+    DPlace src, acc, dst;
+};
+struct DLink {
+    u32 conn, per_tile, slot_bytes;
+    u16 sending, channel;
+};
+
+static_assert(sizeof(Header) == COLLC_HEADER_BYTES, "Header differs from encode.rs");
+static_assert(sizeof(BlockDesc) == COLLC_BLOCK_BYTES, "BlockDesc differs from encode.rs");
+static_assert(sizeof(PlanDesc) == COLLC_PLAN_BYTES, "PlanDesc differs from encode.rs");
+static_assert(sizeof(DInstr) == COLLC_INSTR_BYTES, "DInstr differs from encode.rs");
+static_assert(sizeof(DPiece) == COLLC_PIECE_BYTES, "DPiece differs from encode.rs");
+static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs");
+
+#define NONE_LINK 0xffff
+#define NO_BUF 0xffffffffu
+// Connection record words (encode::conn) and control words (encode::control).
+#define C_TAIL 0
+#define C_HEAD 1
+#define C_DATA 2
+#define C_STAMPS 4
+#define K_CODE 0
+#define K_PLAN 1
+#define K_INSTR 2
+#define K_TILE 3
+#define K_GOT_SEQ 4
+#define K_GOT_FP 5
+#define K_LINK 6
+#define K_ABORT 7
+#define CODE_TIMEOUT 1
+#define CODE_MISMATCH 2
+#define CODE_ABORTED 3
+#define CODE_BAD_IMAGE 4
+
+__device__ __forceinline__ u64 load_acquire(const u64* p, bool system) {
+    u64 v = *(const volatile u64*)p;
+    if (system) __threadfence_system(); else __threadfence();
+    return v;
+}
+__device__ __forceinline__ void store_release(u64* p, u64 v, bool system) {
+    if (system) __threadfence_system(); else __threadfence();
+    *(volatile u64*)p = v;
+}
+__device__ __forceinline__ u64 now_ns() {
+    u64 t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ void record_fault(volatile u64* control, u64 what, u32 plan, u32 instr, u32 tile, u64 seq, u64 fp, u32 link) {
+    if (atomicCAS((unsigned long long*)&control[K_CODE], 0ull, ~0ull) != 0ull) return;
+    control[K_PLAN] = plan;
+    control[K_INSTR] = instr;
+    control[K_TILE] = tile;
+    control[K_GOT_SEQ] = seq;
+    control[K_GOT_FP] = fp;
+    control[K_LINK] = link;
+    __threadfence_system();
+    control[K_CODE] = what;
+}
+
+__device__ __forceinline__ u64 generation(const PlanDesc* plan, u64 seq, u32 t) {
+    return seq * ((u64)plan->n_tiles + 1) + t + 1;
+}
+
+// What thread 0 decided for the block this round.
+struct Decision {
+    int fire;          // 1: the threads move the instruction's data
+    u32 instr;
+    const u8* incoming;
+    u8* outgoing;
+    u64* recv_conn;    // the records to publish on, and the message counts
+    u64* send_conn;
+    u64 recv_m, send_m;
+};
+
+// Thread 0: may instruction `i` of tile `t` fire? On a stamp that is not this call's, records the mismatch.
+__device__ bool ready(const u8* image, u64* state, volatile u64* control, const Header* h, u32 p, const PlanDesc* plan,
+                      u32 i, u32 t, u64 seq, bool system, Decision* d) {
+    const DInstr* instr = (const DInstr*)(image + plan->instrs) + i;
+    u64 gen = generation(plan, seq, t);
+    const u32* deps = (const u32*)(image + plan->deps);
+    for (u32 k = 0; k < instr->n_deps; k++)
+        if (load_acquire(&state[plan->done_at + deps[instr->first_dep + k]], system) < gen) return false;
+    const DLink* links = (const DLink*)(image + plan->links);
+    d->incoming = 0;
+    d->outgoing = 0;
+    d->recv_conn = 0;
+    d->send_conn = 0;
+    if (instr->recv != NONE_LINK) {
+        const DLink* link = &links[instr->recv];
+        u64* conn = (u64*)state[h->conn_table + link->conn];
+        u64 start = state[plan->link_start_at + instr->recv];
+        u64 m = *(volatile u64*)&conn[C_HEAD];
+        if (m - start != (u64)t * link->per_tile + instr->recv_pos) return false;
+        if (load_acquire(&conn[C_TAIL], system) <= m) return false;
+        u32 slot = (u32)(m % COLLC_SLOTS);
+        u64 got_seq = *(volatile u64*)&conn[C_STAMPS + 2 * slot];
+        u64 got_fp = *(volatile u64*)&conn[C_STAMPS + 2 * slot + 1];
+        if (got_seq != seq || got_fp != plan->fingerprint) {
+            record_fault(control, CODE_MISMATCH, p, i, t, got_seq, got_fp, instr->recv);
+            return false;
+        }
+        d->incoming = (const u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
+        d->recv_conn = conn;
+        d->recv_m = m;
+    }
+    if (instr->send != NONE_LINK) {
+        const DLink* link = &links[instr->send];
+        u64* conn = (u64*)state[h->conn_table + link->conn];
+        u64 start = state[plan->link_start_at + instr->send];
+        u64 m = *(volatile u64*)&conn[C_TAIL];
+        if (m - start != (u64)t * link->per_tile + instr->send_pos) return false;
+        if (m - load_acquire(&conn[C_HEAD], system) >= COLLC_SLOTS) return false;
+        u32 slot = (u32)(m % COLLC_SLOTS);
+        d->outgoing = (u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
+        d->send_conn = conn;
+        d->send_m = m;
+    }
+    d->instr = i;
+    return true;
+}
+
+// The address of `place`'s element `lo` and the tile's valid elements there.
+__device__ __forceinline__ u8* local(const u64* state, const PlanDesc* plan, DPlace place, u64 lo, u64 hi, u64* n) {
+    if (place.buf == NO_BUF) {
+        *n = 0;
+        return 0;
+    }
+    u64 end = hi < (u64)place.valid ? hi : (u64)place.valid;
+    *n = end > lo ? end - lo : 0;
+    return (u8*)state[plan->bases_at + place.buf] + (place.offset + lo) * plan->elem;
+}
+
+// Every thread of the block: the data movement of one instruction on tile t (the host executor's, element for
+// element).
+__device__ void execute(const u8* image, const u64* state, const PlanDesc* plan, const Decision* d, u32 t) {
+    const DInstr* instr = (const DInstr*)(image + plan->instrs) + d->instr;
+    const DPiece* pieces = (const DPiece*)(image + plan->pieces);
+    u32 tid = threadIdx.x, nt = blockDim.x;
+    u64 elem = plan->elem;
+    u64 lo = (u64)t * plan->tile;
+    u64 hi = lo + plan->tile < plan->capacity ? lo + plan->tile : plan->capacity;
+    u64 stride = (u64)plan->tile * elem;
+    for (u32 k = 0; k < instr->n; k++) {
+        DPiece piece = pieces[instr->first_piece + k];
+        const u8* in = d->incoming + k * stride;
+        u8* out = d->outgoing + k * stride;
+        u64 n_src, n_acc, n_dst;
+        u8* src = local(state, plan, piece.src, lo, hi, &n_src);
+        u8* acc = local(state, plan, piece.acc, lo, hi, &n_acc);
+        u8* dst = local(state, plan, piece.dst, lo, hi, &n_dst);
+        switch (instr->op) {
+        case COLLC_OP_SEND: copy_range(out, src, n_src * elem, tid, nt); break;
+        case COLLC_OP_RECV: copy_range(dst, in, n_dst * elem, tid, nt); break;
+        case COLLC_OP_RECV_REDUCE_COPY: reduce_any(plan->dtype, plan->op, dst, acc, in, n_dst, tid, nt); break;
+        case COLLC_OP_RECV_REDUCE_SEND: reduce_any(plan->dtype, plan->op, out, acc, in, n_acc, tid, nt); break;
+        case COLLC_OP_RECV_REDUCE_COPY_SEND:
+            // One pass reads both operands and writes both results: each thread stores what it computed.
+            reduce_any(plan->dtype, plan->op, out, acc, in, n_dst, tid, nt);
+            __syncthreads();
+            copy_range(dst, out, n_dst * elem, tid, nt);
+            break;
+        case COLLC_OP_RECV_COPY_SEND:
+            copy_range(dst, in, n_dst * elem, tid, nt);
+            // The whole tile goes on: a later rank may hold more of this chunk than this rank does.
+            copy_range(out, in, (hi - lo) * elem, tid, nt);
+            break;
+        case COLLC_OP_COPY: copy_range(dst, src, (n_dst < n_src ? n_dst : n_src) * elem, tid, nt); break;
+        case COLLC_OP_REDUCE: reduce_any(plan->dtype, plan->op, dst, acc, src, n_dst, tid, nt); break;
+        }
+    }
+}
+
+extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile u64* control, u64 seq, u64 timeout_ns,
+                                           u32 system_scope) {
+    const Header* h = (const Header*)image;
+    bool system = system_scope != 0;
+    if (h->magic != COLLC_MAGIC || h->version != COLLC_VERSION) {
+        if (blockIdx.x == 0 && threadIdx.x == 0) record_fault(control, CODE_BAD_IMAGE, 0, 0, 0, h->magic, h->version, 0);
+        return;
+    }
+    if (blockIdx.x >= h->n_blocks) return;
+    const BlockDesc* block = (const BlockDesc*)(image + h->blocks) + blockIdx.x;
+    u32 p = block->plan;
+    const PlanDesc* plan = (const PlanDesc*)(image + h->plans) + p;
+    const u32* order = (const u32*)(image + plan->order);
+    __shared__ Decision decision;
+    __shared__ int stop, advance;
+
+    if (threadIdx.x == 0) {
+        const DLink* links = (const DLink*)(image + plan->links);
+        for (u32 l = 0; l < plan->n_links; l++) {
+            if (links[l].channel != block->channel) continue;
+            u64* conn = (u64*)state[h->conn_table + links[l].conn];
+            state[plan->link_start_at + l] = *(volatile u64*)&conn[links[l].sending ? C_TAIL : C_HEAD];
+        }
+        stop = 0;
+    }
+    __syncthreads();
+    u64 last_progress = now_ns();
+    for (u32 t = 0; t < plan->n_tiles; t++) {
+        u64 gen = generation(plan, seq, t);
+        for (;;) {
+            int fired = 0, pending = 0;
+            for (u32 k = 0; k < block->count; k++) {
+                u32 i = order[block->first + k];
+                if (threadIdx.x == 0) {
+                    decision.fire = 0;
+                    if (*(volatile u64*)&state[plan->done_at + i] < gen) {
+                        decision.fire = ready(image, state, control, h, p, plan, i, t, seq, system, &decision) ? 1 : -1;
+                    }
+                }
+                __syncthreads();
+                int fire = decision.fire;
+                if (fire == 1) {
+                    execute(image, state, plan, &decision, t);
+                    __syncthreads();
+                    if (threadIdx.x == 0) {
+                        if (decision.send_conn) {
+                            u32 slot = (u32)(decision.send_m % COLLC_SLOTS);
+                            decision.send_conn[C_STAMPS + 2 * slot] = seq;
+                            decision.send_conn[C_STAMPS + 2 * slot + 1] = plan->fingerprint;
+                            store_release(&decision.send_conn[C_TAIL], decision.send_m + 1, system);
+                        }
+                        if (decision.recv_conn) store_release(&decision.recv_conn[C_HEAD], decision.recv_m + 1, system);
+                        store_release(&state[plan->done_at + i], gen, system);
+                    }
+                    fired = 1;
+                } else if (fire == -1) {
+                    pending = 1;
+                }
+                __syncthreads();
+            }
+            if (!pending) break;
+            if (threadIdx.x == 0) {
+                u64 now = now_ns();
+                if (fired) last_progress = now;
+                if (control[K_CODE] != 0) {
+                    stop = 1;
+                } else if (control[K_ABORT] != 0) {
+                    record_fault(control, CODE_ABORTED, p, order[block->first], t, 0, 0, 0);
+                    stop = 1;
+                } else if (now - last_progress > timeout_ns) {
+                    u32 first = order[block->first];
+                    for (u32 k = 0; k < block->count; k++) {
+                        u32 i = order[block->first + k];
+                        if (*(volatile u64*)&state[plan->done_at + i] < gen) { first = i; break; }
+                    }
+                    record_fault(control, CODE_TIMEOUT, p, first, t, 0, 0, 0);
+                    stop = 1;
+                }
+            }
+            __syncthreads();
+            if (stop) return;
+        }
+    }
+    if (!plan->avg) return;
+    // avg: every block of the plan arrives, then each divides its share of the output window.
+    if (threadIdx.x == 0) {
+        u64 blocks = block->plan_blocks;
+        u64 arrived = atomicAdd((unsigned long long*)&state[plan->finished_at], 1ull) + 1;
+        u64 target = (arrived + blocks - 1) / blocks * blocks;
+        advance = 1;
+        while (load_acquire(&state[plan->finished_at], system) < target) {
+            if (control[K_CODE] != 0) { advance = 0; break; }
+        }
+    }
+    __syncthreads();
+    if (!advance) return;
+    u64 span = plan->out_hi - plan->out_lo;
+    u64 share = (span + block->plan_blocks - 1) / block->plan_blocks;
+    u64 start = plan->out_lo + share * block->index_in_plan;
+    if (start > plan->out_hi) start = plan->out_hi;
+    u64 end = start + share < plan->out_hi ? start + share : plan->out_hi;
+    u8* base = (u8*)state[plan->bases_at + plan->out_buf] + start * plan->elem;
+    divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
+}

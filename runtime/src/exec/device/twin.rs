@@ -1,0 +1,385 @@
+//! The host twin of the CUDA interpreter (`kernels/cuda/interpret.cu`): the same image, the same state words, the
+//! same flag protocol, step for step, with a block as a state machine the host polls. It is what CI runs in place
+//! of a GPU, against the reference executor, so the encoding and the protocol are tested without one.
+//!
+//! The protocol, per connection record (`encode::conn`): the sender of message `m` waits until `m - head < SLOTS`,
+//! writes slot `m % SLOTS` and its stamp, then publishes `tail = m + 1` (release); the receiver waits until
+//! `tail > m` (acquire), checks the stamp, reads the slot, then publishes `head = m + 1` (release). A block fires an
+//! instruction of tile `t` once every dependency's `done` word holds the tile's generation and, on each of its
+//! links, the instruction is next in order: `count - link_start == t * per_tile + pos`, where `count` is the link's
+//! own counter (`tail` on a sending end, `head` on a receiving end) and `link_start` its value when the call began.
+//! Generations grow with the call's sequence number, so `done` words never need resetting.
+
+use super::encode::{code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, SLOTS};
+use collc_compiler::sched::Op;
+use collc_kernels::{host, DataType, ReduceOp};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The memory a launch runs in: the image, the state words and the control words, and the call's sequence number.
+pub struct Launch<'a> {
+    pub image: &'a Image,
+    pub state: &'a [AtomicU64],
+    pub control: &'a [AtomicU64],
+    pub seq: u64,
+}
+
+/// What one poll of a block did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    Progressed,
+    Idle,
+    Done,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    Start,
+    Tile(u32),
+    /// Waiting for every block of the plan before the `avg` division; the count the finished word must reach.
+    Arrived(u64),
+    Done,
+}
+
+/// One block as the host twin runs it.
+pub struct Block {
+    pub desc: BlockDesc,
+    pub plan: PlanDesc,
+    phase: Phase,
+}
+
+/// The connection record at `addr`, word `i`.
+///
+/// # Safety
+/// `addr` is the address of a live record of `encode::CONN_WORDS` atomic words.
+unsafe fn word<'a>(addr: u64, i: usize) -> &'a AtomicU64 {
+    // SAFETY: forwarded from the caller.
+    unsafe { &*(addr as *const AtomicU64).add(i) }
+}
+
+impl Block {
+    pub fn new(image: &Image, b: u32) -> Block {
+        let desc = image.block(b);
+        Block { desc, plan: image.plan(desc.plan), phase: Phase::Start }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.phase == Phase::Done
+    }
+
+    /// The tile the block is at and its first instruction not done there (for the fault record).
+    pub fn pending(&self, launch: &Launch) -> (u32, u32) {
+        let tile = match self.phase {
+            Phase::Tile(t) => t,
+            _ => 0,
+        };
+        let gen = generation(&self.plan, launch.seq, tile);
+        let first = (0..self.desc.count)
+            .map(|k| launch.image.order(&self.plan, self.desc.first + k))
+            .find(|&i| launch.state[(self.plan.done_at + i) as usize].load(Ordering::Acquire) < gen);
+        (tile, first.unwrap_or(self.desc.first))
+    }
+
+    /// One round: every instruction of the current tile not yet done is tried once.
+    ///
+    /// # Safety
+    /// The state's addresses (buffers, connection records and their slots) are live and large enough for the plan.
+    pub unsafe fn poll(&mut self, launch: &Launch) -> Poll {
+        let (image, state) = (launch.image, launch.state);
+        let plan = self.plan;
+        match self.phase {
+            Phase::Done => Poll::Done,
+            Phase::Start => {
+                for l in 0..plan.n_links {
+                    let link = image.link(&plan, l);
+                    if link.channel as u32 != self.desc.channel {
+                        continue;
+                    }
+                    let record = state[image.header().conn_table as usize + link.conn as usize].load(Ordering::Relaxed);
+                    // SAFETY: the record's address was set up by the host (caller's contract).
+                    let own = unsafe { word(record, if link.sending == 1 { conn::TAIL } else { conn::HEAD }) };
+                    state[(plan.link_start_at + l) as usize].store(own.load(Ordering::Relaxed), Ordering::Relaxed);
+                }
+                self.phase = if plan.n_tiles == 0 { self.finish(launch) } else { Phase::Tile(0) };
+                Poll::Progressed
+            }
+            Phase::Tile(t) => {
+                let gen = generation(&plan, launch.seq, t);
+                let (mut fired, mut pending) = (false, false);
+                for k in 0..self.desc.count {
+                    let i = image.order(&plan, self.desc.first + k);
+                    let done = &state[(plan.done_at + i) as usize];
+                    if done.load(Ordering::Relaxed) >= gen {
+                        continue;
+                    }
+                    // SAFETY: forwarded from the caller.
+                    match unsafe { try_fire(launch, self.desc.plan, &plan, i, t) } {
+                        Fire::Fired => {
+                            done.store(gen, Ordering::Release);
+                            fired = true;
+                        }
+                        Fire::NotYet => pending = true,
+                        Fire::Fault => return Poll::Idle,
+                    }
+                }
+                if !pending {
+                    self.phase = if t + 1 < plan.n_tiles { Phase::Tile(t + 1) } else { self.finish(launch) };
+                    return Poll::Progressed;
+                }
+                if fired {
+                    Poll::Progressed
+                } else {
+                    Poll::Idle
+                }
+            }
+            Phase::Arrived(target) => {
+                if state[plan.finished_at as usize].load(Ordering::Acquire) < target {
+                    return Poll::Idle;
+                }
+                // SAFETY: forwarded from the caller.
+                unsafe { divide_share(launch, &plan, &self.desc) };
+                self.phase = Phase::Done;
+                Poll::Progressed
+            }
+        }
+    }
+
+    /// After the last tile: done, or (for `avg`) arrived at the plan's barrier.
+    fn finish(&self, launch: &Launch) -> Phase {
+        if self.plan.avg == 0 {
+            return Phase::Done;
+        }
+        let blocks = self.desc.plan_blocks as u64;
+        let arrived = launch.state[self.plan.finished_at as usize].fetch_add(1, Ordering::AcqRel) + 1;
+        Phase::Arrived(arrived.div_ceil(blocks) * blocks)
+    }
+}
+
+/// The generation tile `t` of call `seq` marks its instructions' `done` words with.
+fn generation(plan: &PlanDesc, seq: u64, t: u32) -> u64 {
+    seq * (plan.n_tiles as u64 + 1) + t as u64 + 1
+}
+
+enum Fire {
+    Fired,
+    NotYet,
+    Fault,
+}
+
+/// Records the first fault of the launch; later ones are dropped.
+fn fault(launch: &Launch, what: u64, p: u32, i: u32, t: u32, extra: Option<(u64, u64, u32)>) {
+    let c = launch.control;
+    if c[control::CODE].compare_exchange(code::OK, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    c[control::PLAN].store(p as u64, Ordering::Relaxed);
+    c[control::INSTR].store(i as u64, Ordering::Relaxed);
+    c[control::TILE].store(t as u64, Ordering::Relaxed);
+    if let Some((seq, fp, link)) = extra {
+        c[control::GOT_SEQ].store(seq, Ordering::Relaxed);
+        c[control::GOT_FP].store(fp, Ordering::Relaxed);
+        c[control::LINK].store(link as u64, Ordering::Relaxed);
+    }
+    c[control::CODE].store(what, Ordering::Release);
+}
+
+/// Whether a fault was recorded or an abort asked for: every block stops.
+#[cfg(test)]
+pub fn stopped(launch: &Launch) -> bool {
+    launch.control[control::CODE].load(Ordering::Acquire) != code::OK
+        || launch.control[control::ABORT].load(Ordering::Acquire) != 0
+}
+
+/// Records a timeout (or, when the host asked, an abort) at the block's first pending instruction.
+#[cfg(test)]
+pub fn give_up(launch: &Launch, block: &Block, what: u64) {
+    let (t, i) = block.pending(launch);
+    fault(launch, what, block.desc.plan, i, t, None);
+}
+
+/// # Safety
+/// As `Block::poll`.
+unsafe fn try_fire(launch: &Launch, p: u32, plan: &PlanDesc, i: u32, t: u32) -> Fire {
+    let (image, state) = (launch.image, launch.state);
+    let instr = image.instr(plan, i);
+    for k in 0..instr.n_deps {
+        let d = image.dep(plan, instr.first_dep + k);
+        if state[(plan.done_at + d) as usize].load(Ordering::Acquire) < generation(plan, launch.seq, t) {
+            return Fire::NotYet;
+        }
+    }
+    let end = |l: u16| {
+        let link = image.link(plan, l as u32);
+        let record = state[image.header().conn_table as usize + link.conn as usize].load(Ordering::Relaxed);
+        let start = state[(plan.link_start_at + l as u32) as usize].load(Ordering::Relaxed);
+        (link, record, start)
+    };
+    let mut incoming: *const u8 = std::ptr::null();
+    let mut recv_at = None;
+    if instr.recv != NONE_LINK {
+        let (link, record, start) = end(instr.recv);
+        // SAFETY: live records (caller's contract).
+        let (head, tail) = unsafe { (word(record, conn::HEAD), word(record, conn::TAIL)) };
+        let m = head.load(Ordering::Relaxed);
+        if m - start != t as u64 * link.per_tile as u64 + instr.recv_pos as u64 || tail.load(Ordering::Acquire) <= m {
+            return Fire::NotYet;
+        }
+        let slot = (m % SLOTS) as usize;
+        // SAFETY: as above.
+        let (seq, fp) = unsafe {
+            (
+                word(record, conn::STAMPS + 2 * slot).load(Ordering::Relaxed),
+                word(record, conn::STAMPS + 2 * slot + 1).load(Ordering::Relaxed),
+            )
+        };
+        if (seq, fp) != (launch.seq, plan.fingerprint) {
+            fault(launch, code::MISMATCH, p, i, t, Some((seq, fp, instr.recv as u32)));
+            return Fire::Fault;
+        }
+        // SAFETY: as above.
+        let data = unsafe { word(record, conn::DATA).load(Ordering::Relaxed) };
+        incoming = (data + slot as u64 * link.slot_bytes as u64) as *const u8;
+        recv_at = Some((head, m));
+    }
+    let mut outgoing: *mut u8 = std::ptr::null_mut();
+    let mut send_at = None;
+    if instr.send != NONE_LINK {
+        let (link, record, start) = end(instr.send);
+        // SAFETY: as above.
+        let (head, tail) = unsafe { (word(record, conn::HEAD), word(record, conn::TAIL)) };
+        let m = tail.load(Ordering::Relaxed);
+        if m - start != t as u64 * link.per_tile as u64 + instr.send_pos as u64
+            || m - head.load(Ordering::Acquire) >= SLOTS
+        {
+            return Fire::NotYet;
+        }
+        let slot = (m % SLOTS) as usize;
+        // SAFETY: as above.
+        let data = unsafe { word(record, conn::DATA).load(Ordering::Relaxed) };
+        outgoing = (data + slot as u64 * link.slot_bytes as u64) as *mut u8;
+        send_at = Some((record, tail, m, slot));
+    }
+    // SAFETY: the places are inside the buffers the state points at (caller's contract).
+    unsafe { execute(launch, plan, &instr, t, incoming, outgoing) };
+    if let Some((record, tail, m, slot)) = send_at {
+        // SAFETY: as above.
+        unsafe {
+            word(record, conn::STAMPS + 2 * slot).store(launch.seq, Ordering::Relaxed);
+            word(record, conn::STAMPS + 2 * slot + 1).store(plan.fingerprint, Ordering::Relaxed);
+        }
+        tail.store(m + 1, Ordering::Release);
+    }
+    if let Some((head, m)) = recv_at {
+        head.store(m + 1, Ordering::Release);
+    }
+    Fire::Fired
+}
+
+/// The address of `place`'s element `lo` and how many of the tile's elements are valid there.
+fn local(launch: &Launch, plan: &PlanDesc, place: DPlace, lo: u64, hi: u64) -> (*mut u8, usize) {
+    if place.buf == NO_BUF_ID {
+        return (std::ptr::null_mut(), 0);
+    }
+    let base = launch.state[(plan.bases_at + place.buf) as usize].load(Ordering::Relaxed);
+    let n = hi.min(place.valid as u64).saturating_sub(lo) as usize;
+    ((base + (place.offset + lo) * plan.elem as u64) as *mut u8, n)
+}
+
+fn dtype_of(plan: &PlanDesc) -> DataType {
+    DataType::ALL.iter().copied().find(|d| *d as u32 == plan.dtype).expect("a dtype the encoder wrote")
+}
+
+fn op_of(plan: &PlanDesc) -> ReduceOp {
+    ReduceOp::from_nccl_code(plan.op as u8).expect("an op the encoder wrote")
+}
+
+/// The data movement of one instruction on tile `t`: the host executor's, element for element.
+///
+/// # Safety
+/// As `Block::poll`; `incoming` / `outgoing` are this message's slots when the instruction receives / sends.
+unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, incoming: *const u8, outgoing: *mut u8) {
+    let (dtype, op, elem) = (dtype_of(plan), op_of(plan), plan.elem as usize);
+    let lo = t as u64 * plan.tile as u64;
+    let hi = (lo + plan.tile as u64).min(plan.capacity as u64);
+    let stride = plan.tile as usize * elem;
+    for k in 0..instr.n {
+        let piece = launch.image.piece(plan, instr.first_piece + k);
+        let slot_in = incoming.wrapping_add(k as usize * stride);
+        let slot_out = outgoing.wrapping_add(k as usize * stride);
+        let (src, n_src) = local(launch, plan, piece.src, lo, hi);
+        let (acc, _) = local(launch, plan, piece.acc, lo, hi);
+        let (dst, n_dst) = local(launch, plan, piece.dst, lo, hi);
+        // SAFETY: every pointer is inside its buffer or slot for the elements used (caller's contract).
+        unsafe {
+            match Op::ALL[instr.op as usize] {
+                Op::Send => host::copy(slot_out, src, n_src * elem),
+                Op::Recv => host::copy(dst, slot_in, n_dst * elem),
+                Op::RecvReduceCopy => host::reduce(dtype, op, dst, acc, slot_in, n_dst),
+                Op::RecvReduceSend => {
+                    let (_, n_acc) = local(launch, plan, piece.acc, lo, hi);
+                    host::reduce(dtype, op, slot_out, acc, slot_in, n_acc)
+                }
+                Op::RecvReduceCopySend => {
+                    host::reduce(dtype, op, slot_out, acc, slot_in, n_dst);
+                    host::copy(dst, slot_out, n_dst * elem);
+                }
+                Op::RecvCopySend => {
+                    host::copy(dst, slot_in, n_dst * elem);
+                    // The whole tile goes on: a later rank may hold more of this chunk than this rank does.
+                    host::copy(slot_out, slot_in, (hi - lo) as usize * elem);
+                }
+                Op::Copy => host::copy(dst, src, n_dst.min(n_src) * elem),
+                Op::Reduce => host::reduce(dtype, op, dst, acc, src, n_dst),
+            }
+        }
+    }
+}
+
+/// This block's share of the `avg` division of the plan's output window.
+///
+/// # Safety
+/// As `Block::poll`.
+unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
+    let (lo, hi) = (plan.out_lo, plan.out_hi);
+    let share = (hi - lo).div_ceil(block.plan_blocks as u64);
+    let start = (lo + share * block.index_in_plan as u64).min(hi);
+    let end = (start + share).min(hi);
+    let base = launch.state[(plan.bases_at + plan.out_buf) as usize].load(Ordering::Relaxed);
+    let elem = plan.elem as u64;
+    // SAFETY: the window lies inside the output buffer (caller's contract).
+    let bytes =
+        unsafe { std::slice::from_raw_parts_mut((base + start * elem) as *mut u8, ((end - start) * elem) as usize) };
+    collc_kernels::reference::finish_avg(dtype_of(plan), bytes, plan.n_ranks as usize)
+        .expect("whole elements and ranks");
+}
+
+/// Runs every block of the launch on this thread, round-robin, to the end or the first fault. A round in which no
+/// block moves is a deadlock of the encoding or the protocol (verified schedules have none): it is recorded as a
+/// timeout at the first stuck block.
+///
+/// # Safety
+/// As `Block::poll`, for every plan of the image.
+#[cfg(test)]
+pub unsafe fn run_all(launch: &Launch) {
+    let mut blocks: Vec<Block> = (0..launch.image.header().n_blocks).map(|b| Block::new(launch.image, b)).collect();
+    loop {
+        let mut moved = false;
+        let mut all_done = true;
+        for block in &mut blocks {
+            // SAFETY: forwarded from the caller.
+            match unsafe { block.poll(launch) } {
+                Poll::Progressed => moved = true,
+                Poll::Idle => {}
+                Poll::Done => continue,
+            }
+            all_done &= block.is_done();
+        }
+        if all_done || stopped(launch) {
+            return;
+        }
+        if !moved {
+            let stuck = blocks.iter().find(|b| !b.is_done()).expect("a block not done");
+            give_up(launch, stuck, code::TIMEOUT);
+            return;
+        }
+    }
+}

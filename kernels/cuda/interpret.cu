@@ -13,7 +13,7 @@
 // Compiled after elementwise.cu, with the layout macros (COLLC_*) the Rust encoder defines.
 
 struct Header {
-    u32 magic, version, n_plans, n_blocks, n_conns, blocks, plans, state_words, conn_table, pad;
+    u32 magic, version, n_plans, n_blocks, n_conns, blocks, plans, state_words, conn_table, bases_words;
 };
 struct BlockDesc {
     u32 plan, channel, first, count, plan_blocks, index_in_plan;
@@ -55,7 +55,7 @@ static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs")
 #define C_DATA 2
 #define C_STAMPS 4
 #define K_CODE 0
-#define K_PLAN 1
+#define K_RANK 1
 #define K_INSTR 2
 #define K_TILE 3
 #define K_GOT_SEQ 4
@@ -82,9 +82,9 @@ __device__ __forceinline__ u64 now_ns() {
     return t;
 }
 
-__device__ void record_fault(volatile u64* control, u64 what, u32 plan, u32 instr, u32 tile, u64 seq, u64 fp, u32 link) {
+__device__ void record_fault(volatile u64* control, u64 what, u32 rank, u32 instr, u32 tile, u64 seq, u64 fp, u32 link) {
     if (atomicCAS((unsigned long long*)&control[K_CODE], 0ull, ~0ull) != 0ull) return;
-    control[K_PLAN] = plan;
+    control[K_RANK] = rank;
     control[K_INSTR] = instr;
     control[K_TILE] = tile;
     control[K_GOT_SEQ] = seq;
@@ -110,7 +110,7 @@ struct Decision {
 };
 
 // Thread 0: may instruction `i` of tile `t` fire? On a stamp that is not this call's, records the mismatch.
-__device__ bool ready(const u8* image, u64* state, volatile u64* control, const Header* h, u32 p, const PlanDesc* plan,
+__device__ bool ready(const u8* image, u64* state, volatile u64* control, const Header* h, const PlanDesc* plan,
                       u32 i, u32 t, u64 seq, bool system, Decision* d) {
     const DInstr* instr = (const DInstr*)(image + plan->instrs) + i;
     u64 gen = generation(plan, seq, t);
@@ -133,7 +133,7 @@ __device__ bool ready(const u8* image, u64* state, volatile u64* control, const 
         u64 got_seq = *(volatile u64*)&conn[C_STAMPS + 2 * slot];
         u64 got_fp = *(volatile u64*)&conn[C_STAMPS + 2 * slot + 1];
         if (got_seq != seq || got_fp != plan->fingerprint) {
-            record_fault(control, CODE_MISMATCH, p, i, t, got_seq, got_fp, instr->recv);
+            record_fault(control, CODE_MISMATCH, plan->rank, i, t, got_seq, got_fp, instr->recv);
             return false;
         }
         d->incoming = (const u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
@@ -156,20 +156,20 @@ __device__ bool ready(const u8* image, u64* state, volatile u64* control, const 
     return true;
 }
 
-// The address of `place`'s element `lo` and the tile's valid elements there.
-__device__ __forceinline__ u8* local(const u64* state, const PlanDesc* plan, DPlace place, u64 lo, u64 hi, u64* n) {
+// The address of `place`'s element `lo` and the tile's valid elements there (`bases`: the plan's buffers).
+__device__ __forceinline__ u8* local(const u64* bases, const PlanDesc* plan, DPlace place, u64 lo, u64 hi, u64* n) {
     if (place.buf == NO_BUF) {
         *n = 0;
         return 0;
     }
     u64 end = hi < (u64)place.valid ? hi : (u64)place.valid;
     *n = end > lo ? end - lo : 0;
-    return (u8*)state[plan->bases_at + place.buf] + (place.offset + lo) * plan->elem;
+    return (u8*)bases[place.buf] + (place.offset + lo) * plan->elem;
 }
 
 // Every thread of the block: the data movement of one instruction on tile t (the host executor's, element for
 // element).
-__device__ void execute(const u8* image, const u64* state, const PlanDesc* plan, const Decision* d, u32 t) {
+__device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan, const Decision* d, u32 t) {
     const DInstr* instr = (const DInstr*)(image + plan->instrs) + d->instr;
     const DPiece* pieces = (const DPiece*)(image + plan->pieces);
     u32 tid = threadIdx.x, nt = blockDim.x;
@@ -182,9 +182,9 @@ __device__ void execute(const u8* image, const u64* state, const PlanDesc* plan,
         const u8* in = d->incoming + k * stride;
         u8* out = d->outgoing + k * stride;
         u64 n_src, n_acc, n_dst;
-        u8* src = local(state, plan, piece.src, lo, hi, &n_src);
-        u8* acc = local(state, plan, piece.acc, lo, hi, &n_acc);
-        u8* dst = local(state, plan, piece.dst, lo, hi, &n_dst);
+        u8* src = local(bases, plan, piece.src, lo, hi, &n_src);
+        u8* acc = local(bases, plan, piece.acc, lo, hi, &n_acc);
+        u8* dst = local(bases, plan, piece.dst, lo, hi, &n_dst);
         switch (instr->op) {
         case COLLC_OP_SEND: copy_range(out, src, n_src * elem, tid, nt); break;
         case COLLC_OP_RECV: copy_range(dst, in, n_dst * elem, tid, nt); break;
@@ -207,21 +207,32 @@ __device__ void execute(const u8* image, const u64* state, const PlanDesc* plan,
     }
 }
 
-extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile u64* control, u64 seq, u64 timeout_ns,
+// The most buffers a plan names (a buffer id is one byte): their addresses are kept in shared memory.
+#define MAX_BUFS 256
+
+// `table`: per block of the grid, four words: its image, that image's state, its bases array (host-mapped memory
+// the host writes each call), and the block's index in the image. Blocks of several images (ranks prepared apart,
+// sharing a GPU) run in one launch.
+extern "C" __global__ void collc_interpret(const u64* table, volatile u64* control, u64 seq, u64 timeout_ns,
                                            u32 system_scope) {
+    const u8* image = (const u8*)table[4 * blockIdx.x];
+    u64* state = (u64*)table[4 * blockIdx.x + 1];
+    const u64* all_bases = (const u64*)table[4 * blockIdx.x + 2];
+    u32 local_block = (u32)table[4 * blockIdx.x + 3];
     const Header* h = (const Header*)image;
     bool system = system_scope != 0;
     if (h->magic != COLLC_MAGIC || h->version != COLLC_VERSION) {
-        if (blockIdx.x == 0 && threadIdx.x == 0) record_fault(control, CODE_BAD_IMAGE, 0, 0, 0, h->magic, h->version, 0);
+        if (threadIdx.x == 0) record_fault(control, CODE_BAD_IMAGE, 0, 0, 0, h->magic, h->version, 0);
         return;
     }
-    if (blockIdx.x >= h->n_blocks) return;
-    const BlockDesc* block = (const BlockDesc*)(image + h->blocks) + blockIdx.x;
-    u32 p = block->plan;
-    const PlanDesc* plan = (const PlanDesc*)(image + h->plans) + p;
+    if (local_block >= h->n_blocks) return;
+    const BlockDesc* block = (const BlockDesc*)(image + h->blocks) + local_block;
+    const PlanDesc* plan = (const PlanDesc*)(image + h->plans) + block->plan;
     const u32* order = (const u32*)(image + plan->order);
     __shared__ Decision decision;
     __shared__ int stop, advance;
+    __shared__ u64 bases[MAX_BUFS];
+    for (u32 b = threadIdx.x; b < plan->n_bufs && b < MAX_BUFS; b += blockDim.x) bases[b] = all_bases[plan->bases_at + b];
 
     if (threadIdx.x == 0) {
         const DLink* links = (const DLink*)(image + plan->links);
@@ -243,13 +254,13 @@ extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile
                 if (threadIdx.x == 0) {
                     decision.fire = 0;
                     if (*(volatile u64*)&state[plan->done_at + i] < gen) {
-                        decision.fire = ready(image, state, control, h, p, plan, i, t, seq, system, &decision) ? 1 : -1;
+                        decision.fire = ready(image, state, control, h, plan, i, t, seq, system, &decision) ? 1 : -1;
                     }
                 }
                 __syncthreads();
                 int fire = decision.fire;
                 if (fire == 1) {
-                    execute(image, state, plan, &decision, t);
+                    execute(image, bases, plan, &decision, t);
                     __syncthreads();
                     if (threadIdx.x == 0) {
                         if (decision.send_conn) {
@@ -274,7 +285,7 @@ extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile
                 if (control[K_CODE] != 0) {
                     stop = 1;
                 } else if (control[K_ABORT] != 0) {
-                    record_fault(control, CODE_ABORTED, p, order[block->first], t, 0, 0, 0);
+                    record_fault(control, CODE_ABORTED, plan->rank, order[block->first], t, 0, 0, 0);
                     stop = 1;
                 } else if (now - last_progress > timeout_ns) {
                     u32 first = order[block->first];
@@ -282,7 +293,7 @@ extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile
                         u32 i = order[block->first + k];
                         if (*(volatile u64*)&state[plan->done_at + i] < gen) { first = i; break; }
                     }
-                    record_fault(control, CODE_TIMEOUT, p, first, t, 0, 0, 0);
+                    record_fault(control, CODE_TIMEOUT, plan->rank, first, t, 0, 0, 0);
                     stop = 1;
                 }
             }
@@ -308,6 +319,6 @@ extern "C" __global__ void collc_interpret(const u8* image, u64* state, volatile
     u64 start = plan->out_lo + share * block->index_in_plan;
     if (start > plan->out_hi) start = plan->out_hi;
     u64 end = start + share < plan->out_hi ? start + share : plan->out_hi;
-    u8* base = (u8*)state[plan->bases_at + plan->out_buf] + start * plan->elem;
+    u8* base = (u8*)bases[plan->out_buf] + start * plan->elem;
     divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
 }

@@ -44,7 +44,9 @@ pub struct Header {
     /// Words of state the launch needs, and where the connection address table starts in it.
     pub state_words: u32,
     pub conn_table: u32,
-    pub _pad: u32,
+    /// Words of the bases array: every plan's buffer addresses, which the host writes before each call (on a
+    /// GPU in host-mapped memory, so a call costs no copy).
+    pub bases_words: u32,
 }
 
 /// One thread block: the instructions `order[first..first + count]` of plan `plan`, all on channel `channel`.
@@ -84,8 +86,9 @@ pub struct PlanDesc {
     pub deps: u32,
     pub order: u32,
     pub links: u32,
-    /// State words: the buffers' addresses (`n_bufs`), each instruction's done generation (`n_instrs`), each
-    /// link's count at the start of the call (`n_links`), and the blocks that finished (one word).
+    /// Where the plan's buffer addresses (`n_bufs`) start in the bases array. State words: each instruction's
+    /// done generation (`n_instrs`), each link's count at the start of the call (`n_links`), and the blocks that
+    /// finished (one word).
     pub bases_at: u32,
     pub done_at: u32,
     pub link_start_at: u32,
@@ -164,7 +167,8 @@ pub const CONN_WORDS: usize = conn::STAMPS + 2 * SLOTS as usize;
 /// and where, and the host's abort request.
 pub mod control {
     pub const CODE: usize = 0;
-    pub const PLAN: usize = 1;
+    /// The rank whose plan faulted.
+    pub const RANK: usize = 1;
     pub const INSTR: usize = 2;
     pub const TILE: usize = 3;
     /// Mismatch: the stamp found (sequence, fingerprint) and the link.
@@ -189,6 +193,7 @@ pub struct Image {
     pub state_words: usize,
     /// The state word where the connection address table starts.
     pub conn_table_at: usize,
+    pub bases_words: usize,
 }
 
 impl Image {
@@ -278,7 +283,7 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
     let mut conns: Vec<(u32, u32, u8, usize)> = Vec::new();
     let mut descs = Vec::with_capacity(plans.len());
     let mut blocks = Vec::new();
-    let mut state = CONTROL_WORDS.max(8); // word 0.. unused in the state: keeps index 0 free of meaning
+    let (mut state, mut bases_words) = (0usize, 0usize);
     for (p, &plan) in plans.iter().enumerate() {
         let n = plan.steps.len();
         // Each instruction's dependencies, from the plan's dependents.
@@ -381,8 +386,8 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         desc.deps = w.table(&deps);
         desc.order = w.table(&order);
         desc.links = w.table(&links);
-        desc.bases_at = state as u32;
-        state += plan.bases.len();
+        desc.bases_at = bases_words as u32;
+        bases_words += plan.bases.len();
         desc.done_at = state as u32;
         state += plan.steps.len();
         desc.link_start_at = state as u32;
@@ -403,7 +408,7 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         plans: w.table(&descs),
         state_words: state as u32,
         conn_table: conn_table_at as u32,
-        _pad: 0,
+        bases_words: bases_words as u32,
     };
     w.align();
     w.0[..std::mem::size_of::<Header>()].copy_from_slice(unsafe {
@@ -411,7 +416,7 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         std::slice::from_raw_parts((&header as *const Header).cast::<u8>(), std::mem::size_of::<Header>())
     });
     let words = w.0.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-    Ok(Image { words, conns, state_words: state, conn_table_at })
+    Ok(Image { words, conns, state_words: state, conn_table_at, bases_words })
 }
 
 // The CUDA interpreter declares the same structs; `kernels/cuda/interpret.cu` asserts these sizes (the Rust side

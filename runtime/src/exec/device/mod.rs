@@ -83,7 +83,8 @@ impl Fabric for TwinFabric {
             state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
         }
         let control = (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect();
-        Ok(Box::new(Twin { plan, image, state, control, _conns: conns }))
+        let bases = vec![0; image.bases_words];
+        Ok(Box::new(Twin { plan, image, state, bases, control, _conns: conns }))
     }
 }
 
@@ -92,6 +93,8 @@ pub(crate) struct Twin {
     plan: Plan,
     image: Image,
     state: Box<[AtomicU64]>,
+    /// The plan's buffer addresses, written before each call.
+    bases: Vec<u64>,
     control: Box<[AtomicU64]>,
     _conns: Vec<Arc<ConnMemory>>,
 }
@@ -102,14 +105,19 @@ impl Executor for Twin {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        let desc = self.image.plan(0);
-        for (b, &base) in self.plan.bases.iter().enumerate() {
-            self.state[desc.bases_at as usize + b].store(base as u64, Ordering::Relaxed);
+        for (word, &base) in self.bases.iter_mut().zip(&self.plan.bases) {
+            *word = base as u64;
         }
         for word in self.control.iter() {
             word.store(0, Ordering::Relaxed);
         }
-        let launch = Launch { image: &self.image, state: &self.state, control: &self.control, seq: call.seq };
+        let launch = Launch {
+            image: &self.image,
+            state: &self.state,
+            bases: &self.bases,
+            control: &self.control,
+            seq: call.seq,
+        };
         let mut blocks: Vec<Block> = (0..self.image.header().n_blocks).map(|b| Block::new(&self.image, b)).collect();
         let mut wait = Backoff::new(call.timeout, call.spins);
         loop {

@@ -72,10 +72,11 @@ fn run_one_launch(
     for (c, memory) in conns.iter().enumerate() {
         state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
     }
+    let mut bases = vec![0u64; image.bases_words];
     for (p, plan) in plans.iter().enumerate() {
         let desc = image.plan(p as u32);
         for (b, &base) in plan.bases.iter().enumerate() {
-            state[desc.bases_at as usize + b].store(base as u64, Ordering::Relaxed);
+            bases[desc.bases_at as usize + b] = base as u64;
         }
     }
     let control: Vec<AtomicU64> = (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect();
@@ -86,13 +87,13 @@ fn run_one_launch(
                 let w = &windows[rank];
                 *recv = if in_place { w.in_place_buffer(&inputs[rank]) } else { vec![0xEE; w.recv] };
                 let desc = image.plan(rank as u32);
-                state[desc.bases_at as usize + 1].store(recv.as_mut_ptr() as u64, Ordering::Relaxed);
+                bases[desc.bases_at as usize + 1] = recv.as_mut_ptr() as u64;
                 if in_place {
-                    state[desc.bases_at as usize].store(recv.as_mut_ptr() as u64, Ordering::Relaxed);
+                    bases[desc.bases_at as usize] = recv.as_mut_ptr() as u64;
                 }
             }
         }
-        let launch = Launch { image: &image, state: &state, control: &control, seq };
+        let launch = Launch { image: &image, state: &state, bases: &bases, control: &control, seq };
         // SAFETY: the state points at live buffers of the sizes the plans need and at the records above.
         unsafe { twin::run_all(&launch) };
         if control[control::CODE].load(Ordering::Relaxed) != code::OK {
@@ -162,6 +163,6 @@ fn a_message_of_another_call_is_recorded_as_a_mismatch() {
     let (control, _) = run_one_launch(&sched, shape, 4096, Some(0xdead_beef));
     assert_eq!(control[control::CODE], code::MISMATCH, "{control:?}");
     // Rank 1 finds its neighbour's stamp foreign, or rank 2 finds rank 1's.
-    assert_eq!(control[control::GOT_FP] == 0xdead_beef, control[control::PLAN] != 1, "{control:?}");
+    assert_eq!(control[control::GOT_FP] == 0xdead_beef, control[control::RANK] != 1, "{control:?}");
     assert_eq!(control[control::GOT_SEQ], 1);
 }

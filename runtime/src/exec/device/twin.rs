@@ -15,10 +15,12 @@ use collc_compiler::sched::Op;
 use collc_kernels::{host, DataType, ReduceOp};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// The memory a launch runs in: the image, the state words and the control words, and the call's sequence number.
+/// The memory a launch runs in: the image, the state words, the buffers' addresses, the control words, and the
+/// call's sequence number.
 pub struct Launch<'a> {
     pub image: &'a Image,
     pub state: &'a [AtomicU64],
+    pub bases: &'a [u64],
     pub control: &'a [AtomicU64],
     pub seq: u64,
 }
@@ -112,7 +114,7 @@ impl Block {
                         continue;
                     }
                     // SAFETY: forwarded from the caller.
-                    match unsafe { try_fire(launch, self.desc.plan, &plan, i, t) } {
+                    match unsafe { try_fire(launch, &plan, i, t) } {
                         Fire::Fired => {
                             done.store(gen, Ordering::Release);
                             fired = true;
@@ -166,12 +168,12 @@ enum Fire {
 }
 
 /// Records the first fault of the launch; later ones are dropped.
-fn fault(launch: &Launch, what: u64, p: u32, i: u32, t: u32, extra: Option<(u64, u64, u32)>) {
+fn fault(launch: &Launch, what: u64, rank: u32, i: u32, t: u32, extra: Option<(u64, u64, u32)>) {
     let c = launch.control;
     if c[control::CODE].compare_exchange(code::OK, u64::MAX, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }
-    c[control::PLAN].store(p as u64, Ordering::Relaxed);
+    c[control::RANK].store(rank as u64, Ordering::Relaxed);
     c[control::INSTR].store(i as u64, Ordering::Relaxed);
     c[control::TILE].store(t as u64, Ordering::Relaxed);
     if let Some((seq, fp, link)) = extra {
@@ -193,12 +195,12 @@ pub fn stopped(launch: &Launch) -> bool {
 #[cfg(test)]
 pub fn give_up(launch: &Launch, block: &Block, what: u64) {
     let (t, i) = block.pending(launch);
-    fault(launch, what, block.desc.plan, i, t, None);
+    fault(launch, what, block.plan.rank, i, t, None);
 }
 
 /// # Safety
 /// As `Block::poll`.
-unsafe fn try_fire(launch: &Launch, p: u32, plan: &PlanDesc, i: u32, t: u32) -> Fire {
+unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, i: u32, t: u32) -> Fire {
     let (image, state) = (launch.image, launch.state);
     let instr = image.instr(plan, i);
     for k in 0..instr.n_deps {
@@ -232,7 +234,7 @@ unsafe fn try_fire(launch: &Launch, p: u32, plan: &PlanDesc, i: u32, t: u32) -> 
             )
         };
         if (seq, fp) != (launch.seq, plan.fingerprint) {
-            fault(launch, code::MISMATCH, p, i, t, Some((seq, fp, instr.recv as u32)));
+            fault(launch, code::MISMATCH, plan.rank, i, t, Some((seq, fp, instr.recv as u32)));
             return Fire::Fault;
         }
         // SAFETY: as above.
@@ -279,7 +281,7 @@ fn local(launch: &Launch, plan: &PlanDesc, place: DPlace, lo: u64, hi: u64) -> (
     if place.buf == NO_BUF_ID {
         return (std::ptr::null_mut(), 0);
     }
-    let base = launch.state[(plan.bases_at + place.buf) as usize].load(Ordering::Relaxed);
+    let base = launch.bases[(plan.bases_at + place.buf) as usize];
     let n = hi.min(place.valid as u64).saturating_sub(lo) as usize;
     ((base + (place.offset + lo) * plan.elem as u64) as *mut u8, n)
 }
@@ -343,7 +345,7 @@ unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
     let share = (hi - lo).div_ceil(block.plan_blocks as u64);
     let start = (lo + share * block.index_in_plan as u64).min(hi);
     let end = (start + share).min(hi);
-    let base = launch.state[(plan.bases_at + plan.out_buf) as usize].load(Ordering::Relaxed);
+    let base = launch.bases[(plan.bases_at + plan.out_buf) as usize];
     let elem = plan.elem as u64;
     // SAFETY: the window lies inside the output buffer (caller's contract).
     let bytes =

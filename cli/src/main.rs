@@ -15,6 +15,7 @@ mod calibrate;
 mod check;
 mod cost;
 mod fr;
+mod gpu;
 mod library;
 mod list;
 mod report;
@@ -65,6 +66,10 @@ enum Command {
     /// Flight recorder: `collc fr analyze DIR` reads every rank's dump (COLLC_DUMP_DIR) and says who hangs where.
     #[command(after_help = EXIT_STATUS)]
     Fr(fr::FrArgs),
+    /// GPUs: `collc gpu info` (driver, devices, libraries loaded), `collc gpu bench` (the device executor against
+    /// the GPU's copy rate and launch latency). Needs the cuda feature.
+    #[command(after_help = EXIT_STATUS)]
+    Gpu(gpu::GpuArgs),
 }
 
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
@@ -99,6 +104,7 @@ fn main() -> ExitCode {
         Command::Cost(a) => cost::run(a),
         Command::Tune(a) => tune::run(a),
         Command::Fr(a) => fr::run(a),
+        Command::Gpu(a) => gpu::run(a),
     });
     match worker.map(|handle| handle.join()) {
         Ok(Ok(code)) => ExitCode::from(code),

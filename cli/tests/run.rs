@@ -1,4 +1,4 @@
-//! `collc run` as a user runs it: every library algorithm on both transports with -c 1, nccl-tests' table, JSON,
+//! `collc run` as a user runs it: every library algorithm on the host transports with -c 1, nccl-tests' table, JSON,
 //! usage errors, and a rank killed mid-run.
 
 use std::process::{Command, Output, Stdio};
@@ -25,13 +25,13 @@ fn wrong_columns(table: &str) -> Vec<String> {
 }
 
 #[test]
-fn every_library_algorithm_runs_correctly_on_both_transports() {
+fn every_library_algorithm_runs_correctly_on_the_host_transports() {
     let list = text(&collc(&["list"]).stdout);
     let names: Vec<&str> =
         list.lines().filter_map(|l| l.split_whitespace().nth(1)).filter(|n| n.contains('/')).collect();
     assert!(names.len() >= 10, "{list}");
     for name in names {
-        for transport in ["threads", "shm"] {
+        for transport in ["threads", "shm", "twin"] {
             let out = collc(&[
                 "run",
                 name,
@@ -269,4 +269,36 @@ fn a_run_that_cannot_fit_in_memory_is_refused_before_any_rank_starts() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("this run needs about") && stderr.contains("a smaller -e"), "{stderr}");
     assert!(out.stdout.is_empty(), "nothing ran: {}", text(&out.stdout));
+}
+
+/// Without a GPU (CI has none) the cuda transport and `collc gpu` fail at once with what is missing: the driver,
+/// or (in a build without the feature) the feature; never a panic or a hang.
+#[test]
+fn the_cuda_transport_without_a_gpu_says_what_is_missing() {
+    let expected = if cfg!(feature = "cuda") { "no CUDA driver found" } else { "built without the cuda feature" };
+    let has_driver = std::path::Path::new("/dev/nvidiactl").exists();
+    for args in
+        [&["run", "allreduce/ring", "--ranks", "2", "--transport", "cuda"][..], &["gpu", "info"], &["gpu", "bench"]]
+    {
+        let out = collc(args);
+        if has_driver && cfg!(feature = "cuda") {
+            assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+            continue;
+        }
+        assert_ne!(out.status.code(), Some(0), "{args:?}");
+        assert!(out.status.code().is_some(), "{args:?}: killed by a signal");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(expected), "{args:?}: {stderr}");
+    }
+    // Under a launcher the one-process transports are refused before anything starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--transport", "twin"])
+        .env("RANK", "0")
+        .env("WORLD_SIZE", "2")
+        .env("MASTER_ADDR", "127.0.0.1")
+        .env("MASTER_PORT", "1")
+        .output()
+        .expect("collc runs");
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("runs every rank as a thread of this one process"), "{}", text(&out.stderr));
 }

@@ -65,6 +65,8 @@ impl Options {
         }
         let (budget, range) = match transport {
             crate::Transport::Tcp => (512usize << 20, (64 << 10, 256 << 10)),
+            // NCCL's Simple protocol: 4 MiB a channel, 8 steps of 512 KiB.
+            crate::Transport::Cuda => (1usize << 30, (256 << 10, 512 << 10)),
             _ => (256usize << 20, (16 << 10, 128 << 10)),
         };
         let cap = (budget / (8 * connections).max(1)).clamp(range.0, range.1);
@@ -72,10 +74,20 @@ impl Options {
     }
 }
 
-/// The buffers of one call: NCCL's out-of-place (`send` != `recv`) or in-place form.
+/// The buffers of one call: NCCL's out-of-place (`send` != `recv`) or in-place form, in host memory or (the `cuda`
+/// transport) in device memory.
 pub enum Buffers<'a> {
     OutOfPlace { send: &'a [u8], recv: &'a mut [u8] },
     InPlace(&'a mut [u8]),
+    DeviceOutOfPlace { send: DevicePtr, recv: DevicePtr },
+    DeviceInPlace(DevicePtr),
+}
+
+/// A range of device memory: its address and length (e.g. `cuda::DeviceBuffer::ptr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DevicePtr {
+    pub addr: u64,
+    pub bytes: usize,
 }
 
 /// One collective call: what to compute, on how many elements per block, with which root and peer.
@@ -191,6 +203,56 @@ impl Communicator {
             .collect()
     }
 
+    /// `n_ranks` communicators for rank threads of this process on GPUs (the `cuda` transport): rank r on GPU
+    /// r mod G, G the GPUs the driver sees or `COLLC_CUDA_GPUS`; ranks sharing a GPU run one launch per call.
+    pub fn cuda(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        let gpus =
+            match std::env::var("COLLC_CUDA_GPUS") {
+                Ok(text) => Some(text.trim().parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))
+                })?),
+                Err(_) => None,
+            };
+        Communicator::cuda_on(n_ranks, gpus, options)
+    }
+
+    /// As `cuda`, on the first `gpus` GPUs (all of them when `None`).
+    pub fn cuda_on(n_ranks: u32, gpus: Option<u32>, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        #[cfg(feature = "cuda")]
+        {
+            let fabric = Arc::new(crate::exec::cuda::CudaFabric::new(n_ranks, gpus).map_err(RuntimeError::Config)?);
+            let memory = Memory::new(Arc::new(Heap::default()));
+            let compiled = Compiled::default();
+            (0..n_ranks)
+                .map(|rank| {
+                    let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+                    Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
+                })
+                .collect()
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (options, gpus);
+            Err(RuntimeError::Config(
+                "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`"
+                    .into(),
+            ))
+        }
+    }
+
+    /// Bytes this rank's plan of a call shape reads and writes per call (its messages included): what a
+    /// memory-bound executor moves (`Plan::traffic_bytes`).
+    pub fn traffic_bytes(&mut self, shape: CallShape, placement: Placement) -> Result<u64, RuntimeError> {
+        let index = self.plan(shape, placement)?;
+        Ok(self.plans[index].plan_mut().traffic_bytes())
+    }
+
+    /// The GPU this rank's buffers must be on (the `cuda` transport), or `None`.
+    pub fn gpu_ordinal(&self) -> Option<i32> {
+        self.fabric.gpu_ordinal(self.rank)
+    }
+
     /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
     /// calls this with the same `job` and `n_ranks`; it returns once all have joined.
     pub fn shm(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
@@ -220,6 +282,7 @@ impl Communicator {
         let make: Box<dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync> = match transport {
             crate::Transport::Threads => return Communicator::threads(n_ranks, options),
             crate::Transport::Twin => return Communicator::twin(n_ranks, options),
+            crate::Transport::Cuda => return Communicator::cuda(n_ranks, options),
             crate::Transport::Shm => Box::new(|rank| Communicator::shm(&job, rank, n_ranks, options.clone())),
             crate::Transport::Tcp => {
                 let port = std::net::TcpListener::bind("127.0.0.1:0")
@@ -400,8 +463,8 @@ impl Communicator {
     /// (the send count of allgather/gather, the receive count of reducescatter/scatter, per peer for alltoall).
     pub fn call(&mut self, shape: CallShape, buffers: Buffers) -> Result<(), RuntimeError> {
         let placement = match buffers {
-            Buffers::OutOfPlace { .. } => Placement::OutOfPlace,
-            Buffers::InPlace(_) => Placement::InPlace,
+            Buffers::OutOfPlace { .. } | Buffers::DeviceOutOfPlace { .. } => Placement::OutOfPlace,
+            Buffers::InPlace(_) | Buffers::DeviceInPlace(_) => Placement::InPlace,
         };
         self.seq += 1;
         let outcome = self.run_call(shape, placement, buffers);
@@ -414,6 +477,17 @@ impl Communicator {
     }
 
     fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
+        let device = matches!(buffers, Buffers::DeviceOutOfPlace { .. } | Buffers::DeviceInPlace(_));
+        let transport = self.fabric.transport();
+        if device != (transport == crate::Transport::Cuda) {
+            return Err(RuntimeError::Config(match device {
+                true => format!("rank {}: device buffers need the cuda transport; this communicator is {transport}", self.rank),
+                false => format!(
+                    "rank {}: the cuda transport computes on device memory (Buffers::DeviceOutOfPlace / DeviceInPlace,                      e.g. from collc_runtime::cuda::DeviceBuffer); got host buffers",
+                    self.rank
+                ),
+            }));
+        }
         let index = self.plan(shape, placement)?;
         let executor = &mut self.plans[index];
         let plan = executor.plan_mut();
@@ -439,6 +513,19 @@ impl Communicator {
                 check("buffer", buf.len(), elements)?;
                 plan.bases[0] = buf.as_mut_ptr();
                 plan.bases[1] = buf.as_mut_ptr();
+            }
+            // Device addresses are numbers to the host: only the device interpreter dereferences them.
+            Buffers::DeviceOutOfPlace { send, recv } => {
+                check("send", send.bytes, plan.user_elements[0])?;
+                check("recv", recv.bytes, plan.user_elements[1])?;
+                plan.bases[0] = send.addr as *mut u8;
+                plan.bases[1] = recv.addr as *mut u8;
+            }
+            Buffers::DeviceInPlace(buf) => {
+                let elements = plan.user_elements[0].max(plan.user_elements[1]);
+                check("buffer", buf.bytes, elements)?;
+                plan.bases[0] = buf.addr as *mut u8;
+                plan.bases[1] = buf.addr as *mut u8;
             }
         }
         let kind = ((shape.collective as u32) << 24)

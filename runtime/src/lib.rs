@@ -13,6 +13,8 @@
 pub mod check;
 mod collectives;
 pub mod comm;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod error;
 mod exec;
 pub mod launch;
@@ -26,7 +28,7 @@ mod wait;
 pub use collc_compiler::Collective;
 pub use collc_kernels::{DataType, ReduceOp};
 pub use collectives::Element;
-pub use comm::{AbortHandle, Buffers, CallShape, Communicator, Options};
+pub use comm::{AbortHandle, Buffers, CallShape, Communicator, DevicePtr, Options};
 pub use error::RuntimeError;
 pub use exec::Plan;
 pub use layout::ChunkLayout;

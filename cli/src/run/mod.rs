@@ -177,7 +177,7 @@ pub fn run(args: RunArgs) -> u8 {
     };
     match (launched, job.transport) {
         (Some(launch), _) => launch::run_one_rank(&job, &launch),
-        (None, Transport::Threads | Transport::Twin) => launch::run_threads(&job),
+        (None, Transport::Threads | Transport::Twin | Transport::Cuda) => launch::run_threads(&job),
         (None, Transport::Shm | Transport::Tcp) => launch::spawn_ranks(&job),
     }
 }
@@ -236,6 +236,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     }
     // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
     let transport = match (launched, args.transport) {
+        (true, transport @ (Transport::Twin | Transport::Cuda)) => {
+            return Err(usage(format!(
+                "--transport {transport} runs every rank as a thread of this one process; under a launcher, run \
+                 `collc run --transport {transport} --ranks N` once instead"
+            )))
+        }
         (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
         (true, Transport::Threads) => Transport::Shm,
         (_, transport) => transport,

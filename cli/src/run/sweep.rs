@@ -141,11 +141,14 @@ fn warm_up_at(
     Ok(())
 }
 
-/// Buffers reused across rows, so a row pays no page faults of the last one's size.
+/// Buffers reused across rows, so a row pays no page faults of the last one's size. Over the cuda transport the
+/// calls run on device buffers of the rank's GPU, and `send`/`recv` are their host copies for the data check.
 #[derive(Default)]
 struct Scratch {
     send: Vec<u8>,
     recv: Vec<u8>,
+    #[cfg(feature = "cuda")]
+    device: Option<(collc_runtime::cuda::DeviceBuffer, collc_runtime::cuda::DeviceBuffer)>,
 }
 
 impl Scratch {
@@ -157,6 +160,17 @@ impl Scratch {
         windows: &check::Windows,
         in_place: bool,
     ) -> Result<(), RuntimeError> {
+        #[cfg(feature = "cuda")]
+        if comm.transport() == collc_runtime::Transport::Cuda {
+            let (send, recv) = self.device_buffers(comm, windows)?;
+            let buffers = match in_place {
+                true => Buffers::DeviceInPlace(send.slice(0, windows.send)),
+                false => {
+                    Buffers::DeviceOutOfPlace { send: send.slice(0, windows.send), recv: recv.slice(0, windows.recv) }
+                }
+            };
+            return comm.call(*shape, buffers);
+        }
         grow(&mut self.send, windows.send);
         grow(&mut self.recv, windows.recv);
         let buffers = match in_place {
@@ -164,6 +178,48 @@ impl Scratch {
             false => Buffers::OutOfPlace { send: &self.send[..windows.send], recv: &mut self.recv[..windows.recv] },
         };
         comm.call(*shape, buffers)
+    }
+
+    /// The device buffers, grown to `windows` (a new pair when the last is too small).
+    #[cfg(feature = "cuda")]
+    fn device_buffers(
+        &mut self,
+        comm: &Communicator,
+        windows: &check::Windows,
+    ) -> Result<&(collc_runtime::cuda::DeviceBuffer, collc_runtime::cuda::DeviceBuffer), RuntimeError> {
+        use collc_runtime::cuda::DeviceBuffer;
+        let fits = self.device.as_ref().is_some_and(|(s, r)| s.len() >= windows.send && r.len() >= windows.recv);
+        if !fits {
+            self.device = None;
+            self.device = Some((DeviceBuffer::new(comm, windows.send)?, DeviceBuffer::new(comm, windows.recv)?));
+        }
+        Ok(self.device.as_ref().expect("set above"))
+    }
+
+    /// Before a checked call: the host copies (filled by the caller) go to the device buffers.
+    fn upload(&mut self, comm: &Communicator, windows: &check::Windows) -> Result<(), RuntimeError> {
+        #[cfg(feature = "cuda")]
+        if comm.transport() == collc_runtime::Transport::Cuda {
+            let (send, recv) = (self.send[..windows.send].to_vec(), self.recv[..windows.recv].to_vec());
+            let (d_send, d_recv) = self.device_buffers(comm, windows)?;
+            d_send.write(0, &send)?;
+            d_recv.write(0, &recv)?;
+        }
+        let _ = (comm, windows);
+        Ok(())
+    }
+
+    /// After a checked call: the device buffers come back into the host copies.
+    fn download(&mut self, comm: &Communicator, windows: &check::Windows) -> Result<(), RuntimeError> {
+        #[cfg(feature = "cuda")]
+        if comm.transport() == collc_runtime::Transport::Cuda {
+            if let Some((d_send, d_recv)) = &self.device {
+                d_send.read(0, &mut self.send[..windows.send])?;
+                d_recv.read(0, &mut self.recv[..windows.recv])?;
+            }
+        }
+        let _ = (comm, windows);
+        Ok(())
     }
 }
 
@@ -211,10 +267,14 @@ fn check_one(
     scratch: &mut Scratch,
 ) -> Result<u64, RuntimeError> {
     let rank = comm.rank();
+    grow(&mut scratch.send, windows.send);
+    grow(&mut scratch.recv, windows.recv);
     scratch.send.fill(0xEE);
     scratch.recv.fill(0xEE);
     scratch.send[windows.input.clone()].copy_from_slice(&check::input(shape, job.n_ranks, rank));
+    scratch.upload(comm, windows)?;
     scratch.call(comm, shape, windows, in_place)?;
+    scratch.download(comm, windows)?;
     let Some(want) = check::expected(shape, job.n_ranks, rank) else { return Ok(0) };
     let got = if in_place { &scratch.send[windows.output.clone()] } else { &scratch.recv[windows.output.clone()] };
     Ok(check::count_wrong(shape.dtype, &want, got) as u64)

@@ -336,6 +336,40 @@ fn connections_of(program: &RankProgram, rank: u32) -> HashMap<(u32, u32, u8), C
     connections
 }
 
+impl Plan {
+    /// Bytes this rank's instructions read and write in one call (messages in their slots included): what a
+    /// memory-bound executor moves, from which the GPU benchmark draws its bound.
+    pub fn traffic_bytes(&self) -> u64 {
+        let elements = |p: Place| if p.buf == NO_BUF { 0 } else { p.valid.min(self.capacity) as u64 };
+        let mut total = 0u64;
+        for step in &self.steps {
+            let pieces = &self.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
+            for piece in pieces {
+                let (src, acc, dst) = (elements(piece.src), elements(piece.acc), elements(piece.dst));
+                // (reads, writes) in elements; a message counts once where it is written and once where it is read.
+                let (reads, writes) = match step.op {
+                    Op::Send => (src, src),
+                    Op::Recv => (dst, dst),
+                    Op::RecvReduceCopy => (2 * dst, dst),
+                    Op::RecvReduceSend => (2 * acc, acc),
+                    Op::RecvReduceCopySend => (2 * dst, 2 * dst),
+                    Op::RecvCopySend => (dst, 2 * dst),
+                    Op::Copy => (dst, dst),
+                    Op::Reduce => (2 * dst, dst),
+                };
+                total += (reads + writes) * self.elem as u64;
+            }
+        }
+        total
+    }
+
+    /// Bytes of each scratch buffer (buffers 2.. of the schedule), for executors that keep scratch elsewhere.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn scratch_bytes(&self) -> Vec<usize> {
+        self._scratch.iter().map(|storage| storage.len() - 64).collect()
+    }
+}
+
 /// Where each buffer starts (`in` and `out` left null, set per call) and the storage of the scratch buffers, each
 /// 64-byte aligned, `chunk_bytes` per chunk (a Vec's heap storage does not move when the plan does).
 fn scratch_buffers(sched: &VerifiedSchedule, chunk_bytes: usize) -> (Vec<*mut u8>, Vec<Vec<u8>>) {

@@ -30,10 +30,15 @@ pub enum Transport {
     Tcp,
     /// Ranks are threads whose plans run on the host twin of the CUDA interpreter (exec/device/twin.rs).
     Twin,
+    /// Ranks are threads of one process on GPUs, each plan run by the device interpreter (feature `cuda`).
+    Cuda,
 }
 
 impl Transport {
-    pub const ALL: [Transport; 4] = [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin];
+    pub const ALL: [Transport; 5] =
+        [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin, Transport::Cuda];
+    /// The transports that run on a CPU: those the runtime matrix checks on every machine.
+    pub const HOST: [Transport; 4] = [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin];
 
     /// The name `--transport` takes and headers print.
     pub fn name(self) -> &'static str {
@@ -42,6 +47,7 @@ impl Transport {
             Transport::Shm => "shm",
             Transport::Tcp => "tcp",
             Transport::Twin => "twin",
+            Transport::Cuda => "cuda",
         }
     }
 
@@ -54,6 +60,7 @@ impl Transport {
             Transport::Twin => {
                 "Ranks are threads running the CUDA interpreter's host twin (its plan encoding and flag protocol, on the CPU)"
             }
+            Transport::Cuda => "Ranks are threads on GPUs (device buffers; needs the cuda feature and a CUDA driver)",
         }
     }
 
@@ -200,6 +207,10 @@ pub(crate) trait Fabric: Send + Sync {
     /// Ends a communicator of the job no longer needs (the last one out calls it).
     fn remove_all(&self);
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError>;
+    /// The GPU a rank's buffers must be on, for the transports that compute on device memory.
+    fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
+        None
+    }
 }
 
 #[cfg(test)]

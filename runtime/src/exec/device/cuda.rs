@@ -1,10 +1,831 @@
-//! The CUDA side of the device executor (feature `cuda`): the kernels compiled by NVRTC with the encoder's layout.
+//! The device executor on GPUs (feature `cuda`): the kernels compiled by NVRTC with the encoder's layout, loaded
+//! through the driver (both found at run time); each rank's image, state and scratch in device memory; connection
+//! records in the receiver's device memory; and a `Launcher` per GPU and call shape, so the ranks that share a GPU
+//! run one cooperative launch per call (their blocks wait on each other, so they must be resident together).
+//!
+//! Ranks on different GPUs of one process reach each other's records through peer access (`cuCtxEnablePeerAccess`,
+//! checked with `cuDeviceCanAccessPeer`; a pair without it is an error), with system-scope fences.
 
-use super::encode;
+use super::super::host::{describe, mismatch, waiting_for};
+use super::super::{Call, Executor, Plan};
+use super::encode::{self, code, conn, control, CONN_WORDS, CONTROL_WORDS, SLOTS};
+use crate::error::RuntimeError;
+use crate::transport::{Fabric, Stamp, Transport};
+use crate::wait::Backoff;
+use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
+use std::collections::HashMap;
+use std::ffi::{c_void, CStr, CString};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Threads per block of the interpreter.
+const THREADS: u32 = 512;
 
 /// The PTX of every kernel for `arch`, compiled with the layout constants of `encode.rs`, as the executor loads it.
 pub fn kernels_ptx(arch: &'static str) -> Result<String, String> {
     collc_kernels::cuda::compile(&encode::layout_defines(), arch)
+}
+
+/// `kernels_ptx`, kept in `$XDG_CACHE_HOME/collc` (or `~/.cache/collc`) under a hash of the program, NVRTC's version
+/// and `arch`, so a process does not pay NVRTC's seconds again for kernels it compiled before.
+fn cached_ptx(arch: &'static str) -> Result<String, String> {
+    let defines = encode::layout_defines();
+    let version = collc_kernels::cuda::nvrtc_version()?;
+    let key = format!("{}|{version:?}|{arch}", collc_kernels::cuda::program(&defines));
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    let dir = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|home| std::path::PathBuf::from(home).join(".cache")))
+        .map(|base| base.join("collc"));
+    let path = dir.as_ref().map(|dir| dir.join(format!("kernels-{arch}-{hash:016x}.ptx")));
+    if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
+        return Ok(ptx);
+    }
+    let ptx = kernels_ptx(arch)?;
+    if let (Some(dir), Some(path)) = (dir, path) {
+        // A cache that cannot be written only costs the next process the compile.
+        let temporary = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::create_dir_all(&dir).is_ok() && std::fs::write(&temporary, &ptx).is_ok() {
+            let _ = std::fs::rename(&temporary, &path);
+        }
+    }
+    Ok(ptx)
+}
+
+fn ok(result: CUresult, what: &str) -> Result<(), String> {
+    if result == CUresult::CUDA_SUCCESS {
+        return Ok(());
+    }
+    let mut text: *const std::ffi::c_char = std::ptr::null();
+    // SAFETY: cuGetErrorString writes a pointer to a static string, or leaves it null.
+    unsafe { sys::cuGetErrorString(result, &mut text) };
+    let name = if text.is_null() {
+        format!("{result:?}")
+    } else {
+        // SAFETY: non-null: a static NUL-terminated string of the driver's.
+        unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+    };
+    Err(format!("{what}: {name}"))
+}
+
+/// The CUDA driver, once per process: loaded, initialised, with its version and device count.
+pub struct Driver {
+    pub version: i32,
+    pub devices: i32,
+}
+
+/// The driver, or why there is none ("no CUDA driver found: ...").
+pub fn driver() -> Result<&'static Driver, String> {
+    static DRIVER: OnceLock<Result<Driver, String>> = OnceLock::new();
+    DRIVER
+        .get_or_init(|| {
+            // SAFETY: only tries to open the library by its names.
+            if !unsafe { sys::is_culib_present() } {
+                return Err("no CUDA driver found: libcuda.so.1 could not be loaded (install the NVIDIA driver; \
+                            the threads, shm, tcp and twin transports need none)"
+                    .into());
+            }
+            // SAFETY: the library is loaded; cuInit takes flags 0.
+            ok(unsafe { sys::cuInit(0) }, "no CUDA driver found: cuInit")?;
+            let (mut version, mut devices) = (0, 0);
+            // SAFETY: valid out-pointers.
+            ok(unsafe { sys::cuDriverGetVersion(&mut version) }, "cuDriverGetVersion")?;
+            ok(unsafe { sys::cuDeviceGetCount(&mut devices) }, "cuDeviceGetCount")?;
+            if devices == 0 {
+                return Err(format!("no CUDA device found (driver {})", version_text(version)));
+            }
+            Ok(Driver { version, devices })
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+pub fn version_text(version: i32) -> String {
+    format!("{}.{}", version / 1000, (version % 1000) / 10)
+}
+
+/// The paths of the CUDA libraries this process has loaded (from /proc/self/maps): what `collc run` reports.
+pub fn loaded_libraries() -> Vec<String> {
+    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    let mut paths: Vec<String> = maps
+        .lines()
+        .filter_map(|line| line.split_whitespace().nth(5))
+        .filter(|path| path.contains("libcuda.so") || path.contains("libnvrtc"))
+        .map(str::to_string)
+        .collect();
+    paths.sort();
+    paths.dedup();
+    paths
+}
+
+/// One GPU: its primary context, the kernels loaded in it, and what a launch needs to know of it.
+pub struct Gpu {
+    pub ordinal: i32,
+    pub name: String,
+    pub sms: u32,
+    device: sys::CUdevice,
+    ctx: sys::CUcontext,
+    _module: sys::CUmodule,
+    interpret: sys::CUfunction,
+    pub(crate) kernels: Kernels,
+    stream: sys::CUstream,
+    /// Blocks of the interpreter one SM holds at once.
+    per_sm: u32,
+}
+
+/// The standalone kernels (the benchmark's copy and reduce, the empty launch).
+#[derive(Clone, Copy)]
+pub(crate) struct Kernels {
+    pub copy: sys::CUfunction,
+    pub empty: sys::CUfunction,
+}
+
+// SAFETY: CUDA handles may be used from any thread once the context is made current there (`bind`).
+unsafe impl Send for Gpu {}
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), String> {
+        // SAFETY: a context retained for the process's lifetime.
+        ok(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
+    }
+}
+
+/// GPU `ordinal`, its kernels compiled and loaded on first use.
+pub fn gpu(ordinal: i32) -> Result<Arc<Gpu>, String> {
+    static GPUS: OnceLock<Mutex<HashMap<i32, Arc<Gpu>>>> = OnceLock::new();
+    let driver = driver()?;
+    if ordinal < 0 || ordinal >= driver.devices {
+        return Err(format!("GPU {ordinal} does not exist ({} found)", driver.devices));
+    }
+    let mut gpus = GPUS.get_or_init(Default::default).lock().map_err(|_| "a poisoned lock".to_string())?;
+    if let Some(gpu) = gpus.get(&ordinal) {
+        return Ok(gpu.clone());
+    }
+    let gpu = Arc::new(open_gpu(ordinal)?);
+    gpus.insert(ordinal, gpu.clone());
+    Ok(gpu)
+}
+
+fn open_gpu(ordinal: i32) -> Result<Gpu, String> {
+    let mut device = 0;
+    // SAFETY: valid out-pointers throughout; handles come from the calls before.
+    unsafe {
+        ok(sys::cuDeviceGet(&mut device, ordinal), "cuDeviceGet")?;
+        let mut name = [0 as std::ffi::c_char; 128];
+        ok(sys::cuDeviceGetName(name.as_mut_ptr(), 128, device), "cuDeviceGetName")?;
+        let name = CStr::from_ptr(name.as_ptr()).to_string_lossy().into_owned();
+        let attribute = |a: sys::CUdevice_attribute| -> Result<i32, String> {
+            let mut v = 0;
+            ok(sys::cuDeviceGetAttribute(&mut v, a, device), "cuDeviceGetAttribute")?;
+            Ok(v)
+        };
+        let sms = attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        if attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)? == 0 {
+            return Err(format!("GPU {ordinal} ({name}) cannot launch cooperatively, which the interpreter needs"));
+        }
+        let (major, minor) = (
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let mut ctx = std::ptr::null_mut();
+        ok(sys::cuDevicePrimaryCtxRetain(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
+        ok(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
+        let arch = arch_for(major, minor).ok_or(format!("GPU {ordinal} ({name}) is sm_{major}{minor}: below sm_70"))?;
+        let ptx = CString::new(cached_ptx(arch)?).map_err(|_| "PTX with a NUL byte".to_string())?;
+        let mut module = std::ptr::null_mut();
+        ok(sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()), "cuModuleLoadData (the kernels' PTX)")?;
+        let function = |entry: &str| -> Result<sys::CUfunction, String> {
+            let mut f = std::ptr::null_mut();
+            let entry_c = CString::new(entry).expect("no NUL");
+            ok(sys::cuModuleGetFunction(&mut f, module, entry_c.as_ptr()), entry)?;
+            Ok(f)
+        };
+        let interpret = function("collc_interpret")?;
+        let kernels = Kernels { copy: function("collc_copy")?, empty: function("collc_empty")? };
+        let mut per_sm = 0;
+        ok(
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, interpret, THREADS as i32, 0),
+            "cuOccupancyMaxActiveBlocksPerMultiprocessor",
+        )?;
+        let mut stream = std::ptr::null_mut();
+        ok(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
+        Ok(Gpu { ordinal, name, sms, device, ctx, _module: module, interpret, kernels, stream, per_sm: per_sm as u32 })
+    }
+}
+
+/// The virtual architecture to compile for: the GPU's own, within what NVRTC 12/13 know.
+fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (9, _) => "compute_90",
+        (8, 9) => "compute_89",
+        (8, 6..) => "compute_86",
+        (8, _) => "compute_80",
+        (7, 5..) => "compute_75",
+        (7, _) => "compute_70",
+        (m, _) if m >= 10 => "compute_90",
+        _ => return None,
+    })
+}
+
+/// Device memory, freed on drop.
+pub struct DeviceAlloc {
+    pub ptr: CUdeviceptr,
+    pub bytes: usize,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: a device address; every use binds the GPU's context first.
+unsafe impl Send for DeviceAlloc {}
+unsafe impl Sync for DeviceAlloc {}
+
+impl DeviceAlloc {
+    /// `bytes` of zeroed memory on `gpu` (an out-of-memory is an error naming the GPU and the size).
+    pub fn zeroed(gpu: &Arc<Gpu>, bytes: usize) -> Result<DeviceAlloc, String> {
+        gpu.bind()?;
+        let mut ptr = 0;
+        // SAFETY: a valid out-pointer; then a memset of the memory just allocated.
+        unsafe {
+            ok(
+                sys::cuMemAlloc_v2(&mut ptr, bytes.max(1)),
+                &format!("cuMemAlloc of {bytes} bytes on GPU {}", gpu.ordinal),
+            )?;
+            ok(sys::cuMemsetD8_v2(ptr, 0, bytes.max(1)), "cuMemsetD8")?;
+        }
+        Ok(DeviceAlloc { ptr, bytes, gpu: gpu.clone() })
+    }
+
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<(), String> {
+        if offset + data.len() > self.bytes {
+            return Err(format!(
+                "a write of {} bytes at {offset} into {} bytes of device memory",
+                data.len(),
+                self.bytes
+            ));
+        }
+        self.gpu.bind()?;
+        // SAFETY: in bounds (checked); the host slice is valid for its length.
+        ok(unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr().cast(), data.len()) }, "cuMemcpyHtoD")
+    }
+
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<(), String> {
+        if offset + out.len() > self.bytes {
+            return Err(format!(
+                "a read of {} bytes at {offset} from {} bytes of device memory",
+                out.len(),
+                self.bytes
+            ));
+        }
+        self.gpu.bind()?;
+        // SAFETY: as `write`.
+        ok(
+            unsafe { sys::cuMemcpyDtoH_v2(out.as_mut_ptr().cast(), self.ptr + offset as u64, out.len()) },
+            "cuMemcpyDtoH",
+        )
+    }
+
+    pub fn fill(&self, byte: u8) -> Result<(), String> {
+        self.gpu.bind()?;
+        // SAFETY: the whole allocation.
+        ok(unsafe { sys::cuMemsetD8_v2(self.ptr, byte, self.bytes.max(1)) }, "cuMemsetD8")
+    }
+}
+
+impl Drop for DeviceAlloc {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by cuMemAlloc, freed once.
+            unsafe { sys::cuMemFree_v2(self.ptr) };
+        }
+    }
+}
+
+/// Whether `addr` is device memory of a GPU (not host memory, and not unknown to the driver).
+pub fn is_device_memory(addr: u64) -> bool {
+    let mut kind: u32 = 0;
+    // SAFETY: the attribute is a 4-byte memory type written into `kind`.
+    let result = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut kind as *mut u32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+            addr,
+        )
+    };
+    result == CUresult::CUDA_SUCCESS && kind == sys::CUmemorytype::CU_MEMORYTYPE_DEVICE as u32
+}
+
+/// Host memory the device reads and writes directly (mapped, pinned): the launch table, the bases and the control
+/// words, which the host writes or reads without a copy.
+struct Pinned {
+    host: *mut u64,
+    dev: CUdeviceptr,
+    words: usize,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: pinned memory of the process; words are written by one side at a time as the protocol says.
+unsafe impl Send for Pinned {}
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    fn new(gpu: &Arc<Gpu>, words: usize) -> Result<Pinned, String> {
+        gpu.bind()?;
+        let mut host = std::ptr::null_mut();
+        let mut dev = 0;
+        let bytes = words.max(1) * 8;
+        // SAFETY: valid out-pointers; the flags ask for memory mapped into every context (portable + device map).
+        unsafe {
+            ok(sys::cuMemHostAlloc(&mut host, bytes, 0x1 | 0x2), "cuMemHostAlloc")?;
+            std::ptr::write_bytes(host.cast::<u8>(), 0, bytes);
+            ok(sys::cuMemHostGetDevicePointer_v2(&mut dev, host, 0), "cuMemHostGetDevicePointer")?;
+        }
+        Ok(Pinned { host: host.cast(), dev, words, gpu: gpu.clone() })
+    }
+
+    fn set(&self, i: usize, value: u64) {
+        assert!(i < self.words);
+        // SAFETY: in bounds; a volatile store the device sees.
+        unsafe { self.host.add(i).write_volatile(value) }
+    }
+
+    fn get(&self, i: usize) -> u64 {
+        assert!(i < self.words);
+        // SAFETY: in bounds; a volatile load of what the device wrote.
+        unsafe { self.host.add(i).read_volatile() }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: allocated by cuMemHostAlloc, freed once.
+            unsafe { sys::cuMemFreeHost(self.host.cast::<c_void>()) };
+        }
+    }
+}
+
+type ConnKey = (u32, u32, u8, usize);
+
+/// The `cuda` transport's fabric for ranks that are threads of this process: rank r on GPU `r % gpus`.
+pub(crate) struct CudaFabric {
+    gpus: Vec<Arc<Gpu>>,
+    n_ranks: u32,
+    conns: Mutex<HashMap<ConnKey, Arc<DeviceAlloc>>>,
+    launchers: Mutex<HashMap<(u64, i32), Arc<Launcher>>>,
+}
+
+impl CudaFabric {
+    /// Opens `gpus` GPUs (every one the driver sees when `None`) and enables peer access between them.
+    pub fn new(n_ranks: u32, gpus: Option<u32>) -> Result<CudaFabric, String> {
+        let driver = driver()?;
+        let n = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).min(n_ranks.max(1)).max(1);
+        let gpus: Vec<Arc<Gpu>> = (0..n as i32).map(gpu).collect::<Result<_, _>>()?;
+        for a in &gpus {
+            for b in &gpus {
+                if a.ordinal == b.ordinal {
+                    continue;
+                }
+                let mut can = 0;
+                // SAFETY: valid devices and out-pointer.
+                ok(unsafe { sys::cuDeviceCanAccessPeer(&mut can, a.device, b.device) }, "cuDeviceCanAccessPeer")?;
+                if can == 0 {
+                    return Err(format!(
+                        "GPU {} cannot access GPU {}'s memory (no peer access over NVLink or PCIe): run with \
+                         COLLC_CUDA_GPUS=1, or one process per GPU",
+                        a.ordinal, b.ordinal
+                    ));
+                }
+                a.bind()?;
+                // SAFETY: b's context is retained; already-enabled is not an error.
+                let result = unsafe { sys::cuCtxEnablePeerAccess(b.ctx, 0) };
+                if result != CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED {
+                    ok(result, "cuCtxEnablePeerAccess")?;
+                }
+            }
+        }
+        Ok(CudaFabric { gpus, n_ranks, conns: Mutex::default(), launchers: Mutex::default() })
+    }
+
+    pub fn gpu_of(&self, rank: u32) -> &Arc<Gpu> {
+        &self.gpus[rank as usize % self.gpus.len()]
+    }
+
+    fn ranks_on(&self, ordinal: i32) -> usize {
+        (0..self.n_ranks).filter(|&r| self.gpu_of(r).ordinal == ordinal).count()
+    }
+}
+
+impl Fabric for CudaFabric {
+    fn transport(&self) -> Transport {
+        Transport::Cuda
+    }
+
+    fn remove_all(&self) {}
+
+    fn gpu_ordinal(&self, rank: u32) -> Option<i32> {
+        Some(self.gpu_of(rank).ordinal)
+    }
+
+    fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
+        let config = |e: String| RuntimeError::Config(format!("rank {}: {e}", plan.rank));
+        let gpu = self.gpu_of(plan.rank).clone();
+        let image = encode::encode(&[&plan]).map_err(config)?;
+        let image_mem = DeviceAlloc::zeroed(&gpu, image.bytes().len()).map_err(config)?;
+        image_mem.write(0, image.bytes()).map_err(config)?;
+        let state = DeviceAlloc::zeroed(&gpu, image.state_words * 8).map_err(config)?;
+        let mut conns = Vec::with_capacity(image.conns.len());
+        {
+            let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
+            for &(from, to, channel, slot_bytes) in &image.conns {
+                let record = match registry.get(&(from, to, channel, slot_bytes)) {
+                    Some(record) => record.clone(),
+                    None => {
+                        // The record and its slots live with the receiver, which reads them most.
+                        let record = Arc::new(conn_record(self.gpu_of(to), slot_bytes).map_err(config)?);
+                        registry.insert((from, to, channel, slot_bytes), record.clone());
+                        record
+                    }
+                };
+                conns.push(record);
+            }
+        }
+        let table: Vec<u8> = conns.iter().flat_map(|c| c.ptr.to_le_bytes()).collect();
+        state.write(image.conn_table_at * 8, &table).map_err(config)?;
+        let scratch: Vec<DeviceAlloc> = plan
+            .scratch_bytes()
+            .into_iter()
+            .map(|bytes| DeviceAlloc::zeroed(&gpu, bytes))
+            .collect::<Result<_, _>>()
+            .map_err(config)?;
+        let bases = Pinned::new(&gpu, image.bases_words).map_err(config)?;
+        for (b, memory) in scratch.iter().enumerate() {
+            bases.set(2 + b, memory.ptr);
+        }
+        let launcher = {
+            let mut launchers = self.launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
+            let key = (plan.fingerprint, gpu.ordinal);
+            match launchers.get(&key) {
+                Some(l) => l.clone(),
+                None => {
+                    let expected = self.ranks_on(gpu.ordinal);
+                    let l = Arc::new(Launcher::new(&gpu, expected, self.gpus.len() > 1).map_err(config)?);
+                    launchers.insert(key, l.clone());
+                    l
+                }
+            }
+        };
+        let blocks = image.header().n_blocks;
+        launcher.register(Entry { rank: plan.rank, image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        Ok(Box::new(CudaExec {
+            plan,
+            _image: image_mem,
+            _state: state,
+            bases,
+            _scratch: scratch,
+            _conns: conns,
+            launcher,
+        }))
+    }
+}
+
+/// A connection's record (`CONN_WORDS` words) followed, 256 bytes in, by its `SLOTS` slots.
+fn conn_record(gpu: &Arc<Gpu>, slot_bytes: usize) -> Result<DeviceAlloc, String> {
+    const DATA_AT: usize = 256;
+    let memory = DeviceAlloc::zeroed(gpu, DATA_AT + SLOTS as usize * slot_bytes)?;
+    let mut words = [0u64; CONN_WORDS];
+    words[conn::DATA] = memory.ptr + DATA_AT as u64;
+    words[conn::SLOT_BYTES] = slot_bytes as u64;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    memory.write(0, &bytes)?;
+    Ok(memory)
+}
+
+/// One rank's part in the launches of a launcher.
+#[derive(Clone, Copy)]
+struct Entry {
+    rank: u32,
+    image: CUdeviceptr,
+    state: CUdeviceptr,
+    bases: CUdeviceptr,
+    blocks: u32,
+}
+
+/// The ranks of one GPU that make the same call: the last to arrive launches every rank's blocks in one cooperative
+/// grid, waits for it (watching the peers' health, and asking the kernel to stop if one fails), and hands every
+/// rank the outcome.
+struct Launcher {
+    gpu: Arc<Gpu>,
+    expected: usize,
+    system_scope: bool,
+    control: Pinned,
+    inner: Mutex<Round>,
+    done: Condvar,
+}
+
+#[derive(Default)]
+struct Round {
+    entries: Vec<Entry>,
+    table: Option<Pinned>,
+    grid: u32,
+    arrived: Vec<u32>,
+    generation: u64,
+    /// The last launch: its control words, or why it could not run.
+    outcome: Option<Result<[u64; CONTROL_WORDS], String>>,
+}
+
+// SAFETY: the pinned words are reached only under the mutex or by the thread that launched.
+unsafe impl Send for Round {}
+
+impl Launcher {
+    fn new(gpu: &Arc<Gpu>, expected: usize, system_scope: bool) -> Result<Launcher, String> {
+        let control = Pinned::new(gpu, CONTROL_WORDS)?;
+        Ok(Launcher {
+            gpu: gpu.clone(),
+            expected,
+            system_scope,
+            control,
+            inner: Mutex::default(),
+            done: Condvar::new(),
+        })
+    }
+
+    fn register(&self, entry: Entry) {
+        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        round.entries.retain(|e| e.rank != entry.rank);
+        round.entries.push(entry);
+        round.entries.sort_by_key(|e| e.rank);
+        round.table = None;
+    }
+
+    /// Rank `rank` arrives for call `call`; returns the launch's control words once it ran.
+    fn arrive(&self, rank: u32, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
+        let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let generation = round.generation;
+        round.arrived.push(rank);
+        if round.arrived.len() == self.expected {
+            let outcome = self.launch(&mut round, call, peers);
+            round.arrived.clear();
+            round.generation += 1;
+            round.outcome = Some(outcome.clone());
+            self.done.notify_all();
+            return outcome.map_err(RuntimeError::Config);
+        }
+        let started = Instant::now();
+        while round.generation == generation {
+            let (next, _) =
+                self.done.wait_timeout(round, Duration::from_millis(5)).map_err(|_| RuntimeError::Poisoned)?;
+            round = next;
+            if round.generation != generation {
+                break;
+            }
+            let missing: Vec<u32> = (0..self.expected as u32).filter(|r| !round.arrived.contains(r)).collect();
+            if let Err((peer, how)) = call.bootstrap.health(peers) {
+                round.arrived.retain(|&r| r != rank);
+                return Err(RuntimeError::PeerFailed {
+                    rank,
+                    what: format!("call #{}", call.seq),
+                    at: "the launch".into(),
+                    peer,
+                    how,
+                });
+            }
+            if started.elapsed() > call.timeout {
+                round.arrived.retain(|&r| r != rank);
+                return Err(RuntimeError::Timeout {
+                    rank,
+                    what: format!("call #{}", call.seq),
+                    at: "the launch".into(),
+                    seconds: started.elapsed().as_secs_f64(),
+                    waiting_for: format!("ranks sharing its GPU to make the same call (not arrived: {missing:?})"),
+                });
+            }
+        }
+        round.outcome.clone().expect("a finished round has an outcome").map_err(RuntimeError::Config)
+    }
+
+    /// Runs one launch of every entry's blocks and waits for it.
+    fn launch(&self, round: &mut Round, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], String> {
+        if round.entries.len() != self.expected {
+            return Err(format!(
+                "{} of the {} ranks on GPU {} prepared this call shape: mismatched calls",
+                round.entries.len(),
+                self.expected,
+                self.gpu.ordinal
+            ));
+        }
+        if round.table.is_none() {
+            let grid: u32 = round.entries.iter().map(|e| e.blocks).sum();
+            let fits = self.gpu.per_sm * self.gpu.sms;
+            if grid > fits {
+                return Err(format!(
+                    "the launch needs {grid} blocks resident at once and GPU {} ({}) holds {fits}: put fewer \
+                     ranks on it, or use an algorithm with fewer channels",
+                    self.gpu.ordinal, self.gpu.name
+                ));
+            }
+            let table = Pinned::new(&self.gpu, 4 * grid as usize)?;
+            let mut at = 0;
+            for entry in &round.entries {
+                for b in 0..entry.blocks {
+                    table.set(4 * at, entry.image);
+                    table.set(4 * at + 1, entry.state);
+                    table.set(4 * at + 2, entry.bases);
+                    table.set(4 * at + 3, b as u64);
+                    at += 1;
+                }
+            }
+            round.grid = grid;
+            round.table = Some(table);
+        }
+        let table = round.table.as_ref().expect("made above");
+        for w in 0..CONTROL_WORDS {
+            self.control.set(w, 0);
+        }
+        self.gpu.bind()?;
+        let (mut table_ptr, mut control_ptr, mut seq) = (table.dev, self.control.dev, call.seq);
+        let mut timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
+        let mut system = self.system_scope as u32;
+        let mut params: [*mut c_void; 5] = [
+            (&mut table_ptr as *mut u64).cast(),
+            (&mut control_ptr as *mut u64).cast(),
+            (&mut seq as *mut u64).cast(),
+            (&mut timeout_ns as *mut u64).cast(),
+            (&mut system as *mut u32).cast(),
+        ];
+        // SAFETY: the function takes these five parameters; the memory they point at lives in this launcher and in
+        // the executors that registered, which wait for this launch before they return.
+        ok(
+            unsafe {
+                sys::cuLaunchCooperativeKernel(
+                    self.gpu.interpret,
+                    round.grid,
+                    1,
+                    1,
+                    THREADS,
+                    1,
+                    1,
+                    0,
+                    self.gpu.stream,
+                    params.as_mut_ptr(),
+                )
+            },
+            "cuLaunchCooperativeKernel",
+        )?;
+        let mut wait = Backoff::new(Duration::MAX, call.spins);
+        let mut asked_to_stop = false;
+        loop {
+            // SAFETY: a stream of this context.
+            let status = unsafe { sys::cuStreamQuery(self.gpu.stream) };
+            if status == CUresult::CUDA_SUCCESS {
+                break;
+            }
+            if status != CUresult::CUDA_ERROR_NOT_READY {
+                ok(status, "the interpreter kernel")?;
+            }
+            let health = wait.idle(|| call.bootstrap.health(peers));
+            if health.is_err() && !asked_to_stop {
+                self.control.set(control::ABORT, 1);
+                asked_to_stop = true;
+            }
+        }
+        let mut words = [0u64; CONTROL_WORDS];
+        for (w, word) in words.iter_mut().enumerate() {
+            *word = self.control.get(w);
+        }
+        Ok(words)
+    }
+}
+
+/// One rank's plan on a GPU.
+pub(crate) struct CudaExec {
+    plan: Plan,
+    _image: DeviceAlloc,
+    _state: DeviceAlloc,
+    bases: Pinned,
+    _scratch: Vec<DeviceAlloc>,
+    _conns: Vec<Arc<DeviceAlloc>>,
+    launcher: Arc<Launcher>,
+}
+
+impl Executor for CudaExec {
+    fn plan_mut(&mut self) -> &mut Plan {
+        &mut self.plan
+    }
+
+    fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
+        let plan = &self.plan;
+        for b in 0..2 {
+            let addr = plan.bases[b] as u64;
+            if addr != 0 && !is_device_memory(addr) {
+                return Err(RuntimeError::Config(format!(
+                    "rank {}: buffer {addr:#x} is not device memory: the cuda transport computes on memory from \
+                     collc_runtime::cuda::DeviceBuffer (or cuMemAlloc)",
+                    plan.rank
+                )));
+            }
+            self.bases.set(b, addr);
+        }
+        let words = self.launcher.arrive(plan.rank, call, &plan.peers)?;
+        let what = words[control::CODE];
+        if what == code::OK {
+            return Ok(());
+        }
+        let (faulted, i, tile) = (words[control::RANK] as u32, words[control::INSTR] as usize, words[control::TILE]);
+        if faulted != plan.rank {
+            let how = "stopped the launch this rank shares".to_string();
+            return Err(RuntimeError::PeerFailed {
+                rank: plan.rank,
+                what: describe(plan, 0),
+                at: "the launch".into(),
+                peer: faulted,
+                how,
+            });
+        }
+        let at = format!("tile {tile}");
+        Err(match what {
+            code::MISMATCH => {
+                let got = Stamp { seq: words[control::GOT_SEQ], fingerprint: words[control::GOT_FP] };
+                let ours = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
+                mismatch(plan, plan.links[words[control::LINK] as usize].from, got, None, ours, call)
+            }
+            code::TIMEOUT => RuntimeError::Timeout {
+                rank: plan.rank,
+                what: describe(plan, i),
+                at,
+                seconds: call.timeout.as_secs_f64(),
+                waiting_for: waiting_for(plan, i),
+            },
+            code::ABORTED => match call.bootstrap.health(&plan.peers) {
+                Err((peer, how)) => {
+                    RuntimeError::PeerFailed { rank: plan.rank, what: describe(plan, i), at, peer, how }
+                }
+                Ok(()) => RuntimeError::Config(format!("rank {}: aborted at {} in {at}", plan.rank, describe(plan, i))),
+            },
+            other => {
+                RuntimeError::Config(format!("rank {}: the interpreter refused the image (fault {other})", plan.rank))
+            }
+        })
+    }
+}
+
+/// Launches `f` on `gpu`'s stream with `params` over `grid` blocks of `THREADS` and waits for it.
+fn launch_and_wait(gpu: &Gpu, f: sys::CUfunction, grid: u32, params: &mut [*mut c_void]) -> Result<(), String> {
+    // SAFETY: `params` match the kernel's parameters (the callers below pass each kernel's own).
+    unsafe {
+        ok(
+            sys::cuLaunchKernel(f, grid, 1, 1, THREADS, 1, 1, 0, gpu.stream, params.as_mut_ptr(), std::ptr::null_mut()),
+            "cuLaunchKernel",
+        )?;
+        ok(sys::cuStreamSynchronize(gpu.stream), "cuStreamSynchronize")
+    }
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The copy kernel's rate and `cuMemcpyDtoD`'s on `gpu`, copying `bytes` device to device: (kernel, memcpy) in
+/// GB/s of bytes copied, medians of `iters` timed copies each, alternating.
+pub fn copy_rates(gpu: &Arc<Gpu>, bytes: usize, iters: u32) -> Result<(f64, f64), String> {
+    let (src, dst) = (DeviceAlloc::zeroed(gpu, bytes)?, DeviceAlloc::zeroed(gpu, bytes)?);
+    let grid = gpu.sms * 4;
+    let (mut kernel, mut memcpy) = (Vec::new(), Vec::new());
+    for i in 0..iters + 2 {
+        let (mut d, mut s, mut n) = (dst.ptr, src.ptr, bytes as u64);
+        let mut params: [*mut c_void; 3] =
+            [(&mut d as *mut u64).cast(), (&mut s as *mut u64).cast(), (&mut n as *mut u64).cast()];
+        let started = Instant::now();
+        launch_and_wait(gpu, gpu.kernels.copy, grid, &mut params)?;
+        let k = started.elapsed().as_secs_f64();
+        let started = Instant::now();
+        // SAFETY: two allocations of `bytes` bytes on this context.
+        unsafe {
+            ok(sys::cuMemcpyDtoDAsync_v2(dst.ptr, src.ptr, bytes, gpu.stream), "cuMemcpyDtoDAsync")?;
+            ok(sys::cuStreamSynchronize(gpu.stream), "cuStreamSynchronize")?;
+        }
+        let m = started.elapsed().as_secs_f64();
+        if i >= 2 {
+            kernel.push(bytes as f64 / k / 1e9);
+            memcpy.push(bytes as f64 / m / 1e9);
+        }
+    }
+    Ok((median(kernel), median(memcpy)))
+}
+
+/// Microseconds from launching an empty kernel to its completion seen by the host: the floor of a call.
+pub fn empty_launch_us(gpu: &Arc<Gpu>, iters: u32) -> Result<f64, String> {
+    gpu.bind()?;
+    let mut times = Vec::with_capacity(iters as usize);
+    for i in 0..iters + 10 {
+        let started = Instant::now();
+        launch_and_wait(gpu, gpu.kernels.empty, 1, &mut [])?;
+        if i >= 10 {
+            times.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(median(times))
 }
 
 #[cfg(test)]
@@ -35,5 +856,21 @@ mod tests {
         }
         let error = collc_kernels::cuda::compile(&defines, DEFAULT_ARCH).expect_err("the static_assert fires");
         assert!(error.contains("PlanDesc differs from encode.rs") && error.contains("interpret.cu"), "{error}");
+    }
+
+    /// Without a driver (CI has none) every way in fails with the same clear message, never a panic.
+    #[test]
+    fn without_a_driver_the_transport_says_so() {
+        if sys_has_driver() {
+            return assert!(driver().is_ok());
+        }
+        let error = driver().err().expect("no driver here");
+        assert!(error.starts_with("no CUDA driver found"), "{error}");
+        assert!(CudaFabric::new(2, None).err().is_some_and(|e| e.starts_with("no CUDA driver found")));
+    }
+
+    fn sys_has_driver() -> bool {
+        // SAFETY: only tries to open the library.
+        unsafe { sys::is_culib_present() }
     }
 }

@@ -4,7 +4,7 @@
 //! so the whole device path short of the GPU is checked against the reference by the runtime matrix.
 
 #[cfg(feature = "cuda")]
-pub(crate) mod cuda;
+pub mod cuda;
 pub(crate) mod encode;
 pub(crate) mod twin;
 

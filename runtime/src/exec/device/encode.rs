@@ -175,7 +175,7 @@ pub mod control {
     pub const GOT_SEQ: usize = 4;
     pub const GOT_FP: usize = 5;
     pub const LINK: usize = 6;
-    #[cfg(feature = "cuda")]
+    #[cfg(any(feature = "cuda", test))]
     pub const ABORT: usize = 7;
 }
 pub const CONTROL_WORDS: usize = 8;

@@ -5,7 +5,9 @@
 //!   call shape and run by an executor (`exec/`) over the links of a transport (`transport/`), whose bootstrap
 //!   does joins, barriers, call fingerprints and aborts.
 //! - Transports: `threads` (heap segments shared by rank threads) and `shm` (`/dev/shm` files mapped by rank
-//!   processes), both `transport/shm/`; `launch.rs` reads torchrun / mpirun / Slurm environments.
+//!   processes), both `transport/shm/`; `tcp` (`transport/tcp/`); `twin` and `cuda` (`exec/device/`: the device
+//!   interpreter's encoding, its host twin, and with the `cuda` feature the GPU executor); `launch.rs` reads
+//!   torchrun / mpirun / Slurm environments.
 //!
 //! Architecture invariant: nothing here accepts an unverified `Schedule`; a `Plan` is made from a
 //! `VerifiedSchedule` only.

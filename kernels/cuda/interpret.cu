@@ -61,7 +61,6 @@ static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs")
 #define K_GOT_SEQ 4
 #define K_GOT_FP 5
 #define K_LINK 6
-#define K_ABORT 7
 #define CODE_TIMEOUT 1
 #define CODE_MISMATCH 2
 #define CODE_ABORTED 3
@@ -82,17 +81,28 @@ __device__ __forceinline__ u64 now_ns() {
     return t;
 }
 
-__device__ void record_fault(volatile u64* control, u64 what, u32 rank, u32 instr, u32 tile, u64 seq, u64 fp, u32 link) {
-    if (atomicCAS((unsigned long long*)&control[K_CODE], 0ull, ~0ull) != 0ull) return;
-    control[K_RANK] = rank;
-    control[K_INSTR] = instr;
-    control[K_TILE] = tile;
-    control[K_GOT_SEQ] = seq;
-    control[K_GOT_FP] = fp;
-    control[K_LINK] = link;
+// Where a block reports: its own fault slot in host-mapped memory (written with plain stores: no atomics on host
+// memory), and the launch's stop word in device memory, which holds the sequence number of a call that must stop.
+struct Faults {
+    volatile u64* slot;
+    u64* stop;
+    u64 seq;
+};
+
+__device__ void record_fault(const Faults& f, u64 what, u32 rank, u32 instr, u32 tile, u64 seq, u64 fp, u32 link) {
+    f.slot[K_RANK] = rank;
+    f.slot[K_INSTR] = instr;
+    f.slot[K_TILE] = tile;
+    f.slot[K_GOT_SEQ] = seq;
+    f.slot[K_GOT_FP] = fp;
+    f.slot[K_LINK] = link;
     __threadfence_system();
-    control[K_CODE] = what;
+    f.slot[K_CODE] = what;
+    *(volatile u64*)f.stop = f.seq;
+    __threadfence();
 }
+
+__device__ __forceinline__ bool stopping(const Faults& f) { return *(volatile u64*)f.stop == f.seq; }
 
 __device__ __forceinline__ u64 generation(const PlanDesc* plan, u64 seq, u32 t) {
     return seq * ((u64)plan->n_tiles + 1) + t + 1;
@@ -110,7 +120,7 @@ struct Decision {
 };
 
 // Thread 0: may instruction `i` of tile `t` fire? On a stamp that is not this call's, records the mismatch.
-__device__ bool ready(const u8* image, u64* state, volatile u64* control, const Header* h, const PlanDesc* plan,
+__device__ bool ready(const u8* image, u64* state, const Faults& faults, const Header* h, const PlanDesc* plan,
                       u32 i, u32 t, u64 seq, bool system, Decision* d) {
     const DInstr* instr = (const DInstr*)(image + plan->instrs) + i;
     u64 gen = generation(plan, seq, t);
@@ -133,7 +143,7 @@ __device__ bool ready(const u8* image, u64* state, volatile u64* control, const 
         u64 got_seq = *(volatile u64*)&conn[C_STAMPS + 2 * slot];
         u64 got_fp = *(volatile u64*)&conn[C_STAMPS + 2 * slot + 1];
         if (got_seq != seq || got_fp != plan->fingerprint) {
-            record_fault(control, CODE_MISMATCH, plan->rank, i, t, got_seq, got_fp, instr->recv);
+            record_fault(faults, CODE_MISMATCH, plan->rank, i, t, got_seq, got_fp, instr->recv);
             return false;
         }
         d->incoming = (const u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
@@ -212,9 +222,11 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
 
 // `table`: per block of the grid, four words: its image, that image's state, its bases array (host-mapped memory
 // the host writes each call), and the block's index in the image. Blocks of several images (ranks prepared apart,
-// sharing a GPU) run in one launch.
-extern "C" __global__ void collc_interpret(const u64* table, volatile u64* control, u64 seq, u64 timeout_ns,
+// sharing a GPU) run in one launch. `control` (host-mapped): word 0 the abort request (the sequence number of the
+// call to stop), then COLLC_CONTROL_WORDS words of fault report per block. `stop`: a device word, see Faults.
+extern "C" __global__ void collc_interpret(const u64* table, volatile u64* control, u64* stop, u64 seq, u64 timeout_ns,
                                            u32 system_scope) {
+    Faults faults = {control + 1 + (u64)COLLC_CONTROL_WORDS * blockIdx.x, stop, seq};
     const u8* image = (const u8*)table[4 * blockIdx.x];
     u64* state = (u64*)table[4 * blockIdx.x + 1];
     const u64* all_bases = (const u64*)table[4 * blockIdx.x + 2];
@@ -222,7 +234,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
     const Header* h = (const Header*)image;
     bool system = system_scope != 0;
     if (h->magic != COLLC_MAGIC || h->version != COLLC_VERSION) {
-        if (threadIdx.x == 0) record_fault(control, CODE_BAD_IMAGE, 0, 0, 0, h->magic, h->version, 0);
+        if (threadIdx.x == 0) record_fault(faults, CODE_BAD_IMAGE, 0, 0, 0, h->magic, h->version, 0);
         return;
     }
     if (local_block >= h->n_blocks) return;
@@ -230,7 +242,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
     const PlanDesc* plan = (const PlanDesc*)(image + h->plans) + block->plan;
     const u32* order = (const u32*)(image + plan->order);
     __shared__ Decision decision;
-    __shared__ int stop, advance;
+    __shared__ int halt, advance;
     __shared__ u64 bases[MAX_BUFS];
     for (u32 b = threadIdx.x; b < plan->n_bufs && b < MAX_BUFS; b += blockDim.x) bases[b] = all_bases[plan->bases_at + b];
 
@@ -241,7 +253,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
             u64* conn = (u64*)state[h->conn_table + links[l].conn];
             state[plan->link_start_at + l] = *(volatile u64*)&conn[links[l].sending ? C_TAIL : C_HEAD];
         }
-        stop = 0;
+        halt = 0;
     }
     __syncthreads();
     u64 last_progress = now_ns();
@@ -254,7 +266,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
                 if (threadIdx.x == 0) {
                     decision.fire = 0;
                     if (*(volatile u64*)&state[plan->done_at + i] < gen) {
-                        decision.fire = ready(image, state, control, h, plan, i, t, seq, system, &decision) ? 1 : -1;
+                        decision.fire = ready(image, state, faults, h, plan, i, t, seq, system, &decision) ? 1 : -1;
                     }
                 }
                 __syncthreads();
@@ -282,23 +294,23 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
             if (threadIdx.x == 0) {
                 u64 now = now_ns();
                 if (fired) last_progress = now;
-                if (control[K_CODE] != 0) {
-                    stop = 1;
-                } else if (control[K_ABORT] != 0) {
-                    record_fault(control, CODE_ABORTED, plan->rank, order[block->first], t, 0, 0, 0);
-                    stop = 1;
+                if (stopping(faults)) {
+                    halt = 1;
+                } else if (control[0] == seq) {
+                    record_fault(faults, CODE_ABORTED, plan->rank, order[block->first], t, 0, 0, 0);
+                    halt = 1;
                 } else if (now - last_progress > timeout_ns) {
                     u32 first = order[block->first];
                     for (u32 k = 0; k < block->count; k++) {
                         u32 i = order[block->first + k];
                         if (*(volatile u64*)&state[plan->done_at + i] < gen) { first = i; break; }
                     }
-                    record_fault(control, CODE_TIMEOUT, plan->rank, first, t, 0, 0, 0);
-                    stop = 1;
+                    record_fault(faults, CODE_TIMEOUT, plan->rank, first, t, 0, 0, 0);
+                    halt = 1;
                 }
             }
             __syncthreads();
-            if (stop) return;
+            if (halt) return;
         }
     }
     if (!plan->avg) return;
@@ -309,7 +321,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
         u64 target = (arrived + blocks - 1) / blocks * blocks;
         advance = 1;
         while (load_acquire(&state[plan->finished_at], system) < target) {
-            if (control[K_CODE] != 0) { advance = 0; break; }
+            if (stopping(faults)) { advance = 0; break; }
         }
     }
     __syncthreads();

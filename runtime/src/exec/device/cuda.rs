@@ -518,7 +518,8 @@ struct Launcher {
     gpu: Arc<Gpu>,
     expected: usize,
     system_scope: bool,
-    control: Pinned,
+    /// The device word a faulting block sets to the call's sequence number, so every block stops.
+    stop: DeviceAlloc,
     inner: Mutex<Round>,
     done: Condvar,
 }
@@ -526,7 +527,9 @@ struct Launcher {
 #[derive(Default)]
 struct Round {
     entries: Vec<Entry>,
-    table: Option<Pinned>,
+    /// The launch table (4 words per block) and the control words (the abort request, then a fault report of
+    /// `CONTROL_WORDS` per block), both host-mapped; made at the first launch.
+    table: Option<(Pinned, Pinned)>,
     grid: u32,
     arrived: Vec<u32>,
     generation: u64,
@@ -539,15 +542,8 @@ unsafe impl Send for Round {}
 
 impl Launcher {
     fn new(gpu: &Arc<Gpu>, expected: usize, system_scope: bool) -> Result<Launcher, String> {
-        let control = Pinned::new(gpu, CONTROL_WORDS)?;
-        Ok(Launcher {
-            gpu: gpu.clone(),
-            expected,
-            system_scope,
-            control,
-            inner: Mutex::default(),
-            done: Condvar::new(),
-        })
+        let stop = DeviceAlloc::zeroed(gpu, 8)?;
+        Ok(Launcher { gpu: gpu.clone(), expected, system_scope, stop, inner: Mutex::default(), done: Condvar::new() })
     }
 
     fn register(&self, entry: Entry) {
@@ -635,25 +631,24 @@ impl Launcher {
                     at += 1;
                 }
             }
+            let control = Pinned::new(&self.gpu, 1 + CONTROL_WORDS * grid as usize)?;
             round.grid = grid;
-            round.table = Some(table);
+            round.table = Some((table, control));
         }
-        let table = round.table.as_ref().expect("made above");
-        for w in 0..CONTROL_WORDS {
-            self.control.set(w, 0);
-        }
+        let (table, control) = round.table.as_ref().expect("made above");
         self.gpu.bind()?;
-        let (mut table_ptr, mut control_ptr, mut seq) = (table.dev, self.control.dev, call.seq);
+        let (mut table_ptr, mut control_ptr, mut stop_ptr, mut seq) = (table.dev, control.dev, self.stop.ptr, call.seq);
         let mut timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let mut system = self.system_scope as u32;
-        let mut params: [*mut c_void; 5] = [
+        let mut params: [*mut c_void; 6] = [
             (&mut table_ptr as *mut u64).cast(),
             (&mut control_ptr as *mut u64).cast(),
+            (&mut stop_ptr as *mut u64).cast(),
             (&mut seq as *mut u64).cast(),
             (&mut timeout_ns as *mut u64).cast(),
             (&mut system as *mut u32).cast(),
         ];
-        // SAFETY: the function takes these five parameters; the memory they point at lives in this launcher and in
+        // SAFETY: the function takes these six parameters; the memory they point at lives in this launcher and in
         // the executors that registered, which wait for this launch before they return.
         ok(
             unsafe {
@@ -685,13 +680,24 @@ impl Launcher {
             }
             let health = wait.idle(|| call.bootstrap.health(peers));
             if health.is_err() && !asked_to_stop {
-                self.control.set(control::ABORT, 1);
+                control.set(0, call.seq);
                 asked_to_stop = true;
             }
         }
+        // The first block's report that is not an abort it was asked for, else the first report; all cleared.
         let mut words = [0u64; CONTROL_WORDS];
-        for (w, word) in words.iter_mut().enumerate() {
-            *word = self.control.get(w);
+        for b in 0..round.grid as usize {
+            let at = 1 + CONTROL_WORDS * b;
+            let what = control.get(at + control::CODE);
+            if what == code::OK {
+                continue;
+            }
+            if words[control::CODE] == code::OK || (words[control::CODE] == code::ABORTED && what != code::ABORTED) {
+                for (w, word) in words.iter_mut().enumerate() {
+                    *word = control.get(at + w);
+                }
+            }
+            control.set(at + control::CODE, code::OK);
         }
         Ok(words)
     }

@@ -163,8 +163,9 @@ pub mod conn {
 }
 pub const CONN_WORDS: usize = conn::STAMPS + 2 * SLOTS as usize;
 
-/// The control words the host and the device share for a launch (host-mapped memory on a GPU): what failed first
-/// and where, and the host's abort request.
+/// A fault report: what failed and where (the rank, its instruction and tile; for a mismatch the stamp found and
+/// the link). The twin keeps one per rank executor; on a GPU every block has its own, in host-mapped memory, so no
+/// atomic ever touches host memory, and a device word tells the other blocks to stop.
 pub mod control {
     pub const CODE: usize = 0;
     /// The rank whose plan faulted.
@@ -175,7 +176,8 @@ pub mod control {
     pub const GOT_SEQ: usize = 4;
     pub const GOT_FP: usize = 5;
     pub const LINK: usize = 6;
-    #[cfg(any(feature = "cuda", test))]
+    /// The twin's abort request (on a GPU the request is a word of its own before the reports).
+    #[cfg(test)]
     pub const ABORT: usize = 7;
 }
 pub const CONTROL_WORDS: usize = 8;

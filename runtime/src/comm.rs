@@ -285,10 +285,7 @@ impl Communicator {
             crate::Transport::Cuda => return Communicator::cuda(n_ranks, options),
             crate::Transport::Shm => Box::new(|rank| Communicator::shm(&job, rank, n_ranks, options.clone())),
             crate::Transport::Tcp => {
-                let port = std::net::TcpListener::bind("127.0.0.1:0")
-                    .and_then(|l| l.local_addr())
-                    .map_err(|e| RuntimeError::Config(format!("no free port for the rendezvous: {e}")))?
-                    .port();
+                let port = crate::transport::tcp::prebind()?;
                 let token = crate::transport::tcp::Token::new(
                     crate::transport::tcp::Token::generate().map_err(RuntimeError::Config)?,
                 )

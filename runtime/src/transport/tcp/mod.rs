@@ -26,7 +26,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
-pub(crate) use store::Rendezvous;
+pub(crate) use store::{prebind, Rendezvous};
 use wire::{Socket, Wire};
 
 /// How one rank joins a tcp job.

@@ -112,6 +112,26 @@ impl HubState {
     }
 }
 
+/// Hub ports bound ahead of their hub by `prebind`, by port.
+static PREBOUND: Mutex<Vec<(u16, TcpListener)>> = Mutex::new(Vec::new());
+
+/// The listener `prebind` bound on `port`, if it did.
+fn take_prebound(port: u16) -> Option<TcpListener> {
+    let mut prebound = PREBOUND.lock().unwrap_or_else(|p| p.into_inner());
+    let at = prebound.iter().position(|(p, _)| *p == port)?;
+    Some(prebound.swap_remove(at).1)
+}
+
+/// Binds a free port for a hub this process will start (`Communicator::group` over tcp): the port stays bound
+/// from now on, so no other socket (an outgoing connection's ephemeral port) can take it before the hub starts.
+pub(crate) fn prebind() -> Result<u16, RuntimeError> {
+    let listener = TcpListener::bind(("0.0.0.0", 0))
+        .map_err(|e| RuntimeError::Config(format!("no free port for the rendezvous: {e}")))?;
+    let port = listener.local_addr().map_err(|e| RuntimeError::Config(format!("rendezvous port: {e}")))?.port();
+    PREBOUND.lock().unwrap_or_else(|p| p.into_inner()).push((port, listener));
+    Ok(port)
+}
+
 /// Rank 0's hub, serving until every rank has left (or the process ends).
 pub struct Hub {
     state: Arc<(Mutex<HubState>, Condvar)>,
@@ -121,7 +141,7 @@ pub struct Hub {
 impl Hub {
     /// Binds the hub's port (every address of the host) and starts serving it.
     pub fn start(port: u16, n_ranks: u32, job: u64, token: Token) -> Result<Hub, RuntimeError> {
-        let listener = TcpListener::bind(("0.0.0.0", port)).map_err(|e| {
+        let listener = take_prebound(port).map_or_else(|| TcpListener::bind(("0.0.0.0", port)), Ok).map_err(|e| {
             RuntimeError::Config(match e.kind() {
                 std::io::ErrorKind::AddrInUse => format!(
                     "the rendezvous port {port} is in use (another job, or one that has not ended): choose another \

@@ -167,3 +167,42 @@ fn abort_from_another_thread_ends_the_call_within_a_second_on_every_transport() 
         assert!(text.contains("rank 0") && text.contains("instruction #"), "{transport}: {text}");
     }
 }
+
+/// Device buffers on a host transport (or host buffers on cuda) are refused before anything runs, naming what to
+/// use instead; the twin transport's mismatched calls fail like the host executor's.
+#[test]
+fn device_buffers_on_a_host_transport_are_refused_and_the_twin_reports_mismatches() {
+    use collc_runtime::{Buffers, CallShape, Collective, DataType, DevicePtr};
+    let mut comms = Communicator::threads(1, quick()).expect("threads");
+    let shape = CallShape {
+        collective: Collective::AllReduce,
+        count: 4,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+        peer: 0,
+    };
+    let fake = DevicePtr { addr: 0x1000, bytes: 16 };
+    let error = comms[0].call(shape, Buffers::DeviceOutOfPlace { send: fake, recv: fake }).expect_err("refused");
+    assert!(error.to_string().contains("device buffers need the cuda transport"), "{error}");
+
+    let comms = Communicator::twin(2, quick()).expect("twin");
+    let outcomes: Vec<Result<(), RuntimeError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|mut comm| {
+                scope.spawn(move || {
+                    let n = if comm.rank() == 0 { 100 } else { 99 };
+                    comm.all_reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("no panic")).collect()
+    });
+    for (rank, outcome) in outcomes.iter().enumerate() {
+        let text = outcome.as_ref().expect_err("a mismatch fails every rank").to_string();
+        assert!(text.contains(&format!("rank {rank}")), "{text}");
+    }
+    let texts: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
+    assert!(texts.iter().any(|t| t.contains("mismatched calls") && t.contains("fingerprint")), "{texts:?}");
+}

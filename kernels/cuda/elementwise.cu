@@ -1,6 +1,8 @@
 // Copy and reduce on the device, for every dtype and op, bit-identical to collc's reference kernels
 // (kernels/src/element.rs): integers wrap, f16 and bf16 combine in f32 and round to nearest even, max and min keep
-// the non-NaN operand and order -0 below +0, avg divides once at the end (integers truncate toward zero).
+// the non-NaN operand and order -0 below +0, avg divides once at the end (integers truncate toward zero). One
+// difference: an f32/f64 sum or product with a NaN operand is the GPU's canonical NaN, where x86 keeps the operand's
+// payload (the data checks use no NaNs).
 // Each element is combined once, dst[i] = a[i] (op) b[i], so the order of a reduction is the schedule's.
 //
 // A range is split over the threads of one block (the interpreter) or of the grid (the standalone kernels):
@@ -27,14 +29,27 @@ __device__ __forceinline__ float to_f32(f16 h) {
     return f;
 }
 __device__ __forceinline__ float to_f32(bf16 b) { return __uint_as_float(((u32)b.bits) << 16); }
+// f32 -> f16: the hardware's round-to-nearest-even, and NaNs as the half crate makes them (quiet, payload kept).
 __device__ __forceinline__ f16 to_f16(float f) {
+    u32 x = __float_as_uint(f);
     f16 h;
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        h.bits = (u16)(((x >> 16) & 0x8000u) | 0x7c00u | 0x0200u | ((x & 0x7fffffu) >> 13));
+        return h;
+    }
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
     return h;
 }
+// f32 -> bf16 exactly as the half crate rounds (nearest even; NaNs quiet, payload kept), on every architecture.
 __device__ __forceinline__ bf16 to_bf16(float f) {
+    u32 x = __float_as_uint(f);
     bf16 b;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(b.bits) : "f"(f));
+    if ((x & 0x7fffffffu) > 0x7f800000u) {
+        b.bits = (u16)((x >> 16) | 0x0040u);
+        return b;
+    }
+    const u32 round_bit = 0x8000u;
+    b.bits = (u16)((x >> 16) + (((x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0) ? 1u : 0u));
     return b;
 }
 

@@ -201,7 +201,7 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
         case COLLC_OP_RECV_REDUCE_COPY: reduce_any(plan->dtype, plan->op, dst, acc, in, n_dst, tid, nt); break;
         case COLLC_OP_RECV_REDUCE_SEND: reduce_any(plan->dtype, plan->op, out, acc, in, n_acc, tid, nt); break;
         case COLLC_OP_RECV_REDUCE_COPY_SEND:
-            // One pass reads both operands and writes both results: each thread stores what it computed.
+            // The reduce and the copy split the elements over the threads differently: the copy waits for the reduce.
             reduce_any(plan->dtype, plan->op, out, acc, in, n_dst, tid, nt);
             __syncthreads();
             copy_range(dst, out, n_dst * elem, tid, nt);
@@ -224,7 +224,7 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
 // the host writes each call), and the block's index in the image. Blocks of several images (ranks prepared apart,
 // sharing a GPU) run in one launch. `control` (host-mapped): word 0 the abort request (the sequence number of the
 // call to stop), then COLLC_CONTROL_WORDS words of fault report per block. `stop`: a device word, see Faults.
-extern "C" __global__ void collc_interpret(const u64* table, volatile u64* control, u64* stop, u64 seq, u64 timeout_ns,
+extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(const u64* table, volatile u64* control, u64* stop, u64 seq, u64 timeout_ns,
                                            u32 system_scope) {
     Faults faults = {control + 1 + (u64)COLLC_CONTROL_WORDS * blockIdx.x, stop, seq};
     const u8* image = (const u8*)table[4 * blockIdx.x];
@@ -259,6 +259,7 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
     u64 last_progress = now_ns();
     for (u32 t = 0; t < plan->n_tiles; t++) {
         u64 gen = generation(plan, seq, t);
+        last_progress = now_ns();
         for (;;) {
             int fired = 0, pending = 0;
             for (u32 k = 0; k < block->count; k++) {
@@ -267,9 +268,12 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
                     decision.fire = 0;
                     if (*(volatile u64*)&state[plan->done_at + i] < gen) {
                         decision.fire = ready(image, state, faults, h, plan, i, t, seq, system, &decision) ? 1 : -1;
+                        // A mismatch was recorded: stop before anything else is sent.
+                        if (decision.fire == -1 && stopping(faults)) halt = 1;
                     }
                 }
                 __syncthreads();
+                if (halt) return;
                 int fire = decision.fire;
                 if (fire == 1) {
                     execute(image, bases, plan, &decision, t);
@@ -290,10 +294,10 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
                 }
                 __syncthreads();
             }
+            if (fired) last_progress = now_ns();
             if (!pending) break;
             if (threadIdx.x == 0) {
                 u64 now = now_ns();
-                if (fired) last_progress = now;
                 if (stopping(faults)) {
                     halt = 1;
                 } else if (control[0] == seq) {
@@ -314,14 +318,22 @@ extern "C" __global__ void collc_interpret(const u64* table, volatile u64* contr
         }
     }
     if (!plan->avg) return;
-    // avg: every block of the plan arrives, then each divides its share of the output window.
+    // avg: every block of the plan arrives (its own word set to this call's sequence number), then each divides its
+    // share of the output window.
     if (threadIdx.x == 0) {
-        u64 blocks = block->plan_blocks;
-        u64 arrived = atomicAdd((unsigned long long*)&state[plan->finished_at], 1ull) + 1;
-        u64 target = (arrived + blocks - 1) / blocks * blocks;
+        store_release(&state[plan->finished_at + block->index_in_plan], seq, system);
         advance = 1;
-        while (load_acquire(&state[plan->finished_at], system) < target) {
-            if (stopping(faults)) { advance = 0; break; }
+        u64 since = now_ns();
+        for (u32 b = 0; b < block->plan_blocks && advance;) {
+            if (load_acquire(&state[plan->finished_at + b], system) >= seq) {
+                b++;
+            } else if (stopping(faults)) {
+                advance = 0;
+            } else if (control[0] == seq || now_ns() - since > timeout_ns) {
+                u64 what = control[0] == seq ? CODE_ABORTED : CODE_TIMEOUT;
+                record_fault(faults, what, plan->rank, order[block->first], plan->n_tiles - 1, 0, 0, 0);
+                advance = 0;
+            }
         }
     }
     __syncthreads();

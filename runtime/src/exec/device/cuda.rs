@@ -8,7 +8,7 @@
 
 use super::super::host::{describe, mismatch, waiting_for};
 use super::super::{Call, Executor, Plan};
-use super::encode::{self, code, conn, control, CONN_WORDS, CONTROL_WORDS, SLOTS};
+use super::encode::{self, code, conn, control, CONN_WORDS, CONTROL_WORDS, SLOTS, THREADS};
 use crate::error::RuntimeError;
 use crate::transport::{Fabric, Stamp, Transport};
 use crate::wait::Backoff;
@@ -17,9 +17,6 @@ use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-/// Threads per block of the interpreter.
-const THREADS: u32 = 512;
 
 /// The PTX of every kernel for `arch`, compiled with the layout constants of `encode.rs`, as the executor loads it.
 pub fn kernels_ptx(arch: &'static str) -> Result<String, String> {
@@ -192,7 +189,9 @@ fn open_gpu(ordinal: i32) -> Result<Gpu, String> {
         let mut ctx = std::ptr::null_mut();
         ok(sys::cuDevicePrimaryCtxRetain(&mut ctx, device), "cuDevicePrimaryCtxRetain")?;
         ok(sys::cuCtxSetCurrent(ctx), "cuCtxSetCurrent")?;
-        let arch = arch_for(major, minor).ok_or(format!("GPU {ordinal} ({name}) is sm_{major}{minor}: below sm_70"))?;
+        let arch = arch_for(major, minor).ok_or(format!(
+            "GPU {ordinal} ({name}) is sm_{major}{minor}: below sm_75, which NVRTC 13 no longer compiles for"
+        ))?;
         let ptx = CString::new(cached_ptx(arch)?).map_err(|_| "PTX with a NUL byte".to_string())?;
         let mut module = std::ptr::null_mut();
         ok(sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()), "cuModuleLoadData (the kernels' PTX)")?;
@@ -223,7 +222,6 @@ fn arch_for(major: i32, minor: i32) -> Option<&'static str> {
         (8, 6..) => "compute_86",
         (8, _) => "compute_80",
         (7, 5..) => "compute_75",
-        (7, _) => "compute_70",
         (m, _) if m >= 10 => "compute_90",
         _ => return None,
     })
@@ -301,8 +299,23 @@ impl Drop for DeviceAlloc {
     }
 }
 
-/// Whether `addr` is device memory of a GPU (not host memory, and not unknown to the driver).
-pub fn is_device_memory(addr: u64) -> bool {
+/// Whether `addr` is device memory of GPU `ordinal` (not host memory, another GPU's, or unknown to the driver).
+pub fn is_device_memory(gpu: &Gpu, addr: u64) -> bool {
+    if gpu.bind().is_err() {
+        return false;
+    }
+    let mut ordinal: i32 = -1;
+    // SAFETY: the attribute is a 4-byte device ordinal written into `ordinal`.
+    let on = unsafe {
+        sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            addr,
+        )
+    };
+    if on != CUresult::CUDA_SUCCESS || ordinal != gpu.ordinal {
+        return false;
+    }
     let mut kind: u32 = 0;
     // SAFETY: the attribute is a 4-byte memory type written into `kind`.
     let result = unsafe {
@@ -411,8 +424,8 @@ impl CudaFabric {
         &self.gpus[rank as usize % self.gpus.len()]
     }
 
-    fn ranks_on(&self, ordinal: i32) -> usize {
-        (0..self.n_ranks).filter(|&r| self.gpu_of(r).ordinal == ordinal).count()
+    fn ranks_on(&self, ordinal: i32) -> Vec<u32> {
+        (0..self.n_ranks).filter(|&r| self.gpu_of(r).ordinal == ordinal).collect()
     }
 }
 
@@ -468,8 +481,8 @@ impl Fabric for CudaFabric {
             match launchers.get(&key) {
                 Some(l) => l.clone(),
                 None => {
-                    let expected = self.ranks_on(gpu.ordinal);
-                    let l = Arc::new(Launcher::new(&gpu, expected, self.gpus.len() > 1).map_err(config)?);
+                    let ranks = self.ranks_on(gpu.ordinal);
+                    let l = Arc::new(Launcher::new(&gpu, ranks, self.gpus.len() > 1).map_err(config)?);
                     launchers.insert(key, l.clone());
                     l
                 }
@@ -516,7 +529,8 @@ struct Entry {
 /// rank the outcome.
 struct Launcher {
     gpu: Arc<Gpu>,
-    expected: usize,
+    /// The ranks on this GPU: every one of them is in each launch.
+    ranks: Vec<u32>,
     system_scope: bool,
     /// The device word a faulting block sets to the call's sequence number, so every block stops.
     stop: DeviceAlloc,
@@ -531,7 +545,8 @@ struct Round {
     /// `CONTROL_WORDS` per block), both host-mapped; made at the first launch.
     table: Option<(Pinned, Pinned)>,
     grid: u32,
-    arrived: Vec<u32>,
+    /// The ranks waiting for this round's launch, with their calls' sequence numbers.
+    arrived: Vec<(u32, u64)>,
     generation: u64,
     /// The last launch: its control words, or why it could not run.
     outcome: Option<Result<[u64; CONTROL_WORDS], String>>,
@@ -541,9 +556,9 @@ struct Round {
 unsafe impl Send for Round {}
 
 impl Launcher {
-    fn new(gpu: &Arc<Gpu>, expected: usize, system_scope: bool) -> Result<Launcher, String> {
+    fn new(gpu: &Arc<Gpu>, ranks: Vec<u32>, system_scope: bool) -> Result<Launcher, String> {
         let stop = DeviceAlloc::zeroed(gpu, 8)?;
-        Ok(Launcher { gpu: gpu.clone(), expected, system_scope, stop, inner: Mutex::default(), done: Condvar::new() })
+        Ok(Launcher { gpu: gpu.clone(), ranks, system_scope, stop, inner: Mutex::default(), done: Condvar::new() })
     }
 
     fn register(&self, entry: Entry) {
@@ -554,12 +569,12 @@ impl Launcher {
         round.table = None;
     }
 
-    /// Rank `rank` arrives for call `call`; returns the launch's control words once it ran.
+    /// Rank `rank` arrives for call `call`; returns the launch's fault report once it ran.
     fn arrive(&self, rank: u32, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
         let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
         let generation = round.generation;
-        round.arrived.push(rank);
-        if round.arrived.len() == self.expected {
+        round.arrived.push((rank, call.seq));
+        if round.arrived.len() == self.ranks.len() {
             let outcome = self.launch(&mut round, call, peers);
             round.arrived.clear();
             round.generation += 1;
@@ -568,47 +583,80 @@ impl Launcher {
             return outcome.map_err(RuntimeError::Config);
         }
         let started = Instant::now();
-        while round.generation == generation {
+        loop {
             let (next, _) =
-                self.done.wait_timeout(round, Duration::from_millis(5)).map_err(|_| RuntimeError::Poisoned)?;
+                self.done.wait_timeout(round, Duration::from_millis(1)).map_err(|_| RuntimeError::Poisoned)?;
             round = next;
             if round.generation != generation {
                 break;
             }
-            let missing: Vec<u32> = (0..self.expected as u32).filter(|r| !round.arrived.contains(r)).collect();
-            if let Err((peer, how)) = call.bootstrap.health(peers) {
-                round.arrived.retain(|&r| r != rank);
-                return Err(RuntimeError::PeerFailed {
+            let missing: Vec<u32> =
+                self.ranks.iter().copied().filter(|r| !round.arrived.iter().any(|(a, _)| a == r)).collect();
+            // A rank of this GPU in the same call with another shape waits at another launcher: a mismatch.
+            for &peer in &missing {
+                let theirs = call.bootstrap.call_of(peer);
+                let ours = call.info;
+                if theirs.seq == call.seq
+                    && (theirs.kind, theirs.count, theirs.root) != (ours.kind, ours.count, ours.root)
+                {
+                    round.arrived.retain(|&(r, _)| r != rank);
+                    let describe = |i: crate::transport::CallInfo| {
+                        format!("call #{}: {}", i.seq, crate::comm::describe_kind(i.kind, i.count, i.root))
+                    };
+                    return Err(RuntimeError::Mismatch { rank, peer, ours: describe(ours), theirs: describe(theirs) });
+                }
+            }
+            let fault = if let Err((peer, how)) = call.bootstrap.health(peers) {
+                Some(RuntimeError::PeerFailed {
                     rank,
                     what: format!("call #{}", call.seq),
                     at: "the launch".into(),
                     peer,
                     how,
-                });
-            }
-            if started.elapsed() > call.timeout {
-                round.arrived.retain(|&r| r != rank);
-                return Err(RuntimeError::Timeout {
+                })
+            } else if started.elapsed() > call.timeout {
+                Some(RuntimeError::Timeout {
                     rank,
                     what: format!("call #{}", call.seq),
                     at: "the launch".into(),
                     seconds: started.elapsed().as_secs_f64(),
-                    waiting_for: format!("ranks sharing its GPU to make the same call (not arrived: {missing:?})"),
-                });
+                    waiting_for: format!("the ranks sharing its GPU to make the same call (not arrived: {missing:?})"),
+                })
+            } else {
+                None
+            };
+            if let Some(fault) = fault {
+                round.arrived.retain(|&(r, _)| r != rank);
+                return Err(fault);
             }
         }
         round.outcome.clone().expect("a finished round has an outcome").map_err(RuntimeError::Config)
     }
 
+    fn unregister(&self, rank: u32) {
+        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        round.entries.retain(|e| e.rank != rank);
+        round.table = None;
+    }
+
     /// Runs one launch of every entry's blocks and waits for it.
     fn launch(&self, round: &mut Round, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], String> {
-        if round.entries.len() != self.expected {
+        if round.entries.len() != self.ranks.len() {
             return Err(format!(
                 "{} of the {} ranks on GPU {} prepared this call shape: mismatched calls",
                 round.entries.len(),
-                self.expected,
+                self.ranks.len(),
                 self.gpu.ordinal
             ));
+        }
+        if let Some(&(other, seq)) = round.arrived.iter().find(|&&(_, seq)| seq != call.seq) {
+            return Err(format!(
+                "ranks on GPU {} are at different calls: rank {other} at call #{seq}, another at call #{}",
+                self.gpu.ordinal, call.seq
+            ));
+        }
+        if round.entries.iter().all(|e| e.blocks == 0) {
+            return Ok([0; CONTROL_WORDS]);
         }
         if round.table.is_none() {
             let grid: u32 = round.entries.iter().map(|e| e.blocks).sum();
@@ -668,23 +716,40 @@ impl Launcher {
             "cuLaunchCooperativeKernel",
         )?;
         let mut wait = Backoff::new(Duration::MAX, call.spins);
+        let started = Instant::now();
         let mut asked_to_stop = false;
-        loop {
+        let waited = loop {
             // SAFETY: a stream of this context.
             let status = unsafe { sys::cuStreamQuery(self.gpu.stream) };
             if status == CUresult::CUDA_SUCCESS {
-                break;
+                break Ok(());
             }
             if status != CUresult::CUDA_ERROR_NOT_READY {
-                ok(status, "the interpreter kernel")?;
+                break ok(status, "the interpreter kernel");
             }
+            // The kernel times out on its own; past that (and a grace), or when a peer failed, ask it to stop.
             let health = wait.idle(|| call.bootstrap.health(peers));
-            if health.is_err() && !asked_to_stop {
+            let overdue = started.elapsed() > call.timeout + Duration::from_secs(5);
+            if (health.is_err() || overdue) && !asked_to_stop {
                 control.set(0, call.seq);
                 asked_to_stop = true;
             }
-        }
-        // The first block's report that is not an abort it was asked for, else the first report; all cleared.
+            if started.elapsed() > call.timeout + Duration::from_secs(30) {
+                break Err(format!(
+                    "the interpreter kernel on GPU {} did not stop within 30 s of its timeout and of the request to \
+                     stop: the GPU may need a reset",
+                    self.gpu.ordinal
+                ));
+            }
+        };
+        // The most telling report of any block (a mismatch over the timeouts and aborts it causes), all cleared.
+        let rank_of = |what: u64| match what {
+            code::MISMATCH => 4,
+            code::TIMEOUT => 3,
+            code::BAD_IMAGE => 2,
+            code::ABORTED => 1,
+            _ => 0,
+        };
         let mut words = [0u64; CONTROL_WORDS];
         for b in 0..round.grid as usize {
             let at = 1 + CONTROL_WORDS * b;
@@ -692,13 +757,14 @@ impl Launcher {
             if what == code::OK {
                 continue;
             }
-            if words[control::CODE] == code::OK || (words[control::CODE] == code::ABORTED && what != code::ABORTED) {
+            if rank_of(what) > rank_of(words[control::CODE]) {
                 for (w, word) in words.iter_mut().enumerate() {
                     *word = control.get(at + w);
                 }
             }
             control.set(at + control::CODE, code::OK);
         }
+        waited?;
         Ok(words)
     }
 }
@@ -714,6 +780,13 @@ pub(crate) struct CudaExec {
     launcher: Arc<Launcher>,
 }
 
+impl Drop for CudaExec {
+    fn drop(&mut self) {
+        // Its image, state and bases go with it: the next launch must not name them.
+        self.launcher.unregister(self.plan.rank);
+    }
+}
+
 impl Executor for CudaExec {
     fn plan_mut(&mut self) -> &mut Plan {
         &mut self.plan
@@ -723,11 +796,11 @@ impl Executor for CudaExec {
         let plan = &self.plan;
         for b in 0..2 {
             let addr = plan.bases[b] as u64;
-            if addr != 0 && !is_device_memory(addr) {
+            if addr != 0 && !is_device_memory(&self.launcher.gpu, addr) {
                 return Err(RuntimeError::Config(format!(
-                    "rank {}: buffer {addr:#x} is not device memory: the cuda transport computes on memory from \
-                     collc_runtime::cuda::DeviceBuffer (or cuMemAlloc)",
-                    plan.rank
+                    "rank {}: buffer {addr:#x} is not device memory of its GPU {}: the cuda transport computes on \
+                     memory from collc_runtime::cuda::DeviceBuffer::new(comm, ..) (or cuMemAlloc on that GPU)",
+                    plan.rank, self.launcher.gpu.ordinal
                 )));
             }
             self.bases.set(b, addr);

@@ -19,6 +19,8 @@ pub const MAGIC: u32 = 0x434f_4c43;
 pub const VERSION: u32 = 1;
 /// Message slots per connection: the verifier's `channel_slots`, as the host links.
 pub const SLOTS: u64 = 8;
+/// Threads per block of the device interpreter (its `__launch_bounds__`).
+pub const THREADS: u32 = 512;
 
 /// What a failed launch reports in the control words: `Control::code`.
 pub mod code {
@@ -87,8 +89,8 @@ pub struct PlanDesc {
     pub order: u32,
     pub links: u32,
     /// Where the plan's buffer addresses (`n_bufs`) start in the bases array. State words: each instruction's
-    /// done generation (`n_instrs`), each link's count at the start of the call (`n_links`), and the blocks that
-    /// finished (one word).
+    /// done generation (`n_instrs`), each link's count at the start of the call (`n_links`), and, per block, the
+    /// last call it finished (the `avg` epilogue's barrier).
     pub bases_at: u32,
     pub done_at: u32,
     pub link_start_at: u32,
@@ -396,7 +398,7 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         desc.link_start_at = state as u32;
         state += plan.links.len();
         desc.finished_at = state as u32;
-        state += 1;
+        state += channels.len();
         descs.push(desc);
     }
     let conn_table_at = state;
@@ -438,6 +440,7 @@ pub fn layout_defines() -> Vec<(String, String)> {
         ("COLLC_MAGIC", MAGIC as u64),
         ("COLLC_VERSION", VERSION as u64),
         ("COLLC_SLOTS", SLOTS),
+        ("COLLC_THREADS", THREADS as u64),
         ("COLLC_HEADER_BYTES", std::mem::size_of::<Header>() as u64),
         ("COLLC_BLOCK_BYTES", std::mem::size_of::<BlockDesc>() as u64),
         ("COLLC_PLAN_BYTES", std::mem::size_of::<PlanDesc>() as u64),

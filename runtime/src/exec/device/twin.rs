@@ -37,7 +37,7 @@ pub enum Poll {
 enum Phase {
     Start,
     Tile(u32),
-    /// Waiting for every block of the plan before the `avg` division; the count the finished word must reach.
+    /// Waiting for every block of the plan to finish call `.0` before the `avg` division.
     Arrived(u64),
     Done,
 }
@@ -133,8 +133,9 @@ impl Block {
                     Poll::Idle
                 }
             }
-            Phase::Arrived(target) => {
-                if state[plan.finished_at as usize].load(Ordering::Acquire) < target {
+            Phase::Arrived(seq) => {
+                let blocks = plan.finished_at..plan.finished_at + self.desc.plan_blocks;
+                if blocks.into_iter().any(|w| state[w as usize].load(Ordering::Acquire) < seq) {
                     return Poll::Idle;
                 }
                 // SAFETY: forwarded from the caller.
@@ -145,14 +146,14 @@ impl Block {
         }
     }
 
-    /// After the last tile: done, or (for `avg`) arrived at the plan's barrier.
+    /// After the last tile: done, or (for `avg`) arrived at the plan's barrier: its own word set to the call.
     fn finish(&self, launch: &Launch) -> Phase {
         if self.plan.avg == 0 {
             return Phase::Done;
         }
-        let blocks = self.desc.plan_blocks as u64;
-        let arrived = launch.state[self.plan.finished_at as usize].fetch_add(1, Ordering::AcqRel) + 1;
-        Phase::Arrived(arrived.div_ceil(blocks) * blocks)
+        let word = (self.plan.finished_at + self.desc.index_in_plan) as usize;
+        launch.state[word].store(launch.seq, Ordering::Release);
+        Phase::Arrived(launch.seq)
     }
 }
 

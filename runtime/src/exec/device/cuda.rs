@@ -937,6 +937,42 @@ mod tests {
         assert!(error.contains("PlanDesc differs from encode.rs") && error.contains("interpret.cu"), "{error}");
     }
 
+    /// ptxas (CUDA's assembler, installed by .ci/run) turns the PTX into sm_90 code: every entry assembles, the
+    /// hot kernels spill nothing, and the interpreter fits its 512 threads in one SM's registers.
+    #[test]
+    fn ptxas_assembles_every_kernel_without_spills() {
+        let ptx = kernels_ptx(DEFAULT_ARCH).unwrap_or_else(|e| panic!("{e}"));
+        let path = std::env::temp_dir().join(format!("collc-kernels-{}.ptx", std::process::id()));
+        std::fs::write(&path, ptx).expect("a temporary file");
+        let out = std::process::Command::new("ptxas")
+            .args(["-arch=sm_90", "-v", "-o", "/dev/null"])
+            .arg(&path)
+            .output()
+            .expect("ptxas on PATH (.ci/run installs CUDA 13.0's from PyPI: `pip install nvidia-cuda-nvcc`)");
+        let _ = std::fs::remove_file(&path);
+        let log = String::from_utf8_lossy(&out.stderr).into_owned() + &String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{log}");
+        for entry in ENTRIES {
+            let at = log.find(&format!("entry function '{entry}'")).unwrap_or_else(|| panic!("{entry}: {log}"));
+            let report: String = log[at..].lines().skip(1).take(3).collect::<Vec<_>>().join(" ");
+            if ["collc_interpret", "collc_copy", "collc_reduce"].contains(&entry) {
+                assert!(
+                    report.contains("0 bytes spill stores") && report.contains("0 bytes spill loads"),
+                    "{entry}: {report}"
+                );
+            }
+            if entry == "collc_interpret" {
+                let registers: u32 = report
+                    .split("Used ")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next())
+                    .and_then(|n| n.parse().ok())
+                    .unwrap_or_else(|| panic!("{report}"));
+                assert!(registers * THREADS <= 65536, "{registers} registers x {THREADS} threads: {report}");
+            }
+        }
+    }
+
     /// Without a driver (CI has none) every way in fails with the same clear message, never a panic.
     #[test]
     fn without_a_driver_the_transport_says_so() {

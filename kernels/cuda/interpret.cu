@@ -16,10 +16,10 @@ struct Header {
     u32 magic, version, n_plans, n_blocks, n_conns, blocks, plans, state_words, conn_table, bases_words;
 };
 struct BlockDesc {
-    u32 plan, channel, first, count, plan_blocks, index_in_plan;
+    u32 plan, channel, first, count, plan_blocks, index_in_plan, lane, pad;
 };
 struct PlanDesc {
-    u32 rank, n_ranks, dtype, op, elem, tile, n_tiles, capacity, n_instrs, n_links, n_bufs, avg;
+    u32 rank, n_ranks, dtype, op, elem, tile, n_tiles, capacity, n_instrs, n_links, n_bufs, avg, lanes, pad;
     u32 instrs, pieces, deps, order, links, bases_at, done_at, link_start_at, finished_at, out_buf;
     u64 out_lo, out_hi, fingerprint;
 };
@@ -104,6 +104,18 @@ __device__ void record_fault(const Faults& f, u64 what, u32 rank, u32 instr, u32
 
 __device__ __forceinline__ bool stopping(const Faults& f) { return *(volatile u64*)f.stop == f.seq; }
 
+// State words of one lane (encode.rs): an instruction's done generation, a link's count at the call's start, and
+// the address of a connection's record.
+__device__ __forceinline__ u64* done_word(u64* state, const PlanDesc* plan, u32 lane, u32 i) {
+    return &state[plan->done_at + lane * plan->n_instrs + i];
+}
+__device__ __forceinline__ u64* link_start_word(u64* state, const PlanDesc* plan, u32 lane, u32 l) {
+    return &state[plan->link_start_at + lane * plan->n_links + l];
+}
+__device__ __forceinline__ u64* conn_record(u64* state, const Header* h, u32 lane, u32 conn) {
+    return (u64*)state[h->conn_table + lane * h->n_conns + conn];
+}
+
 __device__ __forceinline__ u64 generation(const PlanDesc* plan, u64 seq, u32 t) {
     return seq * ((u64)plan->n_tiles + 1) + t + 1;
 }
@@ -121,12 +133,12 @@ struct Decision {
 
 // Thread 0: may instruction `i` of tile `t` fire? On a stamp that is not this call's, records the mismatch.
 __device__ bool ready(const u8* image, u64* state, const Faults& faults, const Header* h, const PlanDesc* plan,
-                      u32 i, u32 t, u64 seq, bool system, Decision* d) {
+                      u32 lane, u32 i, u32 t, u64 seq, bool system, Decision* d) {
     const DInstr* instr = (const DInstr*)(image + plan->instrs) + i;
     u64 gen = generation(plan, seq, t);
     const u32* deps = (const u32*)(image + plan->deps);
     for (u32 k = 0; k < instr->n_deps; k++)
-        if (load_acquire(&state[plan->done_at + deps[instr->first_dep + k]], system) < gen) return false;
+        if (load_acquire(done_word(state, plan, lane, deps[instr->first_dep + k]), system) < gen) return false;
     const DLink* links = (const DLink*)(image + plan->links);
     d->incoming = 0;
     d->outgoing = 0;
@@ -134,10 +146,10 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
     d->send_conn = 0;
     if (instr->recv != NONE_LINK) {
         const DLink* link = &links[instr->recv];
-        u64* conn = (u64*)state[h->conn_table + link->conn];
-        u64 start = state[plan->link_start_at + instr->recv];
+        u64* conn = conn_record(state, h, lane, link->conn);
+        u64 start = *link_start_word(state, plan, lane, instr->recv);
         u64 m = *(volatile u64*)&conn[C_HEAD];
-        if (m - start != (u64)t * link->per_tile + instr->recv_pos) return false;
+        if (m - start != (u64)(t / plan->lanes) * link->per_tile + instr->recv_pos) return false;
         if (load_acquire(&conn[C_TAIL], system) <= m) return false;
         u32 slot = (u32)(m % COLLC_SLOTS);
         u64 got_seq = *(volatile u64*)&conn[C_STAMPS + 2 * slot];
@@ -152,10 +164,10 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
     }
     if (instr->send != NONE_LINK) {
         const DLink* link = &links[instr->send];
-        u64* conn = (u64*)state[h->conn_table + link->conn];
-        u64 start = state[plan->link_start_at + instr->send];
+        u64* conn = conn_record(state, h, lane, link->conn);
+        u64 start = *link_start_word(state, plan, lane, instr->send);
         u64 m = *(volatile u64*)&conn[C_TAIL];
-        if (m - start != (u64)t * link->per_tile + instr->send_pos) return false;
+        if (m - start != (u64)(t / plan->lanes) * link->per_tile + instr->send_pos) return false;
         if (m - load_acquire(&conn[C_HEAD], system) >= COLLC_SLOTS) return false;
         u32 slot = (u32)(m % COLLC_SLOTS);
         d->outgoing = (u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
@@ -241,6 +253,7 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
     const BlockDesc* block = (const BlockDesc*)(image + h->blocks) + local_block;
     const PlanDesc* plan = (const PlanDesc*)(image + h->plans) + block->plan;
     const u32* order = (const u32*)(image + plan->order);
+    const u32 lane = block->lane;
     __shared__ Decision decision;
     __shared__ int halt, advance;
     __shared__ u64 bases[MAX_BUFS];
@@ -250,14 +263,14 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
         const DLink* links = (const DLink*)(image + plan->links);
         for (u32 l = 0; l < plan->n_links; l++) {
             if (links[l].channel != block->channel) continue;
-            u64* conn = (u64*)state[h->conn_table + links[l].conn];
-            state[plan->link_start_at + l] = *(volatile u64*)&conn[links[l].sending ? C_TAIL : C_HEAD];
+            u64* conn = conn_record(state, h, lane, links[l].conn);
+            *link_start_word(state, plan, lane, l) = *(volatile u64*)&conn[links[l].sending ? C_TAIL : C_HEAD];
         }
         halt = 0;
     }
     __syncthreads();
     u64 last_progress = now_ns();
-    for (u32 t = 0; t < plan->n_tiles; t++) {
+    for (u32 t = lane; t < plan->n_tiles; t += plan->lanes) {
         u64 gen = generation(plan, seq, t);
         last_progress = now_ns();
         for (;;) {
@@ -266,8 +279,8 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
                 u32 i = order[block->first + k];
                 if (threadIdx.x == 0) {
                     decision.fire = 0;
-                    if (*(volatile u64*)&state[plan->done_at + i] < gen) {
-                        decision.fire = ready(image, state, faults, h, plan, i, t, seq, system, &decision) ? 1 : -1;
+                    if (*(volatile u64*)done_word(state, plan, lane, i) < gen) {
+                        decision.fire = ready(image, state, faults, h, plan, lane, i, t, seq, system, &decision) ? 1 : -1;
                         // A mismatch was recorded: stop before anything else is sent.
                         if (decision.fire == -1 && stopping(faults)) halt = 1;
                     }
@@ -286,7 +299,7 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
                             store_release(&decision.send_conn[C_TAIL], decision.send_m + 1, system);
                         }
                         if (decision.recv_conn) store_release(&decision.recv_conn[C_HEAD], decision.recv_m + 1, system);
-                        store_release(&state[plan->done_at + i], gen, system);
+                        store_release(done_word(state, plan, lane, i), gen, system);
                     }
                     fired = 1;
                 } else if (fire == -1) {
@@ -307,7 +320,7 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
                     u32 first = order[block->first];
                     for (u32 k = 0; k < block->count; k++) {
                         u32 i = order[block->first + k];
-                        if (*(volatile u64*)&state[plan->done_at + i] < gen) { first = i; break; }
+                        if (*(volatile u64*)done_word(state, plan, lane, i) < gen) { first = i; break; }
                     }
                     record_fault(faults, CODE_TIMEOUT, plan->rank, first, t, 0, 0, 0);
                     halt = 1;

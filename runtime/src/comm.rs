@@ -133,6 +133,8 @@ type Compiled = Arc<Mutex<HashMap<CompileKey, Arc<Shared>>>>;
 struct Shared {
     sched: VerifiedSchedule,
     connections: usize,
+    /// Channels the schedule uses (1 + the highest), the same for every rank: the device executor sizes its lanes by it.
+    channels: u32,
 }
 type PlanKey = (CallShape, Placement);
 
@@ -574,6 +576,7 @@ impl Communicator {
             )?;
             let mut plan = plan;
             plan.recorded_as = self.recorder.intern(&plan.algorithm);
+            plan.channels = shared.channels;
             self.plans.push(self.fabric.prepare(plan)?);
             self.plan_index.insert(key, self.plans.len() - 1);
         }
@@ -603,7 +606,9 @@ impl Communicator {
                 Some(schedule) => schedule.clone(),
                 None => {
                     let sched = self.compile(shape.collective, placement, root, peer)?;
-                    let schedule = Arc::new(Shared { connections: sched.n_connections(), sched });
+                    let channels =
+                        1 + sched.ranks.iter().flat_map(|r| &r.instrs).map(|i| i.channel as u32).max().unwrap_or(0);
+                    let schedule = Arc::new(Shared { connections: sched.n_connections(), channels, sched });
                     compiled.insert(shared_key, schedule.clone());
                     schedule
                 }

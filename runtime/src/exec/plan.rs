@@ -117,6 +117,8 @@ pub struct Plan {
     /// The tile being run, and the algorithm's index in the flight recorder.
     pub(crate) at_tile: usize,
     pub(crate) recorded_as: u32,
+    /// Channels of the whole schedule (every rank's), set by the communicator: the device executors' lanes.
+    pub(crate) channels: u32,
     /// Where each buffer starts: `in` and `out` set by each call, scratch when the plan is prepared.
     pub(crate) bases: Vec<*mut u8>,
 }
@@ -205,6 +207,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         waiting: Vec::with_capacity(n_steps),
         at_tile: 0,
         recorded_as: 0,
+        channels: 1,
         bases,
     })
 }

@@ -378,7 +378,8 @@ impl Drop for Pinned {
     }
 }
 
-type ConnKey = (u32, u32, u8, usize);
+/// A connection's record: sender, receiver, channel, slot bytes, lane.
+type ConnKey = (u32, u32, u8, usize, u32);
 
 /// The `cuda` transport's fabric for ranks that are threads of this process: rank r on GPU `r % gpus`.
 pub(crate) struct CudaFabric {
@@ -424,6 +425,22 @@ impl CudaFabric {
         &self.gpus[rank as usize % self.gpus.len()]
     }
 
+    /// Lanes per channel block: `COLLC_CUDA_LANES`, else as many as fill the GPU's SMs with one block each for the
+    /// ranks on it (the same on every rank: it depends on the schedule's channels, not the rank's).
+    fn lanes(&self, plan: &Plan) -> Result<u32, String> {
+        if let Ok(text) = std::env::var("COLLC_CUDA_LANES") {
+            return text
+                .trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or(format!("COLLC_CUDA_LANES=`{text}` is not a positive number"));
+        }
+        let gpu = self.gpu_of(plan.rank);
+        let per_gpu = self.ranks_on(gpu.ordinal).len() as u32;
+        Ok((gpu.sms / (per_gpu * plan.channels.max(1)).max(1)).clamp(1, 64))
+    }
+
     fn ranks_on(&self, ordinal: i32) -> Vec<u32> {
         (0..self.n_ranks).filter(|&r| self.gpu_of(r).ordinal == ordinal).collect()
     }
@@ -443,20 +460,21 @@ impl Fabric for CudaFabric {
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
         let config = |e: String| RuntimeError::Config(format!("rank {}: {e}", plan.rank));
         let gpu = self.gpu_of(plan.rank).clone();
-        let image = encode::encode(&[&plan]).map_err(config)?;
+        let lanes = self.lanes(&plan).map_err(config)?;
+        let image = encode::encode(&[&plan], lanes).map_err(config)?;
         let image_mem = DeviceAlloc::zeroed(&gpu, image.bytes().len()).map_err(config)?;
         image_mem.write(0, image.bytes()).map_err(config)?;
         let state = DeviceAlloc::zeroed(&gpu, image.state_words * 8).map_err(config)?;
         let mut conns = Vec::with_capacity(image.conns.len());
         {
             let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
-            for &(from, to, channel, slot_bytes) in &image.conns {
-                let record = match registry.get(&(from, to, channel, slot_bytes)) {
+            for &(from, to, channel, slot_bytes, lane) in &image.conns {
+                let record = match registry.get(&(from, to, channel, slot_bytes, lane)) {
                     Some(record) => record.clone(),
                     None => {
                         // The record and its slots live with the receiver, which reads them most.
                         let record = Arc::new(conn_record(self.gpu_of(to), slot_bytes).map_err(config)?);
-                        registry.insert((from, to, channel, slot_bytes), record.clone());
+                        registry.insert((from, to, channel, slot_bytes, lane), record.clone());
                         record
                     }
                 };
@@ -930,10 +948,10 @@ mod tests {
         let mut defines = encode::layout_defines();
         for (name, value) in &mut defines {
             if name == "COLLC_PLAN_BYTES" {
-                *value = "120".into();
+                *value = (value.parse::<usize>().expect("a number") + 8).to_string();
             }
         }
-        let error = collc_kernels::cuda::compile(&defines, DEFAULT_ARCH).expect_err("the static_assert fires");
+        let error = collc_kernels::cuda::compile(&defines, DEFAULT_ARCH).err().expect("the static_assert fires");
         assert!(error.contains("PlanDesc differs from encode.rs") && error.contains("interpret.cu"), "{error}");
     }
 

@@ -20,6 +20,7 @@ pub const VERSION: u32 = 1;
 /// Message slots per connection: the verifier's `channel_slots`, as the host links.
 pub const SLOTS: u64 = 8;
 /// Threads per block of the device interpreter (its `__launch_bounds__`).
+#[cfg(feature = "cuda")]
 pub const THREADS: u32 = 512;
 
 /// What a failed launch reports in the control words: `Control::code`.
@@ -51,7 +52,8 @@ pub struct Header {
     pub bases_words: u32,
 }
 
-/// One thread block: the instructions `order[first..first + count]` of plan `plan`, all on channel `channel`.
+/// One thread block: the instructions `order[first..first + count]` of plan `plan`, all on channel `channel`, for
+/// the tiles of lane `lane` (tiles `lane`, `lane + lanes`, ...).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct BlockDesc {
@@ -62,6 +64,8 @@ pub struct BlockDesc {
     /// Blocks of the plan, and this block's index among them (the `avg` epilogue splits the output by them).
     pub plan_blocks: u32,
     pub index_in_plan: u32,
+    pub lane: u32,
+    pub _pad: u32,
 }
 
 /// One rank's plan. Offsets are bytes into the image; `*_at` are word indices into the state.
@@ -83,14 +87,19 @@ pub struct PlanDesc {
     pub n_bufs: u32,
     /// 1: divide the output window by the rank count once every block is done (`avg` of a reduction).
     pub avg: u32,
+    /// Lanes: the tiles are dealt round-robin to this many copies of each channel's block, each with its own
+    /// connection records, done words and link counts, so a call runs on `lanes` times the blocks (as NCCL runs more
+    /// channels) while every lane is the verified schedule on its own tiles.
+    pub lanes: u32,
+    pub _pad: u32,
     pub instrs: u32,
     pub pieces: u32,
     pub deps: u32,
     pub order: u32,
     pub links: u32,
-    /// Where the plan's buffer addresses (`n_bufs`) start in the bases array. State words: each instruction's
-    /// done generation (`n_instrs`), each link's count at the start of the call (`n_links`), and, per block, the
-    /// last call it finished (the `avg` epilogue's barrier).
+    /// Where the plan's buffer addresses (`n_bufs`) start in the bases array. State words, per lane: each
+    /// instruction's done generation (`lanes x n_instrs`), each link's count at the start of the call
+    /// (`lanes x n_links`); and per block the last call it finished (the `avg` epilogue's barrier).
     pub bases_at: u32,
     pub done_at: u32,
     pub link_start_at: u32,
@@ -151,7 +160,8 @@ pub struct DLink {
 pub const NONE_LINK: u16 = u16::MAX;
 pub const NO_BUF_ID: u32 = u32::MAX;
 
-/// A connection's record (`CONN_WORDS` words, 8-byte aligned), wherever it lives: the count of messages posted
+/// A connection's record (`CONN_WORDS` words, 8-byte aligned; one per lane, the state's address table holding lane
+/// `k`'s records at `conn_table + k * n_conns`), wherever it lives: the count of messages posted
 /// (`tail`, written by the sender after the data and the stamp) and released (`head`, written by the receiver once
 /// it has read the slot), the address of its `SLOTS` data slots, and each slot's stamp (call sequence and plan
 /// fingerprint), which the receiver checks before it reads.
@@ -193,8 +203,9 @@ pub fn op_code(op: Op) -> u32 {
 pub struct Image {
     /// 8-byte words, so every table is aligned for the device's loads.
     pub words: Vec<u64>,
-    /// The connections, in the order of the state's address table: (sender, receiver, channel, slot bytes).
-    pub conns: Vec<(u32, u32, u8, usize)>,
+    /// The connection records, in the order of the state's address table: (sender, receiver, channel, slot bytes,
+    /// lane).
+    pub conns: Vec<(u32, u32, u8, usize, u32)>,
     pub state_words: usize,
     /// The state word where the connection address table starts.
     pub conn_table_at: usize,
@@ -278,10 +289,16 @@ fn place(p: Place) -> DPlace {
     }
 }
 
-/// Encodes the plans of one launch (ranks that run together). Connections between two of the plans are one record;
-/// a connection to a rank outside the launch gets a record too, whose address the caller supplies (a peer
-/// thread's, or another process's through IPC).
-pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
+/// Encodes the plans of one launch (ranks that run together), each call's tiles dealt over `lanes` lanes (at most
+/// one per tile; every rank of a call gets the same count, as every rank cuts a call into the same tiles).
+/// Connections between two of the plans are one record per lane; a connection to a rank outside the launch gets
+/// records too, whose addresses the caller supplies (a peer thread's, or another process's through IPC).
+pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
+    let lanes_of = |plan: &Plan| lanes.clamp(1, plan.n_tiles.max(1) as u32);
+    let lanes = plans.first().map_or(1, |plan| lanes_of(plan));
+    if plans.iter().any(|plan| lanes_of(plan) != lanes) {
+        return Err("the plans of one launch cut their calls into different tiles".into());
+    }
     let mut w = Writer::default();
     w.table(&[Header::default()]);
     let mut conn_index: HashMap<(u32, u32, u8), u32> = HashMap::new();
@@ -352,19 +369,23 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         channels.sort_unstable();
         channels.dedup();
         let mut order = Vec::with_capacity(plan.steps.len());
-        let plan_blocks = channels.len() as u32;
-        for (b, &channel) in channels.iter().enumerate() {
+        let plan_blocks = channels.len() as u32 * lanes;
+        for (c, &channel) in channels.iter().enumerate() {
             let first = order.len() as u32;
             order.extend((0..n as u32).filter(|&i| plan.steps[i as usize].channel == channel));
             let count = order.len() as u32 - first;
-            blocks.push(BlockDesc {
-                plan: p as u32,
-                channel: channel as u32,
-                first,
-                count,
-                plan_blocks,
-                index_in_plan: b as u32,
-            });
+            for lane in 0..lanes {
+                blocks.push(BlockDesc {
+                    plan: p as u32,
+                    channel: channel as u32,
+                    first,
+                    count,
+                    plan_blocks,
+                    index_in_plan: c as u32 * lanes + lane,
+                    lane,
+                    _pad: 0,
+                });
+            }
         }
         let small = |what: &str, n: usize| u32::try_from(n).map_err(|_| format!("{what} {n} does not fit the image"));
         let mut desc = PlanDesc {
@@ -380,6 +401,7 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
             n_links: plan.links.len() as u32,
             n_bufs: plan.bases.len() as u32,
             avg: (plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces()) as u32,
+            lanes,
             out_buf: plan.output.0 as u32,
             out_lo: plan.output.1.start as u64,
             out_hi: plan.output.1.end as u64,
@@ -394,21 +416,24 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
         desc.bases_at = bases_words as u32;
         bases_words += plan.bases.len();
         desc.done_at = state as u32;
-        state += plan.steps.len();
+        state += lanes as usize * plan.steps.len();
         desc.link_start_at = state as u32;
-        state += plan.links.len();
+        state += lanes as usize * plan.links.len();
         desc.finished_at = state as u32;
-        state += channels.len();
+        state += plan_blocks as usize;
         descs.push(desc);
     }
     let conn_table_at = state;
+    let n_conns = conns.len();
+    let conns: Vec<(u32, u32, u8, usize, u32)> =
+        (0..lanes).flat_map(|lane| conns.iter().map(move |&(f, t, c, b)| (f, t, c, b, lane))).collect();
     state += conns.len();
     let header = Header {
         magic: MAGIC,
         version: VERSION,
         n_plans: plans.len() as u32,
         n_blocks: blocks.len() as u32,
-        n_conns: conns.len() as u32,
+        n_conns: n_conns as u32,
         blocks: w.table(&blocks),
         plans: w.table(&descs),
         state_words: state as u32,
@@ -427,8 +452,8 @@ pub fn encode(plans: &[&Plan]) -> Result<Image, String> {
 // The CUDA interpreter declares the same structs; `kernels/cuda/interpret.cu` asserts these sizes (the Rust side
 // passes them in as macros when it compiles the kernels).
 const _: () = assert!(std::mem::size_of::<Header>() == 40);
-const _: () = assert!(std::mem::size_of::<BlockDesc>() == 24);
-const _: () = assert!(std::mem::size_of::<PlanDesc>() == 112);
+const _: () = assert!(std::mem::size_of::<BlockDesc>() == 32);
+const _: () = assert!(std::mem::size_of::<PlanDesc>() == 120);
 const _: () = assert!(std::mem::size_of::<DInstr>() == 32);
 const _: () = assert!(std::mem::size_of::<DPiece>() == 48);
 const _: () = assert!(std::mem::size_of::<DLink>() == 16);

@@ -20,6 +20,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use twin::{Block, Launch, Poll};
 
+/// Lanes of the twin transport: two, so the runtime matrix runs calls of several tiles on two lanes.
+const TWIN_LANES: u32 = 2;
+
 /// One connection's record and slots in host memory, shared by the executors of its two ends.
 pub(crate) struct ConnMemory {
     words: Box<[AtomicU64]>,
@@ -48,8 +51,8 @@ impl ConnMemory {
     }
 }
 
-/// A connection: sender, receiver, channel, slot bytes.
-type ConnKey = (u32, u32, u8, usize);
+/// A connection's record: sender, receiver, channel, slot bytes, lane.
+type ConnKey = (u32, u32, u8, usize, u32);
 
 /// The `twin` transport's fabric: connection records on the heap, one per (sender, receiver, channel, slot size),
 /// shared by the rank threads of one group.
@@ -66,14 +69,14 @@ impl Fabric for TwinFabric {
     fn remove_all(&self) {}
 
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let image = encode::encode(&[&plan]).map_err(RuntimeError::Config)?;
+        let image = encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?;
         let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
         let conns: Vec<Arc<ConnMemory>> = image
             .conns
             .iter()
-            .map(|&(from, to, channel, slot_bytes)| {
+            .map(|&(from, to, channel, slot_bytes, lane)| {
                 registry
-                    .entry((from, to, channel, slot_bytes))
+                    .entry((from, to, channel, slot_bytes, lane))
                     .or_insert_with(|| Arc::new(ConnMemory::new(slot_bytes)))
                     .clone()
             })
@@ -214,7 +217,13 @@ fn answer_dump_request(plan: &Plan, image: &Image, state: &[AtomicU64], call: &C
 /// Each instruction's state from the `done` words: done in the current tile of its block, or not yet.
 fn snapshot(plan: &Plan, image: &Image, state: &[AtomicU64], seq: u64) -> Current {
     let desc = image.plan(0);
-    let done = |i: usize| state[desc.done_at as usize + i].load(Ordering::Acquire);
+    // Each instruction as its slowest lane has it.
+    let done = |i: usize| {
+        (0..desc.lanes)
+            .map(|lane| state[twin::done_word(&desc, lane, i as u32)].load(Ordering::Acquire))
+            .min()
+            .unwrap_or(0)
+    };
     // The lowest generation any instruction is at tells the tile the slowest block works on.
     let base = seq * (desc.n_tiles as u64 + 1);
     let tile = (0..plan.steps.len()).map(|i| done(i).saturating_sub(base)).min().unwrap_or(0) as usize;

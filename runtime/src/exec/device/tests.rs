@@ -32,6 +32,7 @@ fn run_one_launch(
     sched: &VerifiedSchedule,
     shape: CallShape,
     slot_cap: usize,
+    lanes: u32,
     fingerprint_of_rank_1: Option<u64>,
 ) -> (Vec<u64>, Vec<Vec<u8>>) {
     let n_ranks = sched.n_ranks;
@@ -66,7 +67,7 @@ fn run_one_launch(
         plan.bases[0] = if in_place { recvs[rank].as_mut_ptr() } else { sends[rank].as_mut_ptr() };
     }
     let refs: Vec<&Plan> = plans.iter().collect();
-    let image = encode::encode(&refs).expect("encodes");
+    let image = encode::encode(&refs, lanes).expect("encodes");
     let conns: Vec<ConnMemory> = image.conns.iter().map(|c| ConnMemory::new(c.3)).collect();
     let state: Vec<AtomicU64> = (0..image.state_words).map(|_| AtomicU64::new(0)).collect();
     for (c, memory) in conns.iter().enumerate() {
@@ -123,7 +124,9 @@ fn one_launch_of_every_rank_computes_each_library_collective() {
                     for &op in ops {
                         let (root, peer) = (sched.root, sched.peer);
                         let shape = CallShape { collective, count: 1000, dtype, op, root, peer };
-                        let (control, outputs) = run_one_launch(&sched, shape, 64, None);
+                        // One lane, then three: the tiles dealt over three copies of every block.
+                        let lanes = 1 + 2 * (runs % 2) as u32;
+                        let (control, outputs) = run_one_launch(&sched, shape, 64, lanes, None);
                         assert_eq!(
                             control[control::CODE],
                             code::OK,
@@ -160,7 +163,7 @@ fn a_message_of_another_call_is_recorded_as_a_mismatch() {
         root: 0,
         peer: 0,
     };
-    let (control, _) = run_one_launch(&sched, shape, 4096, Some(0xdead_beef));
+    let (control, _) = run_one_launch(&sched, shape, 4096, 1, Some(0xdead_beef));
     assert_eq!(control[control::CODE], code::MISMATCH, "{control:?}");
     // Rank 1 finds its neighbour's stamp foreign, or rank 2 finds rank 1's.
     assert_eq!(control[control::GOT_FP] == 0xdead_beef, control[control::RANK] != 1, "{control:?}");

@@ -6,7 +6,8 @@
 //! writes slot `m % SLOTS` and its stamp, then publishes `tail = m + 1` (release); the receiver waits until
 //! `tail > m` (acquire), checks the stamp, reads the slot, then publishes `head = m + 1` (release). A block fires an
 //! instruction of tile `t` once every dependency's `done` word holds the tile's generation and, on each of its
-//! links, the instruction is next in order: `count - link_start == t * per_tile + pos`, where `count` is the link's
+//! links, the instruction is next in order: `count - link_start == (t / lanes) * per_tile + pos` in its lane (each
+//! lane has its own records, counts and done words, and the tiles `lane, lane + lanes, ...`), where `count` is the link's
 //! own counter (`tail` on a sending end, `head` on a receiving end) and `link_start` its value when the call began.
 //! Generations grow with the call's sequence number, so `done` words never need resetting.
 
@@ -72,12 +73,12 @@ impl Block {
     pub fn pending(&self, launch: &Launch) -> (u32, u32) {
         let tile = match self.phase {
             Phase::Tile(t) => t,
-            _ => 0,
+            _ => self.desc.lane,
         };
         let gen = generation(&self.plan, launch.seq, tile);
         let first = (0..self.desc.count)
             .map(|k| launch.image.order(&self.plan, self.desc.first + k))
-            .find(|&i| launch.state[(self.plan.done_at + i) as usize].load(Ordering::Acquire) < gen);
+            .find(|&i| launch.state[done_word(&self.plan, self.desc.lane, i)].load(Ordering::Acquire) < gen);
         (tile, first.unwrap_or(self.desc.first))
     }
 
@@ -96,12 +97,14 @@ impl Block {
                     if link.channel as u32 != self.desc.channel {
                         continue;
                     }
-                    let record = state[image.header().conn_table as usize + link.conn as usize].load(Ordering::Relaxed);
+                    let record = conn_address(launch, self.desc.lane, link.conn);
                     // SAFETY: the record's address was set up by the host (caller's contract).
                     let own = unsafe { word(record, if link.sending == 1 { conn::TAIL } else { conn::HEAD }) };
-                    state[(plan.link_start_at + l) as usize].store(own.load(Ordering::Relaxed), Ordering::Relaxed);
+                    let start = link_start_word(&plan, self.desc.lane, l);
+                    state[start].store(own.load(Ordering::Relaxed), Ordering::Relaxed);
                 }
-                self.phase = if plan.n_tiles == 0 { self.finish(launch) } else { Phase::Tile(0) };
+                let lane = self.desc.lane;
+                self.phase = if lane >= plan.n_tiles { self.finish(launch) } else { Phase::Tile(lane) };
                 Poll::Progressed
             }
             Phase::Tile(t) => {
@@ -109,12 +112,12 @@ impl Block {
                 let (mut fired, mut pending) = (false, false);
                 for k in 0..self.desc.count {
                     let i = image.order(&plan, self.desc.first + k);
-                    let done = &state[(plan.done_at + i) as usize];
+                    let done = &state[done_word(&plan, self.desc.lane, i)];
                     if done.load(Ordering::Relaxed) >= gen {
                         continue;
                     }
                     // SAFETY: forwarded from the caller.
-                    match unsafe { try_fire(launch, &plan, i, t) } {
+                    match unsafe { try_fire(launch, &plan, self.desc.lane, i, t) } {
                         Fire::Fired => {
                             done.store(gen, Ordering::Release);
                             fired = true;
@@ -124,7 +127,8 @@ impl Block {
                     }
                 }
                 if !pending {
-                    self.phase = if t + 1 < plan.n_tiles { Phase::Tile(t + 1) } else { self.finish(launch) };
+                    let next = t + plan.lanes;
+                    self.phase = if next < plan.n_tiles { Phase::Tile(next) } else { self.finish(launch) };
                     return Poll::Progressed;
                 }
                 if fired {
@@ -155,6 +159,22 @@ impl Block {
         launch.state[word].store(launch.seq, Ordering::Release);
         Phase::Arrived(launch.seq)
     }
+}
+
+/// The state word of instruction `i`'s done generation in `lane`.
+pub(crate) fn done_word(plan: &PlanDesc, lane: u32, i: u32) -> usize {
+    (plan.done_at + lane * plan.n_instrs + i) as usize
+}
+
+/// The state word of link `l`'s count at the start of the call in `lane`.
+fn link_start_word(plan: &PlanDesc, lane: u32, l: u32) -> usize {
+    (plan.link_start_at + lane * plan.n_links + l) as usize
+}
+
+/// The address of lane `lane`'s record of connection `conn`.
+fn conn_address(launch: &Launch, lane: u32, conn: u32) -> u64 {
+    let header = launch.image.header();
+    launch.state[(header.conn_table + lane * header.n_conns + conn) as usize].load(Ordering::Relaxed)
 }
 
 /// The generation tile `t` of call `seq` marks its instructions' `done` words with.
@@ -201,19 +221,19 @@ pub fn give_up(launch: &Launch, block: &Block, what: u64) {
 
 /// # Safety
 /// As `Block::poll`.
-unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, i: u32, t: u32) -> Fire {
+unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) -> Fire {
     let (image, state) = (launch.image, launch.state);
     let instr = image.instr(plan, i);
     for k in 0..instr.n_deps {
         let d = image.dep(plan, instr.first_dep + k);
-        if state[(plan.done_at + d) as usize].load(Ordering::Acquire) < generation(plan, launch.seq, t) {
+        if state[done_word(plan, lane, d)].load(Ordering::Acquire) < generation(plan, launch.seq, t) {
             return Fire::NotYet;
         }
     }
     let end = |l: u16| {
         let link = image.link(plan, l as u32);
-        let record = state[image.header().conn_table as usize + link.conn as usize].load(Ordering::Relaxed);
-        let start = state[(plan.link_start_at + l as u32) as usize].load(Ordering::Relaxed);
+        let record = conn_address(launch, lane, link.conn);
+        let start = state[link_start_word(plan, lane, l as u32)].load(Ordering::Relaxed);
         (link, record, start)
     };
     let mut incoming: *const u8 = std::ptr::null();
@@ -223,7 +243,8 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, i: u32, t: u32) -> Fire {
         // SAFETY: live records (caller's contract).
         let (head, tail) = unsafe { (word(record, conn::HEAD), word(record, conn::TAIL)) };
         let m = head.load(Ordering::Relaxed);
-        if m - start != t as u64 * link.per_tile as u64 + instr.recv_pos as u64 || tail.load(Ordering::Acquire) <= m {
+        let turn = (t / plan.lanes) as u64 * link.per_tile as u64;
+        if m - start != turn + instr.recv_pos as u64 || tail.load(Ordering::Acquire) <= m {
             return Fire::NotYet;
         }
         let slot = (m % SLOTS) as usize;
@@ -250,7 +271,7 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, i: u32, t: u32) -> Fire {
         // SAFETY: as above.
         let (head, tail) = unsafe { (word(record, conn::HEAD), word(record, conn::TAIL)) };
         let m = tail.load(Ordering::Relaxed);
-        if m - start != t as u64 * link.per_tile as u64 + instr.send_pos as u64
+        if m - start != (t / plan.lanes) as u64 * link.per_tile as u64 + instr.send_pos as u64
             || m - head.load(Ordering::Acquire) >= SLOTS
         {
             return Fire::NotYet;

@@ -951,7 +951,9 @@ mod tests {
                 *value = (value.parse::<usize>().expect("a number") + 8).to_string();
             }
         }
-        let error = collc_kernels::cuda::compile(&defines, DEFAULT_ARCH).err().expect("the static_assert fires");
+        let Err(error) = collc_kernels::cuda::compile(&defines, DEFAULT_ARCH) else {
+            panic!("the static_assert fires")
+        };
         assert!(error.contains("PlanDesc differs from encode.rs") && error.contains("interpret.cu"), "{error}");
     }
 

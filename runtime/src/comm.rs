@@ -194,7 +194,7 @@ impl Communicator {
     /// interpreter (the `twin` transport): the device encoding and flag protocol, checked on a CPU.
     pub fn twin(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
-        let fabric = Arc::new(crate::exec::TwinFabric::default());
+        let fabric = Arc::new(crate::exec::TwinFabric::new(n_ranks));
         let memory = Memory::new(Arc::new(Heap::default()));
         let compiled = Compiled::default();
         (0..n_ranks)
@@ -456,6 +456,17 @@ impl Communicator {
     /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).
     pub fn fail(&self) {
         let _ = self.bootstrap.leave(self.rank, Status::Failed);
+    }
+
+    /// Gives up after `error`: when it names another rank's failure, that rank is the failure every peer hears of
+    /// (this rank then leaves as it goes); otherwise this rank is marked failed (`fail`).
+    pub fn fail_with(&self, error: &RuntimeError) {
+        match error {
+            RuntimeError::PeerFailed { peer, how, .. } if *peer != self.rank => {
+                self.bootstrap.report_failure(*peer, how)
+            }
+            _ => self.fail(),
+        }
     }
 
     /// Runs one collective call. `count` is NCCL's: elements per rank for allreduce/broadcast/reduce, per block

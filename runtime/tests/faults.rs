@@ -169,7 +169,7 @@ fn abort_from_another_thread_ends_the_call_within_a_second_on_every_transport() 
 }
 
 /// Device buffers on a host transport (or host buffers on cuda) are refused before anything runs, naming what to
-/// use instead; the twin transport's mismatched calls fail like the host executor's.
+/// use instead; on the twin transport mismatched calls fail at once on every rank, each naming both calls.
 #[test]
 fn device_buffers_on_a_host_transport_are_refused_and_the_twin_reports_mismatches() {
     use collc_runtime::{Buffers, CallShape, Collective, DataType, DevicePtr};
@@ -204,5 +204,8 @@ fn device_buffers_on_a_host_transport_are_refused_and_the_twin_reports_mismatche
         assert!(text.contains(&format!("rank {rank}")), "{text}");
     }
     let texts: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
-    assert!(texts.iter().any(|t| t.contains("mismatched calls") && t.contains("fingerprint")), "{texts:?}");
+    // Both ranks say at once what each called.
+    for text in &texts {
+        assert!(text.contains("mismatched calls") && text.contains("count 100") && text.contains("count 99"), "{text}");
+    }
 }

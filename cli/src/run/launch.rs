@@ -59,7 +59,7 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
                 true => say_error(text),
                 false => say_error(format_args!("rank {rank}: {text}")),
             }
-            comm.fail();
+            comm.fail_with(&error);
             1
         }
     }

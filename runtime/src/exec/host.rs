@@ -125,6 +125,9 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
             match L::progress(links, stamp, wait.may_sleep()) {
                 Ok(()) => {}
                 Err(LinkFault::Peer(peer, how)) => {
+                    // A connection that closed may be the echo of another rank's failure, which the bootstrap is
+                    // about to announce: a moment for it, so the error names the rank where it began.
+                    let (peer, how) = announced_failure(call, &plan.peers).unwrap_or((peer, how));
                     let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));
                     return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
                 }
@@ -144,7 +147,8 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
     wait.reset();
     while !L::flushed(links) {
         if let Err(fault) = wait.idle(|| call.bootstrap.health(&plan.peers)) {
-            let what = format!("the end of call #{} ({})", call.seq, plan.algorithm);
+            // Every instruction ran; the last one's messages are still on their way out.
+            let what = format!("{}, the end of call #{}", describe(plan, plan.steps.len().saturating_sub(1)), call.seq);
             let waiting_for = "its last messages to leave this rank".to_string();
             return Err(fault.into_error(plan.rank, what, "the last tile".into(), waiting_for));
         }
@@ -153,6 +157,20 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
         finish_avg(plan)?;
     }
     Ok(())
+}
+
+/// A failure the bootstrap announces within 100 ms, if any.
+fn announced_failure(call: &Call, peers: &[u32]) -> Option<(u32, String)> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(100);
+    loop {
+        if let Err(failure) = call.bootstrap.health(peers) {
+            return Some(failure);
+        }
+        if std::time::Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
 }
 
 fn finish_avg(plan: &mut Plan) -> Result<(), RuntimeError> {
@@ -168,7 +186,9 @@ fn finish_avg(plan: &mut Plan) -> Result<(), RuntimeError> {
 
 /// `rank 1 instruction #4 RecvReduceSend (allreduce/ring line 12)`.
 pub(crate) fn describe(plan: &Plan, i: usize) -> String {
-    let label = &plan.labels[i.min(plan.labels.len().saturating_sub(1))];
+    let Some(label) = plan.labels.get(i.min(plan.labels.len().saturating_sub(1))) else {
+        return format!("its part of {} (no instructions)", plan.algorithm);
+    };
     format!("instruction #{} {} ({} line {})", label.index, label.op.name(), plan.algorithm, label.line)
 }
 

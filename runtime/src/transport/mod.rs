@@ -186,6 +186,9 @@ pub(crate) trait Bootstrap: Send + Sync {
     ) -> Result<Vec<Vec<u8>>, RuntimeError>;
     /// Tells the peers which call this rank is in.
     fn publish_call(&self, rank: u32, call: CallInfo);
+    /// This rank stops because rank `peer` failed (`how`): where the bootstrap announces failures, that one is the
+    /// failure the others hear of (unless another came first), not this rank's going.
+    fn report_failure(&self, _peer: u32, _how: &str) {}
     /// The call `rank` last published.
     fn call_of(&self, rank: u32) -> CallInfo;
 }

@@ -6,16 +6,16 @@
 //! Ranks on different GPUs of one process reach each other's records through peer access (`cuCtxEnablePeerAccess`,
 //! checked with `cuDeviceCanAccessPeer`; a pair without it is an error), with system-scope fences.
 
-use super::super::host::{describe, mismatch, waiting_for};
 use super::super::{Call, Executor, Plan};
 use super::encode::{self, code, conn, control, CONN_WORDS, CONTROL_WORDS, SLOTS, THREADS};
+use super::launch::{self, severity, Launcher, Target};
 use crate::error::RuntimeError;
-use crate::transport::{Fabric, Stamp, Transport};
+use crate::transport::{Fabric, Transport};
 use crate::wait::Backoff;
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// The PTX of every kernel for `arch`, compiled with the layout constants of `encode.rs`, as the executor loads it.
@@ -330,7 +330,7 @@ pub fn is_device_memory(gpu: &Gpu, addr: u64) -> bool {
 
 /// Host memory the device reads and writes directly (mapped, pinned): the launch table, the bases and the control
 /// words, which the host writes or reads without a copy.
-struct Pinned {
+pub(crate) struct Pinned {
     host: *mut u64,
     dev: CUdeviceptr,
     words: usize,
@@ -378,6 +378,8 @@ impl Drop for Pinned {
     }
 }
 
+type GpuLauncher = Arc<Launcher<CudaTarget>>;
+
 /// A connection's record: sender, receiver, channel, slot bytes, lane.
 type ConnKey = (u32, u32, u8, usize, u32);
 
@@ -386,7 +388,8 @@ pub(crate) struct CudaFabric {
     gpus: Vec<Arc<Gpu>>,
     n_ranks: u32,
     conns: Mutex<HashMap<ConnKey, Arc<DeviceAlloc>>>,
-    launchers: Mutex<HashMap<(u64, i32), Arc<Launcher>>>,
+    /// By call shape (fingerprint) and GPU.
+    launchers: Mutex<HashMap<(u64, i32), GpuLauncher>>,
 }
 
 impl CudaFabric {
@@ -500,14 +503,16 @@ impl Fabric for CudaFabric {
                 Some(l) => l.clone(),
                 None => {
                     let ranks = self.ranks_on(gpu.ordinal);
-                    let l = Arc::new(Launcher::new(&gpu, ranks, self.gpus.len() > 1).map_err(config)?);
+                    let stop = DeviceAlloc::zeroed(&gpu, 8).map_err(config)?;
+                    let target = CudaTarget { gpu: gpu.clone(), system_scope: self.gpus.len() > 1, stop };
+                    let l = Arc::new(Launcher::new(target, ranks));
                     launchers.insert(key, l.clone());
                     l
                 }
             }
         };
         let blocks = image.header().n_blocks;
-        launcher.register(Entry { rank: plan.rank, image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        launcher.register(plan.rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
         Ok(Box::new(CudaExec {
             plan,
             _image: image_mem,
@@ -532,152 +537,41 @@ fn conn_record(gpu: &Arc<Gpu>, slot_bytes: usize) -> Result<DeviceAlloc, String>
     Ok(memory)
 }
 
-/// One rank's part in the launches of a launcher.
-#[derive(Clone, Copy)]
-struct Entry {
-    rank: u32,
+/// One rank's part in the launches of its GPU.
+pub(crate) struct CudaEntry {
     image: CUdeviceptr,
     state: CUdeviceptr,
     bases: CUdeviceptr,
     blocks: u32,
 }
 
-/// The ranks of one GPU that make the same call: the last to arrive launches every rank's blocks in one cooperative
-/// grid, waits for it (watching the peers' health, and asking the kernel to stop if one fails), and hands every
-/// rank the outcome.
-struct Launcher {
+/// A GPU as a launch target: cooperative grids of the interpreter, with the device word a faulting block sets to
+/// the call's sequence number so every block stops.
+pub(crate) struct CudaTarget {
     gpu: Arc<Gpu>,
-    /// The ranks on this GPU: every one of them is in each launch.
-    ranks: Vec<u32>,
     system_scope: bool,
-    /// The device word a faulting block sets to the call's sequence number, so every block stops.
     stop: DeviceAlloc,
-    inner: Mutex<Round>,
-    done: Condvar,
 }
 
-#[derive(Default)]
-struct Round {
-    entries: Vec<Entry>,
+impl Target for CudaTarget {
+    type Entry = CudaEntry;
     /// The launch table (4 words per block) and the control words (the abort request, then a fault report of
-    /// `CONTROL_WORDS` per block), both host-mapped; made at the first launch.
-    table: Option<(Pinned, Pinned)>,
-    grid: u32,
-    /// The ranks waiting for this round's launch, with their calls' sequence numbers.
-    arrived: Vec<(u32, u64)>,
-    generation: u64,
-    /// The last launch: its control words, or why it could not run.
-    outcome: Option<Result<[u64; CONTROL_WORDS], String>>,
-}
+    /// `CONTROL_WORDS` per block), both host-mapped, and the grid.
+    type Cached = (Pinned, Pinned, u32);
 
-// SAFETY: the pinned words are reached only under the mutex or by the thread that launched.
-unsafe impl Send for Round {}
-
-impl Launcher {
-    fn new(gpu: &Arc<Gpu>, ranks: Vec<u32>, system_scope: bool) -> Result<Launcher, String> {
-        let stop = DeviceAlloc::zeroed(gpu, 8)?;
-        Ok(Launcher { gpu: gpu.clone(), ranks, system_scope, stop, inner: Mutex::default(), done: Condvar::new() })
+    fn blocks(entry: &CudaEntry) -> u32 {
+        entry.blocks
     }
 
-    fn register(&self, entry: Entry) {
-        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        round.entries.retain(|e| e.rank != entry.rank);
-        round.entries.push(entry);
-        round.entries.sort_by_key(|e| e.rank);
-        round.table = None;
-    }
-
-    /// Rank `rank` arrives for call `call`; returns the launch's fault report once it ran.
-    fn arrive(&self, rank: u32, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
-        let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
-        let generation = round.generation;
-        round.arrived.push((rank, call.seq));
-        if round.arrived.len() == self.ranks.len() {
-            let outcome = self.launch(&mut round, call, peers);
-            round.arrived.clear();
-            round.generation += 1;
-            round.outcome = Some(outcome.clone());
-            self.done.notify_all();
-            return outcome.map_err(RuntimeError::Config);
-        }
-        let started = Instant::now();
-        loop {
-            let (next, _) =
-                self.done.wait_timeout(round, Duration::from_millis(1)).map_err(|_| RuntimeError::Poisoned)?;
-            round = next;
-            if round.generation != generation {
-                break;
-            }
-            let missing: Vec<u32> =
-                self.ranks.iter().copied().filter(|r| !round.arrived.iter().any(|(a, _)| a == r)).collect();
-            // A rank of this GPU in the same call with another shape waits at another launcher: a mismatch.
-            for &peer in &missing {
-                let theirs = call.bootstrap.call_of(peer);
-                let ours = call.info;
-                if theirs.seq == call.seq
-                    && (theirs.kind, theirs.count, theirs.root) != (ours.kind, ours.count, ours.root)
-                {
-                    round.arrived.retain(|&(r, _)| r != rank);
-                    let describe = |i: crate::transport::CallInfo| {
-                        format!("call #{}: {}", i.seq, crate::comm::describe_kind(i.kind, i.count, i.root))
-                    };
-                    return Err(RuntimeError::Mismatch { rank, peer, ours: describe(ours), theirs: describe(theirs) });
-                }
-            }
-            let fault = if let Err((peer, how)) = call.bootstrap.health(peers) {
-                Some(RuntimeError::PeerFailed {
-                    rank,
-                    what: format!("call #{}", call.seq),
-                    at: "the launch".into(),
-                    peer,
-                    how,
-                })
-            } else if started.elapsed() > call.timeout {
-                Some(RuntimeError::Timeout {
-                    rank,
-                    what: format!("call #{}", call.seq),
-                    at: "the launch".into(),
-                    seconds: started.elapsed().as_secs_f64(),
-                    waiting_for: format!("the ranks sharing its GPU to make the same call (not arrived: {missing:?})"),
-                })
-            } else {
-                None
-            };
-            if let Some(fault) = fault {
-                round.arrived.retain(|&(r, _)| r != rank);
-                return Err(fault);
-            }
-        }
-        round.outcome.clone().expect("a finished round has an outcome").map_err(RuntimeError::Config)
-    }
-
-    fn unregister(&self, rank: u32) {
-        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        round.entries.retain(|e| e.rank != rank);
-        round.table = None;
-    }
-
-    /// Runs one launch of every entry's blocks and waits for it.
-    fn launch(&self, round: &mut Round, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], String> {
-        if round.entries.len() != self.ranks.len() {
-            return Err(format!(
-                "{} of the {} ranks on GPU {} prepared this call shape: mismatched calls",
-                round.entries.len(),
-                self.ranks.len(),
-                self.gpu.ordinal
-            ));
-        }
-        if let Some(&(other, seq)) = round.arrived.iter().find(|&&(_, seq)| seq != call.seq) {
-            return Err(format!(
-                "ranks on GPU {} are at different calls: rank {other} at call #{seq}, another at call #{}",
-                self.gpu.ordinal, call.seq
-            ));
-        }
-        if round.entries.iter().all(|e| e.blocks == 0) {
-            return Ok([0; CONTROL_WORDS]);
-        }
-        if round.table.is_none() {
-            let grid: u32 = round.entries.iter().map(|e| e.blocks).sum();
+    fn run(
+        &self,
+        entries: &[(u32, CudaEntry)],
+        cached: &mut Option<(Pinned, Pinned, u32)>,
+        call: &Call,
+        peers: &[u32],
+    ) -> Result<[u64; CONTROL_WORDS], String> {
+        if cached.is_none() {
+            let grid: u32 = entries.iter().map(|(_, e)| e.blocks).sum();
             let fits = self.gpu.per_sm * self.gpu.sms;
             if grid > fits {
                 return Err(format!(
@@ -688,7 +582,7 @@ impl Launcher {
             }
             let table = Pinned::new(&self.gpu, 4 * grid as usize)?;
             let mut at = 0;
-            for entry in &round.entries {
+            for (_, entry) in entries {
                 for b in 0..entry.blocks {
                     table.set(4 * at, entry.image);
                     table.set(4 * at + 1, entry.state);
@@ -698,10 +592,9 @@ impl Launcher {
                 }
             }
             let control = Pinned::new(&self.gpu, 1 + CONTROL_WORDS * grid as usize)?;
-            round.grid = grid;
-            round.table = Some((table, control));
+            *cached = Some((table, control, grid));
         }
-        let (table, control) = round.table.as_ref().expect("made above");
+        let (table, control, grid) = cached.as_ref().expect("made above");
         self.gpu.bind()?;
         let (mut table_ptr, mut control_ptr, mut stop_ptr, mut seq) = (table.dev, control.dev, self.stop.ptr, call.seq);
         let mut timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
@@ -720,7 +613,7 @@ impl Launcher {
             unsafe {
                 sys::cuLaunchCooperativeKernel(
                     self.gpu.interpret,
-                    round.grid,
+                    *grid,
                     1,
                     1,
                     THREADS,
@@ -761,21 +654,14 @@ impl Launcher {
             }
         };
         // The most telling report of any block (a mismatch over the timeouts and aborts it causes), all cleared.
-        let rank_of = |what: u64| match what {
-            code::MISMATCH => 4,
-            code::TIMEOUT => 3,
-            code::BAD_IMAGE => 2,
-            code::ABORTED => 1,
-            _ => 0,
-        };
         let mut words = [0u64; CONTROL_WORDS];
-        for b in 0..round.grid as usize {
+        for b in 0..*grid as usize {
             let at = 1 + CONTROL_WORDS * b;
             let what = control.get(at + control::CODE);
             if what == code::OK {
                 continue;
             }
-            if rank_of(what) > rank_of(words[control::CODE]) {
+            if severity(what) > severity(words[control::CODE]) {
                 for (w, word) in words.iter_mut().enumerate() {
                     *word = control.get(at + w);
                 }
@@ -795,7 +681,7 @@ pub(crate) struct CudaExec {
     bases: Pinned,
     _scratch: Vec<DeviceAlloc>,
     _conns: Vec<Arc<DeviceAlloc>>,
-    launcher: Arc<Launcher>,
+    launcher: Arc<Launcher<CudaTarget>>,
 }
 
 impl Drop for CudaExec {
@@ -814,55 +700,18 @@ impl Executor for CudaExec {
         let plan = &self.plan;
         for b in 0..2 {
             let addr = plan.bases[b] as u64;
-            if addr != 0 && !is_device_memory(&self.launcher.gpu, addr) {
+            if addr != 0 && !is_device_memory(&self.launcher.target().gpu, addr) {
                 return Err(RuntimeError::Config(format!(
                     "rank {}: buffer {addr:#x} is not device memory of its GPU {}: the cuda transport computes on \
                      memory from collc_runtime::cuda::DeviceBuffer::new(comm, ..) (or cuMemAlloc on that GPU)",
-                    plan.rank, self.launcher.gpu.ordinal
+                    plan.rank,
+                    self.launcher.target().gpu.ordinal
                 )));
             }
             self.bases.set(b, addr);
         }
-        let words = self.launcher.arrive(plan.rank, call, &plan.peers)?;
-        let what = words[control::CODE];
-        if what == code::OK {
-            return Ok(());
-        }
-        let (faulted, i, tile) = (words[control::RANK] as u32, words[control::INSTR] as usize, words[control::TILE]);
-        if faulted != plan.rank {
-            let how = "stopped the launch this rank shares".to_string();
-            return Err(RuntimeError::PeerFailed {
-                rank: plan.rank,
-                what: describe(plan, 0),
-                at: "the launch".into(),
-                peer: faulted,
-                how,
-            });
-        }
-        let at = format!("tile {tile}");
-        Err(match what {
-            code::MISMATCH => {
-                let got = Stamp { seq: words[control::GOT_SEQ], fingerprint: words[control::GOT_FP] };
-                let ours = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
-                mismatch(plan, plan.links[words[control::LINK] as usize].from, got, None, ours, call)
-            }
-            code::TIMEOUT => RuntimeError::Timeout {
-                rank: plan.rank,
-                what: describe(plan, i),
-                at,
-                seconds: call.timeout.as_secs_f64(),
-                waiting_for: waiting_for(plan, i),
-            },
-            code::ABORTED => match call.bootstrap.health(&plan.peers) {
-                Err((peer, how)) => {
-                    RuntimeError::PeerFailed { rank: plan.rank, what: describe(plan, i), at, peer, how }
-                }
-                Ok(()) => RuntimeError::Config(format!("rank {}: aborted at {} in {at}", plan.rank, describe(plan, i))),
-            },
-            other => {
-                RuntimeError::Config(format!("rank {}: the interpreter refused the image (fault {other})", plan.rank))
-            }
-        })
+        let words = self.launcher.arrive(plan.rank, call, &plan.peers, &super::super::host::describe(plan, 0))?;
+        launch::outcome(plan, &words, call)
     }
 }
 

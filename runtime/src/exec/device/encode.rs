@@ -189,7 +189,6 @@ pub mod control {
     pub const GOT_FP: usize = 5;
     pub const LINK: usize = 6;
     /// The twin's abort request (on a GPU the request is a word of its own before the reports).
-    #[cfg(test)]
     pub const ABORT: usize = 7;
 }
 pub const CONTROL_WORDS: usize = 8;

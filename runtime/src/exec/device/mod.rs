@@ -1,24 +1,26 @@
 //! The device executor's side in Rust: the encoding of plans the CUDA interpreter reads (`encode.rs`) and the host
-//! twin of that interpreter (`twin.rs`), which runs the same encoding with the same flag protocol on the CPU. The
-//! `twin` transport runs every rank's plan through the twin (ranks as threads, connection records on the heap),
-//! so the whole device path short of the GPU is checked against the reference by the runtime matrix.
+//! twin of that interpreter (`twin.rs`), which runs the same encoding with the same flag protocol on the CPU, and the
+//! launcher both share (`launch.rs`). The `twin` transport runs every call as the GPU does, one launch of every
+//! rank's blocks (ranks as threads, connection records on the heap), so the whole device path short of the GPU is
+//! checked against the reference by the runtime matrix.
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub(crate) mod encode;
+mod launch;
 pub(crate) mod twin;
 
-use super::host::{describe, mismatch, waiting_for};
+use super::host::waiting_for;
 use super::{Call, Executor, Plan};
 use crate::error::RuntimeError;
 use crate::recorder::{Current, InstrState};
-use crate::transport::{Fabric, Stamp, Transport};
-use crate::wait::Backoff;
-use encode::{code, conn, control, Image, CONN_WORDS, CONTROL_WORDS, NONE_LINK, SLOTS};
+use crate::transport::{Fabric, Transport};
+use encode::{conn, control, Image, CONN_WORDS, CONTROL_WORDS, NONE_LINK, SLOTS};
+use launch::Launcher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use twin::{Block, Launch, Poll};
+use twin::Launch;
 
 /// Lanes of the twin transport: two, so the runtime matrix runs calls of several tiles on two lanes.
 const TWIN_LANES: u32 = 2;
@@ -54,11 +56,18 @@ impl ConnMemory {
 /// A connection's record: sender, receiver, channel, slot bytes, lane.
 type ConnKey = (u32, u32, u8, usize, u32);
 
-/// The `twin` transport's fabric: connection records on the heap, one per (sender, receiver, channel, slot size),
-/// shared by the rank threads of one group.
-#[derive(Default)]
+/// The `twin` transport's fabric: connection records on the heap, one per (sender, receiver, channel, slot size,
+/// lane), and a launcher per call shape that runs every rank's blocks in one launch, as ranks sharing a GPU do.
 pub(crate) struct TwinFabric {
+    n_ranks: u32,
     conns: Mutex<HashMap<ConnKey, Arc<ConnMemory>>>,
+    launchers: Mutex<HashMap<u64, Arc<Launcher<TwinTarget>>>>,
+}
+
+impl TwinFabric {
+    pub fn new(n_ranks: u32) -> TwinFabric {
+        TwinFabric { n_ranks, conns: Mutex::default(), launchers: Mutex::default() }
+    }
 }
 
 impl Fabric for TwinFabric {
@@ -69,37 +78,105 @@ impl Fabric for TwinFabric {
     fn remove_all(&self) {}
 
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let image = encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?;
-        let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
-        let conns: Vec<Arc<ConnMemory>> = image
-            .conns
-            .iter()
-            .map(|&(from, to, channel, slot_bytes, lane)| {
-                registry
-                    .entry((from, to, channel, slot_bytes, lane))
-                    .or_insert_with(|| Arc::new(ConnMemory::new(slot_bytes)))
-                    .clone()
-            })
-            .collect();
-        let state: Box<[AtomicU64]> = (0..image.state_words).map(|_| AtomicU64::new(0)).collect();
+        let image = Arc::new(encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?);
+        let conns: Vec<Arc<ConnMemory>> = {
+            let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
+            image
+                .conns
+                .iter()
+                .map(|&(from, to, channel, slot_bytes, lane)| {
+                    registry
+                        .entry((from, to, channel, slot_bytes, lane))
+                        .or_insert_with(|| Arc::new(ConnMemory::new(slot_bytes)))
+                        .clone()
+                })
+                .collect()
+        };
+        let state: Arc<[AtomicU64]> = (0..image.state_words).map(|_| AtomicU64::new(0)).collect();
         for (c, memory) in conns.iter().enumerate() {
             state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
         }
-        let control = (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect();
-        let bases = vec![0; image.bases_words];
-        Ok(Box::new(Twin { plan, image, state, bases, control, _conns: conns }))
+        let bases: Arc<[AtomicU64]> = (0..image.bases_words).map(|_| AtomicU64::new(0)).collect();
+        let launcher = {
+            let mut launchers = self.launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
+            let ranks = (0..self.n_ranks).collect();
+            launchers.entry(plan.fingerprint).or_insert_with(|| Arc::new(Launcher::new(TwinTarget, ranks))).clone()
+        };
+        let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone() };
+        launcher.register(plan.rank, entry);
+        Ok(Box::new(Twin { plan, image, state, bases, launcher, _conns: conns }))
     }
 }
 
-/// One rank's plan run by the host twin of the device interpreter.
+/// One rank's part in a twin launch.
+pub(crate) struct TwinEntry {
+    image: Arc<Image>,
+    state: Arc<[AtomicU64]>,
+    bases: Arc<[AtomicU64]>,
+}
+
+/// The host as a launch target: every block of the launch polled in turn by the thread that launches.
+pub(crate) struct TwinTarget;
+
+impl launch::Target for TwinTarget {
+    type Entry = TwinEntry;
+    type Cached = ();
+
+    fn blocks(entry: &TwinEntry) -> u32 {
+        entry.image.header().n_blocks
+    }
+
+    fn run(
+        &self,
+        entries: &[(u32, TwinEntry)],
+        _cached: &mut Option<()>,
+        call: &Call,
+        _peers: &[u32],
+    ) -> Result<[u64; CONTROL_WORDS], String> {
+        let controls: Vec<Vec<AtomicU64>> =
+            entries.iter().map(|_| (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect()).collect();
+        let launches: Vec<Launch> = entries
+            .iter()
+            .zip(&controls)
+            .map(|((_, e), control)| Launch {
+                image: &e.image,
+                state: &e.state,
+                bases: &e.bases,
+                control,
+                seq: call.seq,
+            })
+            .collect();
+        // SAFETY: every entry's state holds its plan's buffers (checked by each rank's call against its plan) and the
+        // records of its connections, which the executors keep alive and which wait for this launch.
+        unsafe { twin::run_all(&launches) };
+        let mut words = [0u64; CONTROL_WORDS];
+        for control in &controls {
+            let what = control[control::CODE].load(Ordering::Acquire);
+            if launch::severity(what) > launch::severity(words[control::CODE]) {
+                for (w, word) in words.iter_mut().enumerate() {
+                    *word = control[w].load(Ordering::Acquire);
+                }
+            }
+        }
+        Ok(words)
+    }
+}
+
+/// One rank's plan run by the host twin of the device interpreter, in the launches of its call shape.
 pub(crate) struct Twin {
     plan: Plan,
-    image: Image,
-    state: Box<[AtomicU64]>,
+    image: Arc<Image>,
+    state: Arc<[AtomicU64]>,
     /// The plan's buffer addresses, written before each call.
-    bases: Vec<u64>,
-    control: Box<[AtomicU64]>,
+    bases: Arc<[AtomicU64]>,
+    launcher: Arc<Launcher<TwinTarget>>,
     _conns: Vec<Arc<ConnMemory>>,
+}
+
+impl Drop for Twin {
+    fn drop(&mut self) {
+        self.launcher.unregister(self.plan.rank);
+    }
 }
 
 impl Executor for Twin {
@@ -108,92 +185,18 @@ impl Executor for Twin {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        for (word, &base) in self.bases.iter_mut().zip(&self.plan.bases) {
-            *word = base as u64;
+        for (word, &base) in self.bases.iter().zip(&self.plan.bases) {
+            word.store(base as u64, Ordering::Relaxed);
         }
-        for word in self.control.iter() {
-            word.store(0, Ordering::Relaxed);
+        answer_dump_request(&self.plan, &self.image, &self.state, call);
+        let outcome = self
+            .launcher
+            .arrive(self.plan.rank, call, &self.plan.peers, &super::host::describe(&self.plan, 0))
+            .and_then(|words| launch::outcome(&self.plan, &words, call));
+        if let Err(error) = &outcome {
+            call.recorder.dump(dump_reason(error), Some(snapshot(&self.plan, &self.image, &self.state, call.seq)));
         }
-        let launch = Launch {
-            image: &self.image,
-            state: &self.state,
-            bases: &self.bases,
-            control: &self.control,
-            seq: call.seq,
-        };
-        let mut blocks: Vec<Block> = (0..self.image.header().n_blocks).map(|b| Block::new(&self.image, b)).collect();
-        let mut wait = Backoff::new(call.timeout, call.spins);
-        loop {
-            let (mut moved, mut all_done) = (false, true);
-            for block in &mut blocks {
-                // SAFETY: the state holds this plan's buffers (checked by the call against the plan) and the
-                // records of its connections, kept alive by `_conns`.
-                match unsafe { block.poll(&launch) } {
-                    Poll::Progressed => moved = true,
-                    Poll::Idle => {}
-                    Poll::Done => continue,
-                }
-                all_done &= block.is_done();
-            }
-            if self.control[control::CODE].load(Ordering::Acquire) != code::OK {
-                return Err(self.fault(call));
-            }
-            if all_done {
-                return Ok(());
-            }
-            if moved {
-                wait.reset();
-                continue;
-            }
-            let stuck = blocks.iter().find(|b| !b.is_done()).expect("a block not done");
-            let (tile, i) = stuck.pending(&launch);
-            let (plan, image, state) = (&self.plan, &self.image, &self.state);
-            let checked = wait.idle(|| {
-                answer_dump_request(plan, image, state, call);
-                call.bootstrap.health(&plan.peers)
-            });
-            if let Err(fault) = checked {
-                let error = fault.into_error(
-                    plan.rank,
-                    describe(plan, i as usize),
-                    format!("tile {tile}"),
-                    waiting_for(plan, i as usize),
-                );
-                call.recorder.dump(dump_reason(&error), Some(snapshot(plan, image, state, call.seq)));
-                return Err(error);
-            }
-        }
-    }
-}
-
-impl Twin {
-    /// The error of the fault the interpreter recorded in the control words.
-    fn fault(&self, call: &Call) -> RuntimeError {
-        let c = |w: usize| self.control[w].load(Ordering::Acquire);
-        let (i, tile) = (c(control::INSTR) as usize, c(control::TILE));
-        let error = match c(control::CODE) {
-            code::MISMATCH => {
-                let link = c(control::LINK) as usize;
-                let got = Stamp { seq: c(control::GOT_SEQ), fingerprint: c(control::GOT_FP) };
-                let ours = Stamp { seq: call.seq, fingerprint: self.plan.fingerprint };
-                mismatch(&self.plan, self.plan.links[link].from, got, None, ours, call)
-            }
-            other => {
-                let why = match other {
-                    code::TIMEOUT => "timed out",
-                    code::ABORTED => "was aborted",
-                    code::BAD_IMAGE => "refused the image (another version)",
-                    _ => "failed",
-                };
-                RuntimeError::Config(format!(
-                    "rank {}: the device interpreter {why} at {} in tile {tile} (fault code {other})",
-                    self.plan.rank,
-                    describe(&self.plan, i)
-                ))
-            }
-        };
-        call.recorder.dump(dump_reason(&error), Some(snapshot(&self.plan, &self.image, &self.state, call.seq)));
-        error
+        outcome
     }
 }
 

@@ -73,11 +73,11 @@ fn run_one_launch(
     for (c, memory) in conns.iter().enumerate() {
         state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
     }
-    let mut bases = vec![0u64; image.bases_words];
+    let bases: Vec<AtomicU64> = (0..image.bases_words).map(|_| AtomicU64::new(0)).collect();
     for (p, plan) in plans.iter().enumerate() {
         let desc = image.plan(p as u32);
         for (b, &base) in plan.bases.iter().enumerate() {
-            bases[desc.bases_at as usize + b] = base as u64;
+            bases[desc.bases_at as usize + b].store(base as u64, Ordering::Relaxed);
         }
     }
     let control: Vec<AtomicU64> = (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect();
@@ -88,15 +88,15 @@ fn run_one_launch(
                 let w = &windows[rank];
                 *recv = if in_place { w.in_place_buffer(&inputs[rank]) } else { vec![0xEE; w.recv] };
                 let desc = image.plan(rank as u32);
-                bases[desc.bases_at as usize + 1] = recv.as_mut_ptr() as u64;
+                bases[desc.bases_at as usize + 1].store(recv.as_mut_ptr() as u64, Ordering::Relaxed);
                 if in_place {
-                    bases[desc.bases_at as usize] = recv.as_mut_ptr() as u64;
+                    bases[desc.bases_at as usize].store(recv.as_mut_ptr() as u64, Ordering::Relaxed);
                 }
             }
         }
         let launch = Launch { image: &image, state: &state, bases: &bases, control: &control, seq };
         // SAFETY: the state points at live buffers of the sizes the plans need and at the records above.
-        unsafe { twin::run_all(&launch) };
+        unsafe { twin::run_all(std::slice::from_ref(&launch)) };
         if control[control::CODE].load(Ordering::Relaxed) != code::OK {
             break;
         }

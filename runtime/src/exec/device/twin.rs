@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub struct Launch<'a> {
     pub image: &'a Image,
     pub state: &'a [AtomicU64],
-    pub bases: &'a [u64],
+    pub bases: &'a [AtomicU64],
     pub control: &'a [AtomicU64],
     pub seq: u64,
 }
@@ -206,14 +206,12 @@ fn fault(launch: &Launch, what: u64, rank: u32, i: u32, t: u32, extra: Option<(u
 }
 
 /// Whether a fault was recorded or an abort asked for: every block stops.
-#[cfg(test)]
 pub fn stopped(launch: &Launch) -> bool {
     launch.control[control::CODE].load(Ordering::Acquire) != code::OK
         || launch.control[control::ABORT].load(Ordering::Acquire) != 0
 }
 
 /// Records a timeout (or, when the host asked, an abort) at the block's first pending instruction.
-#[cfg(test)]
 pub fn give_up(launch: &Launch, block: &Block, what: u64) {
     let (t, i) = block.pending(launch);
     fault(launch, what, block.plan.rank, i, t, None);
@@ -303,7 +301,7 @@ fn local(launch: &Launch, plan: &PlanDesc, place: DPlace, lo: u64, hi: u64) -> (
     if place.buf == NO_BUF_ID {
         return (std::ptr::null_mut(), 0);
     }
-    let base = launch.bases[(plan.bases_at + place.buf) as usize];
+    let base = launch.bases[(plan.bases_at + place.buf) as usize].load(Ordering::Relaxed);
     let n = hi.min(place.valid as u64).saturating_sub(lo) as usize;
     ((base + (place.offset + lo) * plan.elem as u64) as *mut u8, n)
 }
@@ -367,7 +365,7 @@ unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
     let share = (hi - lo).div_ceil(block.plan_blocks as u64);
     let start = (lo + share * block.index_in_plan as u64).min(hi);
     let end = (start + share).min(hi);
-    let base = launch.bases[(plan.bases_at + plan.out_buf) as usize];
+    let base = launch.bases[(plan.bases_at + plan.out_buf) as usize].load(Ordering::Relaxed);
     let elem = plan.elem as u64;
     // SAFETY: the window lies inside the output buffer (caller's contract).
     let bytes =
@@ -376,33 +374,37 @@ unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
         .expect("whole elements and ranks");
 }
 
-/// Runs every block of the launch on this thread, round-robin, to the end or the first fault. A round in which no
-/// block moves is a deadlock of the encoding or the protocol (verified schedules have none): it is recorded as a
-/// timeout at the first stuck block.
+/// Runs every block of `launches` (images of one launch, each with its own state, bases and fault report) on this
+/// thread, round-robin, to the end or the first fault. A round in which no block moves is a deadlock of the encoding
+/// or the protocol (verified schedules have none, and nothing else touches this memory meanwhile): it is recorded as
+/// a timeout at the first stuck block.
 ///
 /// # Safety
-/// As `Block::poll`, for every plan of the image.
-#[cfg(test)]
-pub unsafe fn run_all(launch: &Launch) {
-    let mut blocks: Vec<Block> = (0..launch.image.header().n_blocks).map(|b| Block::new(launch.image, b)).collect();
+/// As `Block::poll`, for every plan of every image.
+pub unsafe fn run_all(launches: &[Launch]) {
+    let mut blocks: Vec<(usize, Block)> = launches
+        .iter()
+        .enumerate()
+        .flat_map(|(e, launch)| (0..launch.image.header().n_blocks).map(move |b| (e, Block::new(launch.image, b))))
+        .collect();
     loop {
         let mut moved = false;
         let mut all_done = true;
-        for block in &mut blocks {
+        for (e, block) in &mut blocks {
             // SAFETY: forwarded from the caller.
-            match unsafe { block.poll(launch) } {
+            match unsafe { block.poll(&launches[*e]) } {
                 Poll::Progressed => moved = true,
                 Poll::Idle => {}
                 Poll::Done => continue,
             }
             all_done &= block.is_done();
         }
-        if all_done || stopped(launch) {
+        if all_done || launches.iter().any(stopped) {
             return;
         }
         if !moved {
-            let stuck = blocks.iter().find(|b| !b.is_done()).expect("a block not done");
-            give_up(launch, stuck, code::TIMEOUT);
+            let (e, stuck) = blocks.iter().find(|(_, b)| !b.is_done()).expect("a block not done");
+            give_up(&launches[*e], stuck, code::TIMEOUT);
             return;
         }
     }

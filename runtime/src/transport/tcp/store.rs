@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 const GATHER: u8 = 1;
 const ABORT: u8 = 2;
 const LEAVE: u8 = 3;
+/// A rank stopped because of another: that one is the failure to announce (unless one already is).
+const REPORT: u8 = 4;
 const RELEASE: u8 = 11;
 const FAILED: u8 = 12;
 const REFUSED: u8 = 13;
@@ -256,6 +258,13 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
                 }
             }
             ABORT => hub.fail(rank, "failed (see its error)".into()),
+            REPORT if body.len() >= 4 && body.len() <= 4 + 512 => {
+                let peer = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                if peer < hub.n_ranks && peer != rank {
+                    let how = String::from_utf8_lossy(&body[4..]).into_owned();
+                    hub.fail(peer, how);
+                }
+            }
             LEAVE if body.len() == 1 => {
                 hub.left[rank as usize] = true;
                 hub.writers[rank as usize] = None;
@@ -467,6 +476,12 @@ impl Bootstrap for Rendezvous {
             hub.wait_for_host_leave(Duration::from_secs(5));
         }
         false
+    }
+
+    fn report_failure(&self, peer: u32, how: &str) {
+        let mut body = peer.to_le_bytes().to_vec();
+        body.extend_from_slice(&how.as_bytes()[..how.len().min(512)]);
+        let _ = self.send(REPORT, &body);
     }
 
     fn abort(&self, rank: u32) {

@@ -1,0 +1,233 @@
+//! One launch per call for the ranks that share a device: each rank's executor registers its image with the
+//! `Launcher` of its call shape; at each call the ranks arrive, the last one runs every rank's blocks as one launch
+//! (a cooperative grid on a GPU, every block polled by one thread in the twin) and hands each rank the outcome. A
+//! rank of the same call with another shape waits at another launcher, which the others see at once (a mismatch);
+//! a rank that never comes is a timeout naming it.
+//!
+//! The launcher is the same for the GPU and the twin (`Target`), so the twin checks it on a CPU.
+
+use super::super::host::{describe, mismatch, waiting_for};
+use super::super::{Call, Plan};
+use super::encode::{code, control, CONTROL_WORDS};
+use crate::error::RuntimeError;
+use crate::transport::{CallInfo, Stamp};
+use std::sync::{Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+/// What runs the blocks of a launch.
+pub(crate) trait Target: Send + Sync {
+    /// One rank's part: its image, state and bases, wherever they live.
+    type Entry: Send;
+    /// What the target keeps between launches of the same entries (a GPU's launch table).
+    type Cached: Send;
+
+    fn blocks(entry: &Self::Entry) -> u32;
+
+    /// Runs the blocks of every entry (in rank order) as one launch of `call`, waits for it, and returns the most
+    /// telling fault report of any block (`code::OK` when none), every report cleared for the next launch.
+    fn run(
+        &self,
+        entries: &[(u32, Self::Entry)],
+        cached: &mut Option<Self::Cached>,
+        call: &Call,
+        peers: &[u32],
+    ) -> Result<[u64; CONTROL_WORDS], String>;
+}
+
+/// How telling a fault report is: a mismatch over the timeouts and aborts it causes.
+pub(crate) fn severity(what: u64) -> u8 {
+    match what {
+        code::MISMATCH => 4,
+        code::TIMEOUT => 3,
+        code::BAD_IMAGE => 2,
+        code::ABORTED => 1,
+        _ => 0,
+    }
+}
+
+pub(crate) struct Launcher<T: Target> {
+    target: T,
+    /// The ranks of the launch: every one of them is in each.
+    ranks: Vec<u32>,
+    inner: Mutex<Round<T>>,
+    done: Condvar,
+}
+
+struct Round<T: Target> {
+    entries: Vec<(u32, T::Entry)>,
+    cached: Option<T::Cached>,
+    /// The ranks waiting for this round's launch, with their calls' sequence numbers.
+    arrived: Vec<(u32, u64)>,
+    generation: u64,
+    /// The last launch's fault report, or why it could not run.
+    outcome: Option<Result<[u64; CONTROL_WORDS], String>>,
+}
+
+impl<T: Target> Launcher<T> {
+    pub fn new(target: T, ranks: Vec<u32>) -> Launcher<T> {
+        let round = Round { entries: Vec::new(), cached: None, arrived: Vec::new(), generation: 0, outcome: None };
+        Launcher { target, ranks, inner: Mutex::new(round), done: Condvar::new() }
+    }
+
+    #[cfg(feature = "cuda")]
+    pub fn target(&self) -> &T {
+        &self.target
+    }
+
+    pub fn register(&self, rank: u32, entry: T::Entry) {
+        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        round.entries.retain(|(r, _)| *r != rank);
+        round.entries.push((rank, entry));
+        round.entries.sort_by_key(|(r, _)| *r);
+        round.cached = None;
+    }
+
+    /// Its image, state and bases go with a dropped executor: the next launch must not name them.
+    pub fn unregister(&self, rank: u32) {
+        let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        round.entries.retain(|(r, _)| *r != rank);
+        round.cached = None;
+    }
+
+    /// Rank `rank` arrives for `call`; returns the launch's fault report once it ran. `what` names where the rank
+    /// stands while it waits for the others (its first instruction and `.coll` line).
+    pub fn arrive(
+        &self,
+        rank: u32,
+        call: &Call,
+        peers: &[u32],
+        what: &str,
+    ) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
+        let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let generation = round.generation;
+        round.arrived.push((rank, call.seq));
+        if round.arrived.len() == self.ranks.len() {
+            let outcome = self.launch(&mut round, call, peers);
+            round.arrived.clear();
+            round.generation += 1;
+            round.outcome = Some(outcome.clone());
+            self.done.notify_all();
+            return outcome.map_err(RuntimeError::Config);
+        }
+        let started = Instant::now();
+        loop {
+            let (next, _) =
+                self.done.wait_timeout(round, Duration::from_millis(1)).map_err(|_| RuntimeError::Poisoned)?;
+            round = next;
+            if round.generation != generation {
+                break;
+            }
+            let missing: Vec<u32> =
+                self.ranks.iter().copied().filter(|r| !round.arrived.iter().any(|(a, _)| a == r)).collect();
+            let fault = self.check_missing(rank, call, peers, &missing, started, what);
+            if let Some(fault) = fault {
+                round.arrived.retain(|&(r, _)| r != rank);
+                return Err(fault);
+            }
+        }
+        round.outcome.clone().expect("a finished round has an outcome").map_err(RuntimeError::Config)
+    }
+
+    /// While rank `rank` waits for `missing`: a rank of the same call with another shape (it waits at another
+    /// launcher: a mismatch), a failed peer, or the timeout.
+    fn check_missing(
+        &self,
+        rank: u32,
+        call: &Call,
+        peers: &[u32],
+        missing: &[u32],
+        started: Instant,
+        what: &str,
+    ) -> Option<RuntimeError> {
+        let ours = call.info;
+        for &peer in missing {
+            let theirs = call.bootstrap.call_of(peer);
+            if theirs.seq == call.seq && (theirs.kind, theirs.count, theirs.root) != (ours.kind, ours.count, ours.root)
+            {
+                let describe =
+                    |i: CallInfo| format!("call #{}: {}", i.seq, crate::comm::describe_kind(i.kind, i.count, i.root));
+                return Some(RuntimeError::Mismatch { rank, peer, ours: describe(ours), theirs: describe(theirs) });
+            }
+        }
+        let (what, at) = (what.to_string(), format!("the launch of call #{}", call.seq));
+        if let Err((peer, how)) = call.bootstrap.health(peers) {
+            return Some(RuntimeError::PeerFailed { rank, what, at, peer, how });
+        }
+        (started.elapsed() > call.timeout).then(|| RuntimeError::Timeout {
+            rank,
+            what,
+            at,
+            seconds: started.elapsed().as_secs_f64(),
+            waiting_for: format!("the ranks it launches with to make the same call (not arrived: {missing:?})"),
+        })
+    }
+
+    fn launch(&self, round: &mut Round<T>, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], String> {
+        if round.entries.len() != self.ranks.len() {
+            return Err(format!(
+                "{} of the {} ranks of this launch prepared this call shape: mismatched calls",
+                round.entries.len(),
+                self.ranks.len()
+            ));
+        }
+        if let Some(&(other, seq)) = round.arrived.iter().find(|&&(_, seq)| seq != call.seq) {
+            return Err(format!(
+                "the ranks of a launch are at different calls: rank {other} at call #{seq}, another at #{}",
+                call.seq
+            ));
+        }
+        if round.entries.iter().all(|(_, e)| T::blocks(e) == 0) {
+            return Ok([0; CONTROL_WORDS]);
+        }
+        self.target.run(&round.entries, &mut round.cached, call, peers)
+    }
+}
+
+/// The error (or not) of a launch's fault report for `plan`'s rank.
+pub(crate) fn outcome(plan: &Plan, words: &[u64; CONTROL_WORDS], call: &Call) -> Result<(), RuntimeError> {
+    let what = words[control::CODE];
+    if what == code::OK {
+        return Ok(());
+    }
+    let (faulted, i, tile) = (words[control::RANK] as u32, words[control::INSTR] as usize, words[control::TILE]);
+    if faulted != plan.rank {
+        let how = format!("stopped the launch this rank shares ({})", describe_code(what));
+        return Err(RuntimeError::PeerFailed {
+            rank: plan.rank,
+            what: describe(plan, 0),
+            at: "the launch".into(),
+            peer: faulted,
+            how,
+        });
+    }
+    let at = format!("tile {tile}");
+    Err(match what {
+        code::MISMATCH => {
+            let got = Stamp { seq: words[control::GOT_SEQ], fingerprint: words[control::GOT_FP] };
+            let ours = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
+            let link = plan.links.get(words[control::LINK] as usize).map_or(faulted, |l| l.from);
+            mismatch(plan, link, got, None, ours, call)
+        }
+        code::TIMEOUT => RuntimeError::Timeout {
+            rank: plan.rank,
+            what: describe(plan, i),
+            at,
+            seconds: call.timeout.as_secs_f64(),
+            waiting_for: waiting_for(plan, i),
+        },
+        code::ABORTED => match call.bootstrap.health(&plan.peers) {
+            Err((peer, how)) => RuntimeError::PeerFailed { rank: plan.rank, what: describe(plan, i), at, peer, how },
+            Ok(()) => RuntimeError::Config(format!("rank {}: aborted at {} in {at}", plan.rank, describe(plan, i))),
+        },
+        other => RuntimeError::Config(format!("rank {}: the interpreter refused the image (fault {other})", plan.rank)),
+    })
+}
+
+fn describe_code(what: u64) -> &'static str {
+    match what {
+        code::MISMATCH => "a mismatched message",
+        code::TIMEOUT => "a timeout",
+        code::ABORTED => "an abort",
+        _ => "a fault",
+    }
+}

@@ -119,6 +119,9 @@ pub struct Plan {
     pub(crate) recorded_as: u32,
     /// Channels of the whole schedule (every rank's), set by the communicator: the device executors' lanes.
     pub(crate) channels: u32,
+    /// The largest slot any connection of the schedule needs in this call (the same on every rank).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) widest_slot: usize,
     /// Where each buffer starts: `in` and `out` set by each call, scratch when the plan is prepared.
     pub(crate) bases: Vec<*mut u8>,
 }
@@ -164,7 +167,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .and_then(|b| b.checked_mul(sched.n_ranks as usize))
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let layout = ChunkLayout::new(count, sched.chunks);
-    let (tile, n_tiles) = tiles(sched, elem, capacity, slot_cap)?;
+    let (tile, n_tiles, widest) = tiles(sched, elem, capacity, slot_cap)?;
     let Translated { steps, pieces, labels, links } = translate(sched, rank, origin, &layout, capacity, tile * elem);
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
@@ -208,18 +211,19 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         at_tile: 0,
         recorded_as: 0,
         channels: 1,
+        widest_slot: (widest * tile * elem).next_power_of_two(),
         bases,
     })
 }
 
-/// Elements per tile of one chunk, and tiles per call. Every rank must cut a call into the same tiles, so the
-/// widest message of any rank sets the tile size.
+/// Elements per tile of one chunk, tiles per call, and the chunks of the widest message. Every rank must cut a call
+/// into the same tiles, so the widest message of any rank sets the tile size.
 fn tiles(
     sched: &VerifiedSchedule,
     elem: usize,
     capacity: usize,
     slot_cap: usize,
-) -> Result<(usize, usize), RuntimeError> {
+) -> Result<(usize, usize, usize), RuntimeError> {
     let max_n = sched.ranks.iter().flat_map(|p| &p.instrs).map(|i| i.count as usize).max().unwrap_or(1).max(1);
     if slot_cap < max_n * elem {
         return Err(RuntimeError::Config(format!(
@@ -228,7 +232,7 @@ fn tiles(
         )));
     }
     let tile = (slot_cap / (max_n * elem)).min(capacity).max(1);
-    Ok((tile, capacity.div_ceil(tile)))
+    Ok((tile, capacity.div_ceil(tile), max_n))
 }
 
 /// One rank's instructions as the executor runs them.

@@ -429,7 +429,8 @@ impl CudaFabric {
     }
 
     /// Lanes per channel block: `COLLC_CUDA_LANES`, else as many as fill the GPU's SMs with one block each for the
-    /// ranks on it (the same on every rank: it depends on the schedule's channels, not the rank's).
+    /// ranks on it, within 64 MiB of slots per connection (the same on every rank: it depends on the schedule's
+    /// channels and widest message, not the rank's).
     fn lanes(&self, plan: &Plan) -> Result<u32, String> {
         if let Ok(text) = std::env::var("COLLC_CUDA_LANES") {
             return text
@@ -441,7 +442,9 @@ impl CudaFabric {
         }
         let gpu = self.gpu_of(plan.rank);
         let per_gpu = self.ranks_on(gpu.ordinal).len() as u32;
-        Ok((gpu.sms / (per_gpu * plan.channels.max(1)).max(1)).clamp(1, 64))
+        // Each lane has its own slots: at most 64 MiB of them per connection (NCCL keeps 4 MiB per channel).
+        let by_memory = ((64usize << 20) / (SLOTS as usize * plan.widest_slot.max(1))).max(1) as u32;
+        Ok((gpu.sms / (per_gpu * plan.channels.max(1)).max(1)).clamp(1, 64).min(by_memory))
     }
 
     fn ranks_on(&self, ordinal: i32) -> Vec<u32> {

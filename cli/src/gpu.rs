@@ -15,6 +15,16 @@ pub struct GpuArgs {
 enum GpuCommand {
     /// The driver, the GPUs, NVRTC and the CUDA libraries this process loaded.
     Info,
+    /// Compile the kernels with NVRTC (no GPU needed) and write their PTX: for a GPU machine without NVRTC, which
+    /// loads it through COLLC_CUDA_PTX.
+    Ptx {
+        /// The virtual architecture.
+        #[arg(long, default_value = "compute_90", value_parser = ["compute_75", "compute_80", "compute_86", "compute_89", "compute_90"])]
+        arch: String,
+        /// Where to write it (default: standard output).
+        #[arg(long)]
+        output: Option<std::path::PathBuf>,
+    },
     /// Copy-kernel bandwidth against cuMemcpyDtoD, 8-byte allreduce latency against an empty launch, and allreduce
     /// time against the HBM bound, all on GPU 0.
     Bench {
@@ -38,6 +48,7 @@ pub fn run(args: GpuArgs) -> u8 {
     {
         let outcome = match args.command {
             GpuCommand::Info => cuda::info(),
+            GpuCommand::Ptx { arch, output } => cuda::ptx(&arch, output.as_deref()),
             GpuCommand::Bench { bytes, ranks, algorithm, iters } => cuda::bench(bytes, ranks, &algorithm, iters),
         };
         match outcome {
@@ -63,6 +74,19 @@ mod cuda {
     use collc_runtime::cuda::{self, DeviceBuffer};
     use collc_runtime::{check, Buffers, CallShape, Communicator, Options};
     use std::time::Instant;
+
+    pub fn ptx(arch: &str, output: Option<&std::path::Path>) -> Result<u8, String> {
+        let arch: &'static str = ["compute_75", "compute_80", "compute_86", "compute_89", "compute_90"]
+            .into_iter()
+            .find(|a| *a == arch)
+            .ok_or(format!("--arch {arch}: not one NVRTC 13 compiles for"))?;
+        let ptx = cuda::kernels_ptx(arch)?;
+        match output {
+            Some(path) => std::fs::write(path, ptx).map_err(|e| format!("{}: {e}", path.display()))?,
+            None => print!("{ptx}"),
+        }
+        Ok(0)
+    }
 
     pub fn info() -> Result<u8, String> {
         let driver = cuda::driver()?;

@@ -302,3 +302,14 @@ fn the_cuda_transport_without_a_gpu_says_what_is_missing() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("runs every rank as a thread of this one process"), "{}", text(&out.stderr));
 }
+
+/// `collc gpu ptx` compiles the kernels with NVRTC, which needs no GPU (CI installs it): what a GPU machine without
+/// NVRTC loads through COLLC_CUDA_PTX.
+#[cfg(feature = "cuda")]
+#[test]
+fn gpu_ptx_compiles_the_kernels_without_a_gpu() {
+    let out = collc(&["gpu", "ptx", "--arch", "compute_90"]);
+    let ptx = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(ptx.contains(".target sm_90") && ptx.contains(".entry collc_interpret("), "{}", &ptx[..ptx.len().min(300)]);
+}

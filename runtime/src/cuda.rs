@@ -16,7 +16,8 @@ use crate::error::RuntimeError;
 use crate::exec::cuda::{self as device, DeviceAlloc};
 
 pub use device::{
-    copy_rates, driver, empty_launch_us, gpu, is_device_memory, loaded_libraries, version_text, Driver, Gpu,
+    copy_rates, driver, empty_launch_us, gpu, is_device_memory, kernels_ptx, loaded_libraries, version_text, Driver,
+    Gpu,
 };
 
 /// Memory on the GPU of a communicator's rank, freed on drop.

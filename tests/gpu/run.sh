@@ -9,6 +9,8 @@
 # It reports which CUDA libraries the binary loaded and exits non-zero on any wrong element or failed run.
 #
 # Usage: tests/gpu/run.sh [COLLC_BIN]      (default target/release/collc)
+# Prepare (here, where cargo and NVRTC are): cargo build --release -p collc --features cuda &&
+#   target/release/collc gpu ptx --output target/collc-kernels.ptx    (then carry both)
 # Env: RANKS ["2 4 8"]  SIZES ["-b 8 -e 1M -f 128"]  BENCH_BYTES [256M]  ALGOS [every library algorithm]
 #      TRANSPORT [cuda]: `twin` runs the matrix on the CPU twin instead (to try the script without a GPU)
 set -uo pipefail
@@ -22,6 +24,20 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23]'; then
   for dir in /usr/local/cuda/lib64 /usr/local/cuda-13.0/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -e "$dir/libnvrtc.so.13" ] || [ -e "$dir/libnvrtc.so.12" ] && export LD_LIBRARY_PATH="$dir:${LD_LIBRARY_PATH:-}"
   done
+fi
+# Without NVRTC there, the kernels' PTX made beforehand by the same binary (`collc gpu ptx --output
+# target/collc-kernels.ptx`, carried along) is loaded instead.
+nvrtc_found() {
+  ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23]' && return 0
+  local dir
+  for dir in ${LD_LIBRARY_PATH//:/ }; do
+    ls "$dir"/libnvrtc.so.1[23] >/dev/null 2>&1 && return 0
+  done
+  return 1
+}
+if [ -z "${COLLC_CUDA_PTX:-}" ] && [ -f target/collc-kernels.ptx ] && ! nvrtc_found; then
+  export COLLC_CUDA_PTX=$PWD/target/collc-kernels.ptx
+  echo "NVRTC not found: loading the carried PTX $COLLC_CUDA_PTX"
 fi
 started=$(date +%s)
 fail=0

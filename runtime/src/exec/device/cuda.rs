@@ -25,7 +25,13 @@ pub fn kernels_ptx(arch: &'static str) -> Result<String, String> {
 
 /// `kernels_ptx`, kept in `$XDG_CACHE_HOME/collc` (or `~/.cache/collc`) under a hash of the program, NVRTC's version
 /// and `arch`, so a process does not pay NVRTC's seconds again for kernels it compiled before.
+/// `COLLC_CUDA_PTX` names a PTX file to load instead (made by `collc gpu ptx` of the same build, for a machine
+/// without NVRTC).
 fn cached_ptx(arch: &'static str) -> Result<String, String> {
+    if let Some(path) = std::env::var_os("COLLC_CUDA_PTX") {
+        return std::fs::read_to_string(&path)
+            .map_err(|e| format!("COLLC_CUDA_PTX={}: {e}", std::path::Path::new(&path).display()));
+    }
     let defines = encode::layout_defines();
     let version = collc_kernels::cuda::nvrtc_version()?;
     let key = format!("{}|{version:?}|{arch}", collc_kernels::cuda::program(&defines));

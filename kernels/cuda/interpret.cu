@@ -52,7 +52,6 @@ static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs")
 // Connection record words (encode::conn) and control words (encode::control).
 #define C_TAIL 0
 #define C_HEAD 1
-#define C_DATA 2
 #define C_STAMPS 4
 #define K_CODE 0
 #define K_RANK 1
@@ -158,7 +157,7 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
             record_fault(faults, CODE_MISMATCH, plan->rank, i, t, got_seq, got_fp, instr->recv);
             return false;
         }
-        d->incoming = (const u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
+        d->incoming = (const u8*)conn + COLLC_RECORD_BYTES + (u64)slot * link->slot_bytes;
         d->recv_conn = conn;
         d->recv_m = m;
     }
@@ -170,7 +169,7 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
         if (m - start != (u64)(t / plan->lanes) * link->per_tile + instr->send_pos) return false;
         if (m - load_acquire(&conn[C_HEAD], system) >= COLLC_SLOTS) return false;
         u32 slot = (u32)(m % COLLC_SLOTS);
-        d->outgoing = (u8*)conn[C_DATA] + (u64)slot * link->slot_bytes;
+        d->outgoing = (u8*)conn + COLLC_RECORD_BYTES + (u64)slot * link->slot_bytes;
         d->send_conn = conn;
         d->send_m = m;
     }

@@ -7,7 +7,7 @@
 //! checked with `cuDeviceCanAccessPeer`; a pair without it is an error), with system-scope fences.
 
 use super::super::{Call, Executor, Plan};
-use super::encode::{self, code, conn, control, CONN_WORDS, CONTROL_WORDS, SLOTS, THREADS};
+use super::encode::{self, code, conn, control, CONTROL_WORDS, SLOTS, THREADS};
 use super::launch::{self, severity, Launcher, Target};
 use crate::error::RuntimeError;
 use crate::transport::{Fabric, Transport};
@@ -534,15 +534,10 @@ impl Fabric for CudaFabric {
     }
 }
 
-/// A connection's record (`CONN_WORDS` words) followed, 256 bytes in, by its `SLOTS` slots.
+/// A connection's record (`CONN_WORDS` words) followed, `RECORD_BYTES` in, by its `SLOTS` slots.
 fn conn_record(gpu: &Arc<Gpu>, slot_bytes: usize) -> Result<DeviceAlloc, String> {
-    const DATA_AT: usize = 256;
-    let memory = DeviceAlloc::zeroed(gpu, DATA_AT + SLOTS as usize * slot_bytes)?;
-    let mut words = [0u64; CONN_WORDS];
-    words[conn::DATA] = memory.ptr + DATA_AT as u64;
-    words[conn::SLOT_BYTES] = slot_bytes as u64;
-    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-    memory.write(0, &bytes)?;
+    let memory = DeviceAlloc::zeroed(gpu, encode::record_bytes(slot_bytes))?;
+    memory.write(conn::SLOT_BYTES * 8, &(slot_bytes as u64).to_le_bytes())?;
     Ok(memory)
 }
 

@@ -163,17 +163,25 @@ pub const NO_BUF_ID: u32 = u32::MAX;
 /// A connection's record (`CONN_WORDS` words, 8-byte aligned; one per lane, the state's address table holding lane
 /// `k`'s records at `conn_table + k * n_conns`), wherever it lives: the count of messages posted
 /// (`tail`, written by the sender after the data and the stamp) and released (`head`, written by the receiver once
-/// it has read the slot), the address of its `SLOTS` data slots, and each slot's stamp (call sequence and plan
-/// fingerprint), which the receiver checks before it reads.
+/// it has read the slot), its slot size, and each slot's stamp (call sequence and plan fingerprint), which the
+/// receiver checks before it reads. Its `SLOTS` data slots follow it, `RECORD_BYTES` from its start: nothing in a
+/// record is an address, so two processes that map it at different addresses (CUDA IPC) read it alike.
 pub mod conn {
     pub const TAIL: usize = 0;
     pub const HEAD: usize = 1;
-    pub const DATA: usize = 2;
     pub const SLOT_BYTES: usize = 3;
     /// `STAMPS + 2 * slot` and `STAMPS + 2 * slot + 1`: sequence and fingerprint.
     pub const STAMPS: usize = 4;
 }
 pub const CONN_WORDS: usize = conn::STAMPS + 2 * SLOTS as usize;
+/// Where a record's slots start, from the record: past its words, 256-byte aligned.
+pub const RECORD_BYTES: usize = 256;
+const _: () = assert!(CONN_WORDS * 8 <= RECORD_BYTES);
+
+/// Bytes of one connection record with its slots.
+pub fn record_bytes(slot_bytes: usize) -> usize {
+    RECORD_BYTES + SLOTS as usize * slot_bytes
+}
 
 /// A fault report: what failed and where (the rank, its instruction and tile; for a mismatch the stamp found and
 /// the link). The twin keeps one per rank executor; on a GPU every block has its own, in host-mapped memory, so no
@@ -472,6 +480,7 @@ pub fn layout_defines() -> Vec<(String, String)> {
         ("COLLC_PIECE_BYTES", std::mem::size_of::<DPiece>() as u64),
         ("COLLC_LINK_BYTES", std::mem::size_of::<DLink>() as u64),
         ("COLLC_CONN_WORDS", CONN_WORDS as u64),
+        ("COLLC_RECORD_BYTES", RECORD_BYTES as u64),
         ("COLLC_CONTROL_WORDS", CONTROL_WORDS as u64),
     ]
     .into_iter()

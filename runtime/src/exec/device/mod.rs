@@ -15,7 +15,7 @@ use super::{Call, Executor, Plan};
 use crate::error::RuntimeError;
 use crate::recorder::{Current, InstrState};
 use crate::transport::{Fabric, Transport};
-use encode::{conn, control, Image, CONN_WORDS, CONTROL_WORDS, NONE_LINK, SLOTS};
+use encode::{conn, control, Image, CONTROL_WORDS, NONE_LINK};
 use launch::Launcher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,31 +25,30 @@ use twin::Launch;
 /// Lanes of the twin transport: two, so the runtime matrix runs calls of several tiles on two lanes.
 const TWIN_LANES: u32 = 2;
 
-/// One connection's record and slots in host memory, shared by the executors of its two ends.
+/// One connection's record and slots in host memory, shared by the executors of its two ends: the record's words,
+/// then (`RECORD_BYTES` in) its slots, in one allocation of 8-byte words, 256-byte aligned.
 pub(crate) struct ConnMemory {
-    words: Box<[AtomicU64]>,
-    /// `SLOTS` slots of the connection's slot size, 64-byte aligned (u64 storage, written through `data`).
-    _storage: Box<[u64]>,
+    storage: Box<[AtomicU64]>,
+    at: usize,
 }
 
 // SAFETY: the slots are written by the sender and read by the receiver only as the record's counters allow
-// (release/acquire on `tail` and `head`).
+// (release/acquire on `tail` and `head`); every access goes through the record's address.
 unsafe impl Send for ConnMemory {}
 unsafe impl Sync for ConnMemory {}
 
 impl ConnMemory {
     fn new(slot_bytes: usize) -> ConnMemory {
-        let mut storage = vec![0u64; (SLOTS as usize * slot_bytes).div_ceil(8) + 8].into_boxed_slice();
-        let base = storage.as_mut_ptr().cast::<u8>();
-        let data = base.wrapping_add(base.align_offset(64));
-        let words: Box<[AtomicU64]> = (0..CONN_WORDS).map(|_| AtomicU64::new(0)).collect();
-        words[conn::DATA].store(data as u64, Ordering::Relaxed);
-        words[conn::SLOT_BYTES].store(slot_bytes as u64, Ordering::Relaxed);
-        ConnMemory { words, _storage: storage }
+        let words = encode::record_bytes(slot_bytes).div_ceil(8) + 32;
+        let storage: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let at = (storage.as_ptr() as usize).next_multiple_of(256) - storage.as_ptr() as usize;
+        let memory = ConnMemory { storage, at: at / 8 };
+        memory.storage[memory.at + conn::SLOT_BYTES].store(slot_bytes as u64, Ordering::Relaxed);
+        memory
     }
 
     fn address(&self) -> u64 {
-        self.words.as_ptr() as u64
+        self.storage[self.at..].as_ptr() as u64
     }
 }
 

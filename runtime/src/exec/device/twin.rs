@@ -11,7 +11,9 @@
 //! own counter (`tail` on a sending end, `head` on a receiving end) and `link_start` its value when the call began.
 //! Generations grow with the call's sequence number, so `done` words never need resetting.
 
-use super::encode::{code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, SLOTS};
+use super::encode::{
+    code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, RECORD_BYTES, SLOTS,
+};
 use collc_compiler::sched::Op;
 use collc_kernels::{host, DataType, ReduceOp};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -257,9 +259,7 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) 
             fault(launch, code::MISMATCH, plan.rank, i, t, Some((seq, fp, instr.recv as u32)));
             return Fire::Fault;
         }
-        // SAFETY: as above.
-        let data = unsafe { word(record, conn::DATA).load(Ordering::Relaxed) };
-        incoming = (data + slot as u64 * link.slot_bytes as u64) as *const u8;
+        incoming = (record + RECORD_BYTES as u64 + slot as u64 * link.slot_bytes as u64) as *const u8;
         recv_at = Some((head, m));
     }
     let mut outgoing: *mut u8 = std::ptr::null_mut();
@@ -275,9 +275,7 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) 
             return Fire::NotYet;
         }
         let slot = (m % SLOTS) as usize;
-        // SAFETY: as above.
-        let data = unsafe { word(record, conn::DATA).load(Ordering::Relaxed) };
-        outgoing = (data + slot as u64 * link.slot_bytes as u64) as *mut u8;
+        outgoing = (record + RECORD_BYTES as u64 + slot as u64 * link.slot_bytes as u64) as *mut u8;
         send_at = Some((record, tail, m, slot));
     }
     // SAFETY: the places are inside the buffers the state points at (caller's contract).

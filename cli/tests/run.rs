@@ -301,6 +301,18 @@ fn the_cuda_transport_without_a_gpu_says_what_is_missing() {
         .expect("collc runs");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("runs every rank as a thread of this one process"), "{}", text(&out.stderr));
+    // Rank processes of the cuda transport need a driver as threads do.
+    let out = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--transport", "cuda"])
+        .env("COLLC_RANK", "0")
+        .env("COLLC_WORLD_SIZE", "1")
+        .env("COLLC_JOB", format!("cudatest{}", std::process::id()))
+        .output()
+        .expect("collc runs");
+    if !(has_driver && cfg!(feature = "cuda")) {
+        assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+        assert!(text(&out.stderr).contains(expected), "{}", text(&out.stderr));
+    }
 }
 
 /// `collc gpu ptx` compiles the kernels with NVRTC, which needs no GPU (CI installs it): what a GPU machine without

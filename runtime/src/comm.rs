@@ -250,6 +250,36 @@ impl Communicator {
         Ok(self.plans[index].plan_mut().traffic_bytes())
     }
 
+    /// Rank `rank` of job `job` on this host, in its own process, on GPU `rank mod G` (the `cuda` transport for rank
+    /// processes): device memory shared with the other processes through CUDA IPC, the bootstrap in /dev/shm.
+    pub fn cuda_process(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
+        check_world(rank, n_ranks)?;
+        #[cfg(feature = "cuda")]
+        {
+            let gpus = match std::env::var("COLLC_CUDA_GPUS") {
+                Ok(text) => Some(text.trim().parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                    RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))
+                })?),
+                Err(_) => None,
+            };
+            let fabric =
+                Arc::new(crate::exec::cuda::IpcFabric::new(rank, n_ranks, gpus).map_err(RuntimeError::Config)?);
+            let memory = Memory::new(Arc::new(Shm::new(job)));
+            let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+            let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
+            comm.barrier()?;
+            Ok(comm)
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (job, options);
+            Err(RuntimeError::Config(
+                "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`"
+                    .into(),
+            ))
+        }
+    }
+
     /// The GPU this rank's buffers must be on (the `cuda` transport), or `None`.
     pub fn gpu_ordinal(&self) -> Option<i32> {
         self.fabric.gpu_ordinal(self.rank)
@@ -588,7 +618,13 @@ impl Communicator {
             let mut plan = plan;
             plan.recorded_as = self.recorder.intern(&plan.algorithm);
             plan.channels = shared.channels;
-            self.plans.push(self.fabric.prepare(plan)?);
+            let (bootstrap, rank, timeout) = (self.bootstrap.clone(), self.rank, self.options.timeout);
+            let barriers = &mut self.barriers;
+            let mut gather = |blob: &[u8]| {
+                *barriers += 1;
+                bootstrap.all_gather(rank, blob, *barriers, timeout)
+            };
+            self.plans.push(self.fabric.prepare_collective(plan, &mut gather)?);
             self.plan_index.insert(key, self.plans.len() - 1);
         }
         let index = self.plan_index[&key];

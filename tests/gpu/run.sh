@@ -3,7 +3,8 @@
 # with `cargo build --release --features cuda` (the GPU machine reaches no package registry: this builds nothing).
 #  1. the matrix: every library algorithm x every dtype x every op, 2, 4 and 8 ranks sharing GPU 0 as threads,
 #     in and out of place, each row checked against the collective's definition (`collc run -c 1`, `#wrong`);
-#  2. ranks as processes through CUDA IPC: not implemented yet (reported, not run);
+#  2. the same with 2 ranks as processes (COLLC_RANK/COLLC_WORLD_SIZE, collc's own launch convention) sharing GPU 0
+#     through CUDA IPC (without MPS the GPU time-slices the two processes' kernels: slow, so smaller sizes);
 #  3. `collc gpu bench`: the copy kernel against cuMemcpyDtoD at 256 MB, the 8-byte allreduce against an empty
 #     launch, and the 8-rank allreduce at 256 MB against the HBM bound, measured in the same run.
 # It reports which CUDA libraries the binary loaded and exits non-zero on any wrong element or failed run.
@@ -11,13 +12,15 @@
 # Usage: tests/gpu/run.sh [COLLC_BIN]      (default target/release/collc)
 # Prepare (here, where cargo and NVRTC are): cargo build --release -p collc --features cuda &&
 #   target/release/collc gpu ptx --output target/collc-kernels.ptx    (then carry both)
-# Env: RANKS ["2 4 8"]  SIZES ["-b 8 -e 1M -f 128"]  BENCH_BYTES [256M]  ALGOS [every library algorithm]
+# Env: RANKS ["2 4 8"]  SIZES ["-b 8 -e 1M -f 128"]  IPC_SIZES ["-b 8 -e 64K -f 64"]  BENCH_BYTES [256M]
+#      ALGOS [every library algorithm]
 #      TRANSPORT [cuda]: `twin` runs the matrix on the CPU twin instead (to try the script without a GPU)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 collc=$(realpath "${1:-${COLLC_BIN:-target/release/collc}}")
 ranks_list=${RANKS:-2 4 8}
 read -r -a sizes <<<"${SIZES:--b 8 -e 1M -f 128}"
+read -r -a ipc_sizes <<<"${IPC_SIZES:--b 8 -e 64K -f 64}"
 export COLLC_CUDA_GPUS=1 COLLC_TIMEOUT=${COLLC_TIMEOUT:-30}
 # NVRTC from the CUDA toolkit when the loader does not find it on its own; the driver's libcuda.so.1 is the system's.
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23]'; then
@@ -68,7 +71,28 @@ for n in $ranks_list; do
 done
 echo "matrix: $runs runs, $rows rows, $([ $fail -eq 0 ] && echo '0 wrong' || echo 'FAILURES above')"
 
-echo "== 2. ranks as processes through CUDA IPC: not implemented yet (not run)"
+if [ "$transport" = cuda ]; then
+  echo "== 2. matrix over cuda: 2 ranks as processes sharing GPU 0 through CUDA IPC, every dtype and op, ${ipc_sizes[*]}"
+  ipc_runs=0 ipc_fail=0
+  for algo in $algos; do
+    job=gpuipc$$_$ipc_runs
+    for r in 0 1; do
+      COLLC_RANK=$r COLLC_WORLD_SIZE=2 COLLC_JOB=$job timeout 120 "$collc" run "$algo" --transport cuda -d all -o all \
+        "${ipc_sizes[@]}" -n 1 -w 1 -c 1 >"/tmp/$job.$r" 2>&1 &
+    done
+    wait
+    ipc_runs=$((ipc_runs + 1))
+    if grep -q 'does not compile\|rank count' "/tmp/$job.0"; then
+      :
+    elif ! grep -q 'Out of bounds values : 0 OK' "/tmp/$job.0" || grep -q '^error' "/tmp/$job.0" "/tmp/$job.1"; then
+      fail=1 ipc_fail=$((ipc_fail + 1))
+      echo "FAIL: $algo as 2 processes:"
+      grep -hE 'error|Out of bounds' "/tmp/$job.0" "/tmp/$job.1" | head -5
+    fi
+    rm -f "/tmp/$job.0" "/tmp/$job.1"
+  done
+  echo "ipc matrix: $ipc_runs runs, $ipc_fail failed"
+fi
 
 if [ "$transport" = cuda ]; then
   echo "== 3. collc gpu bench --bytes ${BENCH_BYTES:-256M} --ranks 8"

@@ -129,8 +129,8 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
     if let Some(local) = launch.local_world_size {
         if local != launch.world_size {
             say_error(format_args!(
-                "{} says {} of the {} ranks are on this host; the shm transport needs all of them on one host",
-                launch.launcher, local, launch.world_size
+                "{} says {} of the {} ranks are on this host; the {} transport needs all of them on one host",
+                launch.launcher, local, launch.world_size, job.transport
             ));
             return 2;
         }
@@ -140,7 +140,12 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
         collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
     }
     watch_interrupts(Some(launch.job.clone()), launcher.filter(|_| launch.launcher == "collc"));
-    match Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()) {
+    let comm = match job.transport {
+        // Rank processes on GPUs share device memory through CUDA IPC; the bootstrap is the shm one.
+        Transport::Cuda => Communicator::cuda_process(&launch.job, launch.rank, launch.world_size, job.options.clone()),
+        _ => Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()),
+    };
+    match comm {
         Ok(comm) => rank_main(configure(comm, job), job),
         Err(error) => fail(&error),
     }

@@ -236,11 +236,12 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     }
     // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
     let transport = match (launched, args.transport) {
-        (true, transport @ (Transport::Twin | Transport::Cuda)) => {
-            return Err(usage(format!(
-                "--transport {transport} runs every rank as a thread of this one process; under a launcher, run \
-                 `collc run --transport {transport} --ranks N` once instead"
-            )))
+        (true, Transport::Twin) => {
+            return Err(usage(
+                "--transport twin runs every rank as a thread of this one process; under a launcher, run \
+                 `collc run --transport twin --ranks N` once instead"
+                    .into(),
+            ))
         }
         (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
         (true, Transport::Threads) => Transport::Shm,

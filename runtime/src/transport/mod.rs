@@ -205,11 +205,20 @@ pub(crate) fn check_blob(blob: &[u8]) -> Result<(), RuntimeError> {
 }
 
 /// Opens the links of a plan and returns the executor that runs it over them.
+/// An all-gather of one blob per rank over a communicator's bootstrap, for `Fabric::prepare_collective`.
+pub(crate) type Gather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> + 'a;
+
 pub(crate) trait Fabric: Send + Sync {
     fn transport(&self) -> Transport;
     /// Ends a communicator of the job no longer needs (the last one out calls it).
     fn remove_all(&self);
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError>;
+    /// `prepare`, for fabrics whose ranks must exchange something about the plan first (CUDA IPC handles): every
+    /// rank prepares the same call shapes in the same order, so `gather` (an all-gather over the bootstrap, a
+    /// `BLOB_BYTES` blob a rank) meets every other rank's same step.
+    fn prepare_collective(&self, plan: Plan, _gather: &mut Gather) -> Result<Box<dyn Executor>, RuntimeError> {
+        self.prepare(plan)
+    }
     /// The GPU a rank's buffers must be on, for the transports that compute on device memory.
     fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
         None

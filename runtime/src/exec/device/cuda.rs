@@ -434,23 +434,9 @@ impl CudaFabric {
         &self.gpus[rank as usize % self.gpus.len()]
     }
 
-    /// Lanes per channel block: `COLLC_CUDA_LANES`, else as many as fill the GPU's SMs with one block each for the
-    /// ranks on it, within 64 MiB of slots per connection (the same on every rank: it depends on the schedule's
-    /// channels and widest message, not the rank's).
     fn lanes(&self, plan: &Plan) -> Result<u32, String> {
-        if let Ok(text) = std::env::var("COLLC_CUDA_LANES") {
-            return text
-                .trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or(format!("COLLC_CUDA_LANES=`{text}` is not a positive number"));
-        }
         let gpu = self.gpu_of(plan.rank);
-        let per_gpu = self.ranks_on(gpu.ordinal).len() as u32;
-        // Each lane has its own slots: at most 64 MiB of them per connection (NCCL keeps 4 MiB per channel).
-        let by_memory = ((64usize << 20) / (SLOTS as usize * plan.widest_slot.max(1))).max(1) as u32;
-        Ok((gpu.sms / (per_gpu * plan.channels.max(1)).max(1)).clamp(1, 64).min(by_memory))
+        lanes_for(gpu, self.ranks_on(gpu.ordinal).len() as u32, plan)
     }
 
     fn ranks_on(&self, ordinal: i32) -> Vec<u32> {
@@ -528,10 +514,245 @@ impl Fabric for CudaFabric {
             _state: state,
             bases,
             _scratch: scratch,
-            _conns: conns,
+            _conns: Keep::Shared { _records: conns },
             launcher,
         }))
     }
+}
+
+/// The `cuda` transport for ranks that are processes on one host (a launcher's, or `collc run`'s with `COLLC_RANK`):
+/// each process one rank, on GPU `rank mod G`, launching its own blocks. A connection's records are the receiver's
+/// device memory, one allocation per prepared call shape, which the sender maps through CUDA IPC: the handle and
+/// where each record sits in it are exchanged over the bootstrap when the shape is first prepared (collectively, as
+/// every rank prepares the same shapes in the same order). Processes on one GPU run concurrently only under MPS;
+/// without it the GPU time-slices their kernels, which is slow but still completes.
+pub(crate) struct IpcFabric {
+    gpu: Arc<Gpu>,
+    gpus: u32,
+    rank: u32,
+    n_ranks: u32,
+}
+
+impl IpcFabric {
+    pub fn new(rank: u32, n_ranks: u32, gpus: Option<u32>) -> Result<IpcFabric, String> {
+        let driver = driver()?;
+        let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
+        let gpu = gpu((rank % gpus) as i32)?;
+        Ok(IpcFabric { gpu, gpus, rank, n_ranks })
+    }
+
+    fn lanes(&self, plan: &Plan) -> Result<u32, String> {
+        let per_gpu = (0..self.n_ranks).filter(|r| r % self.gpus == self.rank % self.gpus).count() as u32;
+        lanes_for(&self.gpu, per_gpu, plan)
+    }
+}
+
+/// What each rank publishes of one incoming record: (sender, channel, lane, slot bytes, offset in its allocation).
+type Published = (u32, u8, u32, u32, u64);
+const PUBLISHED_BYTES: usize = 4 + 1 + 4 + 4 + 8;
+
+impl Fabric for IpcFabric {
+    fn transport(&self) -> Transport {
+        Transport::Cuda
+    }
+
+    fn remove_all(&self) {}
+
+    fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
+        Some(self.gpu.ordinal)
+    }
+
+    fn prepare(&self, _plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
+        Err(RuntimeError::Config("the cuda transport's processes prepare together (prepare_collective)".into()))
+    }
+
+    fn prepare_collective(
+        &self,
+        plan: Plan,
+        gather: &mut crate::transport::Gather,
+    ) -> Result<Box<dyn Executor>, RuntimeError> {
+        let rank = plan.rank;
+        let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
+        let gpu = self.gpu.clone();
+        let lanes = self.lanes(&plan).map_err(config)?;
+        let image = encode::encode(&[&plan], lanes).map_err(config)?;
+        // This rank's incoming records, one allocation, each record 256-byte aligned.
+        let mut offsets = vec![u64::MAX; image.conns.len()];
+        let mut size = 0usize;
+        let mut published: Vec<Published> = Vec::new();
+        for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
+            if to == rank {
+                offsets[c] = size as u64;
+                published.push((from, channel, lane, slot_bytes as u32, size as u64));
+                size += encode::record_bytes(slot_bytes).next_multiple_of(256);
+            }
+        }
+        let incoming = DeviceAlloc::zeroed(&gpu, size.max(256)).map_err(config)?;
+        for (c, &(_, to, _, slot_bytes, _)) in image.conns.iter().enumerate() {
+            if to == rank {
+                incoming
+                    .write(offsets[c] as usize + conn::SLOT_BYTES * 8, &(slot_bytes as u64).to_le_bytes())
+                    .map_err(config)?;
+            }
+        }
+        let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
+        // SAFETY: a valid out-pointer and an allocation of this context.
+        ok(unsafe { sys::cuIpcGetMemHandle(&mut handle, incoming.ptr) }, "cuIpcGetMemHandle").map_err(config)?;
+        // Round 1: every rank's handle, its call shape and how many records it publishes.
+        let mut first: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
+        first.extend_from_slice(&plan.fingerprint.to_le_bytes());
+        first.extend_from_slice(&(published.len() as u32).to_le_bytes());
+        let firsts = gather(&first)?;
+        let mut handles = Vec::with_capacity(firsts.len());
+        let mut most = 0usize;
+        for (peer, blob) in firsts.iter().enumerate() {
+            if blob.len() != 64 + 8 + 4 {
+                return Err(config(format!("rank {peer} sent a malformed IPC announcement")));
+            }
+            let fingerprint = u64::from_le_bytes(blob[64..72].try_into().expect("8 bytes"));
+            if fingerprint != plan.fingerprint {
+                return Err(RuntimeError::Mismatch {
+                    rank,
+                    peer: peer as u32,
+                    ours: format!("a call of fingerprint {:016x}", plan.fingerprint),
+                    theirs: format!("a call of fingerprint {fingerprint:016x}"),
+                });
+            }
+            most = most.max(u32::from_le_bytes(blob[72..76].try_into().expect("4 bytes")) as usize);
+            let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
+            for (d, &b) in h.reserved.iter_mut().zip(&blob[..64]) {
+                *d = b as std::ffi::c_char;
+            }
+            handles.push(h);
+        }
+        // Then the records themselves, as many a round as a blob holds.
+        let per_round = crate::transport::BLOB_BYTES / PUBLISHED_BYTES;
+        let mut theirs: Vec<Vec<Published>> = vec![Vec::new(); firsts.len()];
+        for round in 0..most.div_ceil(per_round) {
+            let mut blob = Vec::new();
+            for &(from, channel, lane, slot, offset) in published.iter().skip(round * per_round).take(per_round) {
+                blob.extend_from_slice(&from.to_le_bytes());
+                blob.push(channel);
+                blob.extend_from_slice(&lane.to_le_bytes());
+                blob.extend_from_slice(&slot.to_le_bytes());
+                blob.extend_from_slice(&offset.to_le_bytes());
+            }
+            for (peer, blob) in gather(&blob)?.into_iter().enumerate() {
+                for e in blob.chunks_exact(PUBLISHED_BYTES) {
+                    let word = |at: usize| u32::from_le_bytes(e[at..at + 4].try_into().expect("4 bytes"));
+                    let offset = u64::from_le_bytes(e[13..21].try_into().expect("8 bytes"));
+                    theirs[peer].push((word(0), e[4], word(5), word(9), offset));
+                }
+            }
+        }
+        // Map the records of every rank this one sends to, and lay out the connection table.
+        let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();
+        let mut table = Vec::with_capacity(image.conns.len() * 8);
+        for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
+            let address = if to == rank {
+                incoming.ptr + offsets[c]
+            } else {
+                let entry = theirs[to as usize]
+                    .iter()
+                    .find(|&&(f, ch, l, _, _)| (f, ch, l) == (from, channel, lane))
+                    .ok_or_else(|| {
+                    config(format!("rank {to} publishes no record for the connection from {from} channel {channel}"))
+                })?;
+                if entry.3 as usize != slot_bytes {
+                    return Err(config(format!("rank {to} sizes the slots from {from} channel {channel} differently")));
+                }
+                let mapping = match mapped.entry(to) {
+                    std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(v) => {
+                        v.insert(IpcMapping::open(&gpu, handles[to as usize]).map_err(config)?)
+                    }
+                };
+                mapping.ptr + entry.4
+            };
+            table.extend_from_slice(&address.to_le_bytes());
+        }
+        let image_mem = DeviceAlloc::zeroed(&gpu, image.bytes().len()).map_err(config)?;
+        image_mem.write(0, image.bytes()).map_err(config)?;
+        let state = DeviceAlloc::zeroed(&gpu, image.state_words * 8).map_err(config)?;
+        state.write(image.conn_table_at * 8, &table).map_err(config)?;
+        let scratch: Vec<DeviceAlloc> = plan
+            .scratch_bytes()
+            .into_iter()
+            .map(|bytes| DeviceAlloc::zeroed(&gpu, bytes))
+            .collect::<Result<_, _>>()
+            .map_err(config)?;
+        let bases = Pinned::new(&gpu, image.bases_words).map_err(config)?;
+        for (b, memory) in scratch.iter().enumerate() {
+            bases.set(2 + b, memory.ptr);
+        }
+        let stop = DeviceAlloc::zeroed(&gpu, 8).map_err(config)?;
+        let launcher =
+            Arc::new(Launcher::new(CudaTarget { gpu: gpu.clone(), system_scope: self.gpus > 1, stop }, vec![rank]));
+        let blocks = image.header().n_blocks;
+        launcher.register(rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        let keep = Keep::Ipc { _incoming: incoming, _mapped: mapped.into_values().collect() };
+        Ok(Box::new(CudaExec {
+            plan,
+            _image: image_mem,
+            _state: state,
+            bases,
+            _scratch: scratch,
+            _conns: keep,
+            launcher,
+        }))
+    }
+}
+
+/// A peer's allocation mapped into this process through CUDA IPC, unmapped on drop.
+pub(crate) struct IpcMapping {
+    ptr: CUdeviceptr,
+    gpu: Arc<Gpu>,
+}
+
+// SAFETY: a device address; every use binds the GPU's context first.
+unsafe impl Send for IpcMapping {}
+unsafe impl Sync for IpcMapping {}
+
+impl IpcMapping {
+    fn open(gpu: &Arc<Gpu>, handle: sys::CUipcMemHandle_st) -> Result<IpcMapping, String> {
+        gpu.bind()?;
+        let mut ptr = 0;
+        // SAFETY: a handle another process of this job exported; flag 1 enables peer access lazily.
+        ok(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, 1) }, "cuIpcOpenMemHandle")?;
+        Ok(IpcMapping { ptr, gpu: gpu.clone() })
+    }
+}
+
+impl Drop for IpcMapping {
+    fn drop(&mut self) {
+        if self.gpu.bind().is_ok() {
+            // SAFETY: opened by cuIpcOpenMemHandle, closed once.
+            unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        }
+    }
+}
+
+/// The connection memory an executor keeps alive: records shared with rank threads, or (processes) its own
+/// incoming records and its mappings of its peers'.
+pub(crate) enum Keep {
+    Shared { _records: Vec<Arc<DeviceAlloc>> },
+    Ipc { _incoming: DeviceAlloc, _mapped: Vec<IpcMapping> },
+}
+
+/// Lanes for `per_gpu` ranks sharing `gpu`: as many as fill its SMs with one block each, within 64 MiB of slots per
+/// connection; `COLLC_CUDA_LANES` overrides.
+fn lanes_for(gpu: &Gpu, per_gpu: u32, plan: &Plan) -> Result<u32, String> {
+    if let Ok(text) = std::env::var("COLLC_CUDA_LANES") {
+        return text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or(format!("COLLC_CUDA_LANES=`{text}` is not a positive number"));
+    }
+    // Each lane has its own slots: at most 64 MiB of them per connection (NCCL keeps 4 MiB per channel).
+    let by_memory = ((64usize << 20) / (SLOTS as usize * plan.widest_slot.max(1))).max(1) as u32;
+    Ok((gpu.sms / (per_gpu.max(1) * plan.channels.max(1))).clamp(1, 64).min(by_memory))
 }
 
 /// A connection's record (`CONN_WORDS` words) followed, `RECORD_BYTES` in, by its `SLOTS` slots.
@@ -684,7 +905,7 @@ pub(crate) struct CudaExec {
     _state: DeviceAlloc,
     bases: Pinned,
     _scratch: Vec<DeviceAlloc>,
-    _conns: Vec<Arc<DeviceAlloc>>,
+    _conns: Keep,
     launcher: Arc<Launcher<CudaTarget>>,
 }
 

@@ -591,7 +591,10 @@ impl Communicator {
 
     /// The index of the prepared plan of a call shape, compiling and verifying its schedule on first use.
     fn plan(&mut self, shape: CallShape, placement: Placement) -> Result<usize, RuntimeError> {
-        let key = (shape, placement);
+        // A root or peer the collective ignores does not make another plan (as `schedule_for` keys schedules).
+        let root = if shape.collective.rooted() { shape.root } else { 0 };
+        let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
+        let key = (CallShape { root, peer, ..shape }, placement);
         if let Some((last, index)) = self.last_plan {
             if last == key {
                 return Ok(index);

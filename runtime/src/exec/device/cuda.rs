@@ -434,9 +434,11 @@ impl CudaFabric {
         &self.gpus[rank as usize % self.gpus.len()]
     }
 
+    /// The same on every rank: from the most ranks any GPU holds and the fewest SMs any has.
     fn lanes(&self, plan: &Plan) -> Result<u32, String> {
-        let gpu = self.gpu_of(plan.rank);
-        lanes_for(gpu, self.ranks_on(gpu.ordinal).len() as u32, plan)
+        let per_gpu = self.n_ranks.div_ceil(self.gpus.len() as u32);
+        let sms = self.gpus.iter().map(|g| g.sms).min().unwrap_or(1);
+        lanes_for(sms, per_gpu, plan)
     }
 
     fn ranks_on(&self, ordinal: i32) -> Vec<u32> {
@@ -507,7 +509,8 @@ impl Fabric for CudaFabric {
             }
         };
         let blocks = image.header().n_blocks;
-        launcher.register(plan.rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        let token = launcher
+            .register(plan.rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
         Ok(Box::new(CudaExec {
             plan,
             _image: image_mem,
@@ -516,6 +519,7 @@ impl Fabric for CudaFabric {
             _scratch: scratch,
             _conns: Keep::Shared { _records: conns },
             launcher,
+            token,
         }))
     }
 }
@@ -529,7 +533,6 @@ impl Fabric for CudaFabric {
 pub(crate) struct IpcFabric {
     gpu: Arc<Gpu>,
     gpus: u32,
-    rank: u32,
     n_ranks: u32,
 }
 
@@ -538,12 +541,12 @@ impl IpcFabric {
         let driver = driver()?;
         let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
         let gpu = gpu((rank % gpus) as i32)?;
-        Ok(IpcFabric { gpu, gpus, rank, n_ranks })
+        Ok(IpcFabric { gpu, gpus, n_ranks })
     }
 
+    /// From the most ranks any GPU holds and this GPU's SMs; the ranks check that they agree.
     fn lanes(&self, plan: &Plan) -> Result<u32, String> {
-        let per_gpu = (0..self.n_ranks).filter(|r| r % self.gpus == self.rank % self.gpus).count() as u32;
-        lanes_for(&self.gpu, per_gpu, plan)
+        lanes_for(self.gpu.sms, self.n_ranks.div_ceil(self.gpus), plan)
     }
 }
 
@@ -602,11 +605,12 @@ impl Fabric for IpcFabric {
         let mut first: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
         first.extend_from_slice(&plan.fingerprint.to_le_bytes());
         first.extend_from_slice(&(published.len() as u32).to_le_bytes());
+        first.extend_from_slice(&lanes.to_le_bytes());
         let firsts = gather(&first)?;
         let mut handles = Vec::with_capacity(firsts.len());
         let mut most = 0usize;
         for (peer, blob) in firsts.iter().enumerate() {
-            if blob.len() != 64 + 8 + 4 {
+            if blob.len() != 64 + 8 + 4 + 4 {
                 return Err(config(format!("rank {peer} sent a malformed IPC announcement")));
             }
             let fingerprint = u64::from_le_bytes(blob[64..72].try_into().expect("8 bytes"));
@@ -619,6 +623,13 @@ impl Fabric for IpcFabric {
                 });
             }
             most = most.max(u32::from_le_bytes(blob[72..76].try_into().expect("4 bytes")) as usize);
+            let theirs = u32::from_le_bytes(blob[76..80].try_into().expect("4 bytes"));
+            if theirs != lanes {
+                return Err(config(format!(
+                    "rank {peer} runs {theirs} lanes and this rank {lanes} (GPUs of different sizes?): set \
+                     COLLC_CUDA_LANES to the same number on every rank"
+                )));
+            }
             let mut h = sys::CUipcMemHandle_st { reserved: [0; 64] };
             for (d, &b) in h.reserved.iter_mut().zip(&blob[..64]) {
                 *d = b as std::ffi::c_char;
@@ -689,7 +700,8 @@ impl Fabric for IpcFabric {
         let launcher =
             Arc::new(Launcher::new(CudaTarget { gpu: gpu.clone(), system_scope: self.gpus > 1, stop }, vec![rank]));
         let blocks = image.header().n_blocks;
-        launcher.register(rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        let token =
+            launcher.register(rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
         let keep = Keep::Ipc { _incoming: incoming, _mapped: mapped.into_values().collect() };
         Ok(Box::new(CudaExec {
             plan,
@@ -699,6 +711,7 @@ impl Fabric for IpcFabric {
             _scratch: scratch,
             _conns: keep,
             launcher,
+            token,
         }))
     }
 }
@@ -739,9 +752,9 @@ pub(crate) enum Keep {
     Ipc { _incoming: DeviceAlloc, _mapped: Vec<IpcMapping> },
 }
 
-/// Lanes for `per_gpu` ranks sharing `gpu`: as many as fill its SMs with one block each, within 64 MiB of slots per
-/// connection; `COLLC_CUDA_LANES` overrides.
-fn lanes_for(gpu: &Gpu, per_gpu: u32, plan: &Plan) -> Result<u32, String> {
+/// Lanes for `per_gpu` ranks sharing a GPU of `sms` SMs: as many as fill them with one block each, within 64 MiB of
+/// slots per connection; `COLLC_CUDA_LANES` overrides. Both ends of a connection must get the same count.
+fn lanes_for(sms: u32, per_gpu: u32, plan: &Plan) -> Result<u32, String> {
     if let Ok(text) = std::env::var("COLLC_CUDA_LANES") {
         return text
             .trim()
@@ -752,7 +765,7 @@ fn lanes_for(gpu: &Gpu, per_gpu: u32, plan: &Plan) -> Result<u32, String> {
     }
     // Each lane has its own slots: at most 64 MiB of them per connection (NCCL keeps 4 MiB per channel).
     let by_memory = ((64usize << 20) / (SLOTS as usize * plan.widest_slot.max(1))).max(1) as u32;
-    Ok((gpu.sms / (per_gpu.max(1) * plan.channels.max(1))).clamp(1, 64).min(by_memory))
+    Ok((sms / (per_gpu.max(1) * plan.channels.max(1))).clamp(1, 64).min(by_memory))
 }
 
 /// A connection's record (`CONN_WORDS` words) followed, `RECORD_BYTES` in, by its `SLOTS` slots.
@@ -863,17 +876,17 @@ impl Target for CudaTarget {
             if status != CUresult::CUDA_ERROR_NOT_READY {
                 break ok(status, "the interpreter kernel");
             }
-            // The kernel times out on its own; past that (and a grace), or when a peer failed, ask it to stop.
+            // The kernel times out on its own (a block idle for the timeout); a peer's failure asks it to stop. A
+            // call still running long after that is a kernel that cannot stop.
             let health = wait.idle(|| call.bootstrap.health(peers));
-            let overdue = started.elapsed() > call.timeout + Duration::from_secs(5);
-            if (health.is_err() || overdue) && !asked_to_stop {
+            if health.is_err() && !asked_to_stop {
                 control.set(0, call.seq);
                 asked_to_stop = true;
             }
-            if started.elapsed() > call.timeout + Duration::from_secs(30) {
+            if started.elapsed() > call.timeout * 10 + Duration::from_secs(60) {
                 break Err(format!(
-                    "the interpreter kernel on GPU {} did not stop within 30 s of its timeout and of the request to \
-                     stop: the GPU may need a reset",
+                    "the interpreter kernel on GPU {} ran 10 times its timeout without finishing or timing out: \
+                     the GPU may need a reset",
                     self.gpu.ordinal
                 ));
             }
@@ -907,12 +920,13 @@ pub(crate) struct CudaExec {
     _scratch: Vec<DeviceAlloc>,
     _conns: Keep,
     launcher: Arc<Launcher<CudaTarget>>,
+    token: u64,
 }
 
 impl Drop for CudaExec {
     fn drop(&mut self) {
         // Its image, state and bases go with it: the next launch must not name them.
-        self.launcher.unregister(self.plan.rank);
+        self.launcher.unregister(self.plan.rank, self.token);
     }
 }
 

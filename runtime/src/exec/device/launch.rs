@@ -55,6 +55,9 @@ pub(crate) struct Launcher<T: Target> {
 
 struct Round<T: Target> {
     entries: Vec<(u32, T::Entry)>,
+    /// The registration each rank's entry came with (`register`'s token), so only its owner removes it.
+    tokens: Vec<(u32, u64)>,
+    next_token: u64,
     cached: Option<T::Cached>,
     /// The ranks waiting for this round's launch, with their calls' sequence numbers.
     arrived: Vec<(u32, u64)>,
@@ -65,7 +68,15 @@ struct Round<T: Target> {
 
 impl<T: Target> Launcher<T> {
     pub fn new(target: T, ranks: Vec<u32>) -> Launcher<T> {
-        let round = Round { entries: Vec::new(), cached: None, arrived: Vec::new(), generation: 0, outcome: None };
+        let round = Round {
+            entries: Vec::new(),
+            tokens: Vec::new(),
+            next_token: 0,
+            cached: None,
+            arrived: Vec::new(),
+            generation: 0,
+            outcome: None,
+        };
         Launcher { target, ranks, inner: Mutex::new(round), done: Condvar::new() }
     }
 
@@ -74,19 +85,29 @@ impl<T: Target> Launcher<T> {
         &self.target
     }
 
-    pub fn register(&self, rank: u32, entry: T::Entry) {
+    /// Registers rank `rank`'s entry (in place of an earlier one); the token its executor unregisters with.
+    pub fn register(&self, rank: u32, entry: T::Entry) -> u64 {
         let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
         round.entries.retain(|(r, _)| *r != rank);
         round.entries.push((rank, entry));
         round.entries.sort_by_key(|(r, _)| *r);
+        round.next_token += 1;
+        let token = round.next_token;
+        round.tokens.retain(|(r, _)| *r != rank);
+        round.tokens.push((rank, token));
         round.cached = None;
+        token
     }
 
-    /// Its image, state and bases go with a dropped executor: the next launch must not name them.
-    pub fn unregister(&self, rank: u32) {
+    /// Its image, state and bases go with a dropped executor: the next launch must not name them. Only the entry
+    /// registered with `token` goes (a later registration of the rank stays).
+    pub fn unregister(&self, rank: u32, token: u64) {
         let mut round = self.inner.lock().unwrap_or_else(|p| p.into_inner());
-        round.entries.retain(|(r, _)| *r != rank);
-        round.cached = None;
+        if round.tokens.contains(&(rank, token)) {
+            round.entries.retain(|(r, _)| *r != rank);
+            round.tokens.retain(|(r, _)| *r != rank);
+            round.cached = None;
+        }
     }
 
     /// Rank `rank` arrives for `call`; returns the launch's fault report once it ran. `what` names where the rank

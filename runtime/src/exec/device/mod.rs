@@ -102,8 +102,8 @@ impl Fabric for TwinFabric {
             launchers.entry(plan.fingerprint).or_insert_with(|| Arc::new(Launcher::new(TwinTarget, ranks))).clone()
         };
         let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone() };
-        launcher.register(plan.rank, entry);
-        Ok(Box::new(Twin { plan, image, state, bases, launcher, _conns: conns }))
+        let token = launcher.register(plan.rank, entry);
+        Ok(Box::new(Twin { plan, image, state, bases, launcher, token, _conns: conns }))
     }
 }
 
@@ -169,12 +169,13 @@ pub(crate) struct Twin {
     /// The plan's buffer addresses, written before each call.
     bases: Arc<[AtomicU64]>,
     launcher: Arc<Launcher<TwinTarget>>,
+    token: u64,
     _conns: Vec<Arc<ConnMemory>>,
 }
 
 impl Drop for Twin {
     fn drop(&mut self) {
-        self.launcher.unregister(self.plan.rank);
+        self.launcher.unregister(self.plan.rank, self.token);
     }
 }
 

@@ -181,21 +181,16 @@ impl Communicator {
     pub fn threads(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
         let memory = Arc::new(Memory::new(Arc::new(Heap::default())));
-        let compiled = Compiled::default();
-        (0..n_ranks)
-            .map(|rank| {
-                let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-                Communicator::join(memory.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
-            })
-            .collect()
+        Communicator::heap_group(memory.clone(), &memory, n_ranks, options)
     }
 
-    /// `n_ranks` communicators for rank threads of this process whose plans run on the host twin of the CUDA
-    /// interpreter (the `twin` transport): the device encoding and flag protocol, checked on a CPU.
-    pub fn twin(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        check_world(0, n_ranks)?;
-        let fabric = Arc::new(crate::exec::TwinFabric::new(n_ranks));
-        let memory = Memory::new(Arc::new(Heap::default()));
+    /// `n_ranks` communicators of rank threads over `fabric`, their bootstrap a control block in `memory` (the heap).
+    fn heap_group(
+        fabric: Arc<dyn Fabric>,
+        memory: &Memory,
+        n_ranks: u32,
+        options: Options,
+    ) -> Result<Vec<Communicator>, RuntimeError> {
         let compiled = Compiled::default();
         (0..n_ranks)
             .map(|rank| {
@@ -205,16 +200,18 @@ impl Communicator {
             .collect()
     }
 
+    /// `n_ranks` communicators for rank threads of this process whose plans run on the host twin of the CUDA
+    /// interpreter (the `twin` transport): the device encoding and flag protocol, checked on a CPU.
+    pub fn twin(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        let fabric = Arc::new(crate::exec::TwinFabric::new(n_ranks));
+        Communicator::heap_group(fabric, &Memory::new(Arc::new(Heap::default())), n_ranks, options)
+    }
+
     /// `n_ranks` communicators for rank threads of this process on GPUs (the `cuda` transport): rank r on GPU
     /// r mod G, G the GPUs the driver sees or `COLLC_CUDA_GPUS`; ranks sharing a GPU run one launch per call.
     pub fn cuda(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        let gpus =
-            match std::env::var("COLLC_CUDA_GPUS") {
-                Ok(text) => Some(text.trim().parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                    RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))
-                })?),
-                Err(_) => None,
-            };
+        let gpus = cuda_gpus_from_env()?;
         Communicator::cuda_on(n_ranks, gpus, options)
     }
 
@@ -224,14 +221,7 @@ impl Communicator {
         #[cfg(feature = "cuda")]
         {
             let fabric = Arc::new(crate::exec::cuda::CudaFabric::new(n_ranks, gpus).map_err(RuntimeError::Config)?);
-            let memory = Memory::new(Arc::new(Heap::default()));
-            let compiled = Compiled::default();
-            (0..n_ranks)
-                .map(|rank| {
-                    let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-                    Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
-                })
-                .collect()
+            Communicator::heap_group(fabric, &Memory::new(Arc::new(Heap::default())), n_ranks, options)
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -256,12 +246,7 @@ impl Communicator {
         check_world(rank, n_ranks)?;
         #[cfg(feature = "cuda")]
         {
-            let gpus = match std::env::var("COLLC_CUDA_GPUS") {
-                Ok(text) => Some(text.trim().parse::<u32>().ok().filter(|&n| n > 0).ok_or_else(|| {
-                    RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))
-                })?),
-                Err(_) => None,
-            };
+            let gpus = cuda_gpus_from_env()?;
             let fabric =
                 Arc::new(crate::exec::cuda::IpcFabric::new(rank, n_ranks, gpus).map_err(RuntimeError::Config)?);
             let memory = Memory::new(Arc::new(Shm::new(job)));
@@ -741,6 +726,20 @@ fn spins_for(n_ranks: u32) -> u32 {
         0
     } else {
         crate::wait::SPINS
+    }
+}
+
+/// `COLLC_CUDA_GPUS`: how many GPUs the cuda transport spreads its ranks over (`None`: every one).
+fn cuda_gpus_from_env() -> Result<Option<u32>, RuntimeError> {
+    match std::env::var("COLLC_CUDA_GPUS") {
+        Ok(text) => text
+            .trim()
+            .parse::<u32>()
+            .ok()
+            .filter(|&n| n > 0)
+            .map(Some)
+            .ok_or_else(|| RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))),
+        Err(_) => Ok(None),
     }
 }
 

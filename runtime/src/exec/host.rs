@@ -43,35 +43,40 @@ impl<L: Link> Executor for Host<L> {
 fn snapshot(plan: &Plan, seq: u64) -> Current {
     let instructions = (0..plan.steps.len())
         .map(|i| {
-            let (step, label) = (&plan.steps[i], &plan.labels[i]);
             let waiting = plan.waiting.contains(&(i as u32));
             let state = match () {
                 _ if plan.unmet[i] > 0 => "blocked",
                 _ if waiting => "waiting",
                 _ => "done",
             };
-            let peer = |link: u16, sending: bool| {
-                (link != NONE).then(|| {
-                    let end = &plan.links[link as usize];
-                    if sending {
-                        end.to
-                    } else {
-                        end.from
-                    }
-                })
-            };
-            InstrState {
-                index: label.index,
-                op: label.op.name().to_string(),
-                line: label.line,
-                state: state.to_string(),
-                waiting_for: waiting.then(|| waiting_for(plan, i)),
-                recv_from: peer(step.recv, false),
-                send_to: peer(step.send, true),
-            }
+            instr_state(plan, i, state, waiting)
         })
         .collect();
     Current { seq, algorithm: plan.algorithm.clone(), tile: plan.at_tile, tiles: plan.n_tiles, instructions }
+}
+
+/// Instruction `i` as the flight recorder shows it: `state`, and what it waits for when `waiting`.
+pub(crate) fn instr_state(plan: &Plan, i: usize, state: &str, waiting: bool) -> InstrState {
+    let (step, label) = (&plan.steps[i], &plan.labels[i]);
+    let peer = |link: u16, sending: bool| {
+        (link != NONE).then(|| {
+            let end = &plan.links[link as usize];
+            if sending {
+                end.to
+            } else {
+                end.from
+            }
+        })
+    };
+    InstrState {
+        index: label.index,
+        op: label.op.name().to_string(),
+        line: label.line,
+        state: state.to_string(),
+        waiting_for: waiting.then(|| waiting_for(plan, i)),
+        recv_from: peer(step.recv, false),
+        send_to: peer(step.send, true),
+    }
 }
 
 /// Answers a dump request (SIGUSR1) that came since the last one this communicator answered.

@@ -458,13 +458,11 @@ impl Fabric for CudaFabric {
     }
 
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let config = |e: String| RuntimeError::Config(format!("rank {}: {e}", plan.rank));
+        let rank = plan.rank;
+        let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
         let gpu = self.gpu_of(plan.rank).clone();
         let lanes = self.lanes(&plan).map_err(config)?;
         let image = encode::encode(&[&plan], lanes).map_err(config)?;
-        let image_mem = DeviceAlloc::zeroed(&gpu, image.bytes().len()).map_err(config)?;
-        image_mem.write(0, image.bytes()).map_err(config)?;
-        let state = DeviceAlloc::zeroed(&gpu, image.state_words * 8).map_err(config)?;
         let mut conns = Vec::with_capacity(image.conns.len());
         {
             let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
@@ -481,18 +479,7 @@ impl Fabric for CudaFabric {
                 conns.push(record);
             }
         }
-        let table: Vec<u8> = conns.iter().flat_map(|c| c.ptr.to_le_bytes()).collect();
-        state.write(image.conn_table_at * 8, &table).map_err(config)?;
-        let scratch: Vec<DeviceAlloc> = plan
-            .scratch_bytes()
-            .into_iter()
-            .map(|bytes| DeviceAlloc::zeroed(&gpu, bytes))
-            .collect::<Result<_, _>>()
-            .map_err(config)?;
-        let bases = Pinned::new(&gpu, image.bases_words).map_err(config)?;
-        for (b, memory) in scratch.iter().enumerate() {
-            bases.set(2 + b, memory.ptr);
-        }
+        let table: Vec<u64> = conns.iter().map(|c| c.ptr).collect();
         let launcher = {
             let mut launchers = self.launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
             let key = (plan.fingerprint, gpu.ordinal);
@@ -508,19 +495,7 @@ impl Fabric for CudaFabric {
                 }
             }
         };
-        let blocks = image.header().n_blocks;
-        let token = launcher
-            .register(plan.rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
-        Ok(Box::new(CudaExec {
-            plan,
-            _image: image_mem,
-            _state: state,
-            bases,
-            _scratch: scratch,
-            _conns: Keep::Shared { _records: conns },
-            launcher,
-            token,
-        }))
+        CudaExec::upload(plan, &gpu, &image, &table, Keep::Shared { _records: conns }, launcher).map_err(config)
     }
 }
 
@@ -658,7 +633,7 @@ impl Fabric for IpcFabric {
         }
         // Map the records of every rank this one sends to, and lay out the connection table.
         let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();
-        let mut table = Vec::with_capacity(image.conns.len() * 8);
+        let mut table = Vec::with_capacity(image.conns.len());
         for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
             let address = if to == rank {
                 incoming.ptr + offsets[c]
@@ -680,39 +655,13 @@ impl Fabric for IpcFabric {
                 };
                 mapping.ptr + entry.4
             };
-            table.extend_from_slice(&address.to_le_bytes());
-        }
-        let image_mem = DeviceAlloc::zeroed(&gpu, image.bytes().len()).map_err(config)?;
-        image_mem.write(0, image.bytes()).map_err(config)?;
-        let state = DeviceAlloc::zeroed(&gpu, image.state_words * 8).map_err(config)?;
-        state.write(image.conn_table_at * 8, &table).map_err(config)?;
-        let scratch: Vec<DeviceAlloc> = plan
-            .scratch_bytes()
-            .into_iter()
-            .map(|bytes| DeviceAlloc::zeroed(&gpu, bytes))
-            .collect::<Result<_, _>>()
-            .map_err(config)?;
-        let bases = Pinned::new(&gpu, image.bases_words).map_err(config)?;
-        for (b, memory) in scratch.iter().enumerate() {
-            bases.set(2 + b, memory.ptr);
+            table.push(address);
         }
         let stop = DeviceAlloc::zeroed(&gpu, 8).map_err(config)?;
-        let launcher =
-            Arc::new(Launcher::new(CudaTarget { gpu: gpu.clone(), system_scope: self.gpus > 1, stop }, vec![rank]));
-        let blocks = image.header().n_blocks;
-        let token =
-            launcher.register(rank, CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks });
+        // System-scope fences: a peer process may be on another GPU even where this one sees only its own.
+        let launcher = Arc::new(Launcher::new(CudaTarget { gpu: gpu.clone(), system_scope: true, stop }, vec![rank]));
         let keep = Keep::Ipc { _incoming: incoming, _mapped: mapped.into_values().collect() };
-        Ok(Box::new(CudaExec {
-            plan,
-            _image: image_mem,
-            _state: state,
-            bases,
-            _scratch: scratch,
-            _conns: keep,
-            launcher,
-            token,
-        }))
+        CudaExec::upload(plan, &gpu, &image, &table, keep, launcher).map_err(config)
     }
 }
 
@@ -923,6 +872,44 @@ pub(crate) struct CudaExec {
     token: u64,
 }
 
+impl CudaExec {
+    /// Puts `plan`'s image on `gpu` with its state (`conn_table`: each connection record's address), scratch and
+    /// host-mapped bases, and registers it with `launcher`.
+    fn upload(
+        plan: Plan,
+        gpu: &Arc<Gpu>,
+        image: &encode::Image,
+        conn_table: &[u64],
+        keep: Keep,
+        launcher: Arc<Launcher<CudaTarget>>,
+    ) -> Result<Box<dyn Executor>, String> {
+        let image_mem = DeviceAlloc::zeroed(gpu, image.bytes().len())?;
+        image_mem.write(0, image.bytes())?;
+        let state = DeviceAlloc::zeroed(gpu, image.state_words() * 8)?;
+        let table: Vec<u8> = conn_table.iter().flat_map(|a| a.to_le_bytes()).collect();
+        state.write(image.conn_table_at() * 8, &table)?;
+        let scratch: Vec<DeviceAlloc> =
+            plan.scratch_bytes().into_iter().map(|bytes| DeviceAlloc::zeroed(gpu, bytes)).collect::<Result<_, _>>()?;
+        let bases = Pinned::new(gpu, image.bases_words())?;
+        for (b, memory) in scratch.iter().enumerate() {
+            bases.set(2 + b, memory.ptr);
+        }
+        let blocks = image.header().n_blocks;
+        let entry = CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks };
+        let token = launcher.register(plan.rank, entry);
+        Ok(Box::new(CudaExec {
+            plan,
+            _image: image_mem,
+            _state: state,
+            bases,
+            _scratch: scratch,
+            _conns: keep,
+            launcher,
+            token,
+        }))
+    }
+}
+
 impl Drop for CudaExec {
     fn drop(&mut self) {
         // Its image, state and bases go with it: the next launch must not name them.
@@ -949,7 +936,7 @@ impl Executor for CudaExec {
             }
             self.bases.set(b, addr);
         }
-        let words = self.launcher.arrive(plan.rank, call, &plan.peers, &super::super::host::describe(plan, 0))?;
+        let words = self.launcher.arrive(plan.rank, call, &plan.peers, &|| super::super::host::describe(plan, 0))?;
         launch::outcome(plan, &words, call)
     }
 }

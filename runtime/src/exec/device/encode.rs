@@ -213,13 +213,24 @@ pub struct Image {
     /// The connection records, in the order of the state's address table: (sender, receiver, channel, slot bytes,
     /// lane).
     pub conns: Vec<(u32, u32, u8, usize, u32)>,
-    pub state_words: usize,
-    /// The state word where the connection address table starts.
-    pub conn_table_at: usize,
-    pub bases_words: usize,
 }
 
 impl Image {
+    /// Words of state the launch needs.
+    pub fn state_words(&self) -> usize {
+        self.header().state_words as usize
+    }
+
+    /// The state word where the connection address table starts.
+    pub fn conn_table_at(&self) -> usize {
+        self.header().conn_table as usize
+    }
+
+    /// Words of the bases array.
+    pub fn bases_words(&self) -> usize {
+        self.header().bases_words as usize
+    }
+
     pub fn bytes(&self) -> &[u8] {
         // SAFETY: u64 words viewed as their bytes.
         unsafe { std::slice::from_raw_parts(self.words.as_ptr().cast(), self.words.len() * 8) }
@@ -453,7 +464,7 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
         std::slice::from_raw_parts((&header as *const Header).cast::<u8>(), std::mem::size_of::<Header>())
     });
     let words = w.0.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes"))).collect();
-    Ok(Image { words, conns, state_words: state, conn_table_at, bases_words })
+    Ok(Image { words, conns })
 }
 
 // The CUDA interpreter declares the same structs; `kernels/cuda/interpret.cu` asserts these sizes (the Rust side

@@ -111,13 +111,13 @@ impl<T: Target> Launcher<T> {
     }
 
     /// Rank `rank` arrives for `call`; returns the launch's fault report once it ran. `what` names where the rank
-    /// stands while it waits for the others (its first instruction and `.coll` line).
+    /// stands while it waits for the others (its first instruction and `.coll` line), made only for an error.
     pub fn arrive(
         &self,
         rank: u32,
         call: &Call,
         peers: &[u32],
-        what: &str,
+        what: &dyn Fn() -> String,
     ) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
         let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
         let generation = round.generation;
@@ -158,7 +158,7 @@ impl<T: Target> Launcher<T> {
         peers: &[u32],
         missing: &[u32],
         started: Instant,
-        what: &str,
+        what: &dyn Fn() -> String,
     ) -> Option<RuntimeError> {
         let ours = call.info;
         for &peer in missing {
@@ -170,14 +170,14 @@ impl<T: Target> Launcher<T> {
                 return Some(RuntimeError::Mismatch { rank, peer, ours: describe(ours), theirs: describe(theirs) });
             }
         }
-        let (what, at) = (what.to_string(), format!("the launch of call #{}", call.seq));
+        let at = || format!("the launch of call #{}", call.seq);
         if let Err((peer, how)) = call.bootstrap.health(peers) {
-            return Some(RuntimeError::PeerFailed { rank, what, at, peer, how });
+            return Some(RuntimeError::PeerFailed { rank, what: what(), at: at(), peer, how });
         }
         (started.elapsed() > call.timeout).then(|| RuntimeError::Timeout {
             rank,
-            what,
-            at,
+            what: what(),
+            at: at(),
             seconds: started.elapsed().as_secs_f64(),
             waiting_for: format!("the ranks it launches with to make the same call (not arrived: {missing:?})"),
         })

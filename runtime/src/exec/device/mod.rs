@@ -10,12 +10,12 @@ pub(crate) mod encode;
 mod launch;
 pub(crate) mod twin;
 
-use super::host::waiting_for;
+use super::host::instr_state;
 use super::{Call, Executor, Plan};
 use crate::error::RuntimeError;
-use crate::recorder::{Current, InstrState};
+use crate::recorder::Current;
 use crate::transport::{Fabric, Transport};
-use encode::{conn, control, Image, CONTROL_WORDS, NONE_LINK};
+use encode::{conn, control, Image, CONTROL_WORDS};
 use launch::Launcher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -91,11 +91,11 @@ impl Fabric for TwinFabric {
                 })
                 .collect()
         };
-        let state: Arc<[AtomicU64]> = (0..image.state_words).map(|_| AtomicU64::new(0)).collect();
+        let state: Arc<[AtomicU64]> = (0..image.state_words()).map(|_| AtomicU64::new(0)).collect();
         for (c, memory) in conns.iter().enumerate() {
-            state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
+            state[image.conn_table_at() + c].store(memory.address(), Ordering::Relaxed);
         }
-        let bases: Arc<[AtomicU64]> = (0..image.bases_words).map(|_| AtomicU64::new(0)).collect();
+        let bases: Arc<[AtomicU64]> = (0..image.bases_words()).map(|_| AtomicU64::new(0)).collect();
         let launcher = {
             let mut launchers = self.launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
             let ranks = (0..self.n_ranks).collect();
@@ -191,7 +191,7 @@ impl Executor for Twin {
         answer_dump_request(&self.plan, &self.image, &self.state, call);
         let outcome = self
             .launcher
-            .arrive(self.plan.rank, call, &self.plan.peers, &super::host::describe(&self.plan, 0))
+            .arrive(self.plan.rank, call, &self.plan.peers, &|| super::host::describe(&self.plan, 0))
             .and_then(|words| launch::outcome(&self.plan, &words, call));
         if let Err(error) = &outcome {
             call.recorder.dump(dump_reason(error), Some(snapshot(&self.plan, &self.image, &self.state, call.seq)));
@@ -232,27 +232,8 @@ fn snapshot(plan: &Plan, image: &Image, state: &[AtomicU64], seq: u64) -> Curren
     let tile = (0..plan.steps.len()).map(|i| done(i).saturating_sub(base)).min().unwrap_or(0) as usize;
     let instructions = (0..plan.steps.len())
         .map(|i| {
-            let (step, label) = (&plan.steps[i], &plan.labels[i]);
             let finished = done(i) > base + tile as u64;
-            let peer = |link: u16, sending: bool| {
-                (link != NONE_LINK).then(|| {
-                    let end = &plan.links[link as usize];
-                    if sending {
-                        end.to
-                    } else {
-                        end.from
-                    }
-                })
-            };
-            InstrState {
-                index: label.index,
-                op: label.op.name().to_string(),
-                line: label.line,
-                state: if finished { "done" } else { "waiting" }.to_string(),
-                waiting_for: (!finished).then(|| waiting_for(plan, i)),
-                recv_from: peer(step.recv, false),
-                send_to: peer(step.send, true),
-            }
+            instr_state(plan, i, if finished { "done" } else { "waiting" }, !finished)
         })
         .collect();
     Current { seq, algorithm: plan.algorithm.clone(), tile, tiles: plan.n_tiles, instructions }

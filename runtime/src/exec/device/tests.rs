@@ -69,11 +69,11 @@ fn run_one_launch(
     let refs: Vec<&Plan> = plans.iter().collect();
     let image = encode::encode(&refs, lanes).expect("encodes");
     let conns: Vec<ConnMemory> = image.conns.iter().map(|c| ConnMemory::new(c.3)).collect();
-    let state: Vec<AtomicU64> = (0..image.state_words).map(|_| AtomicU64::new(0)).collect();
+    let state: Vec<AtomicU64> = (0..image.state_words()).map(|_| AtomicU64::new(0)).collect();
     for (c, memory) in conns.iter().enumerate() {
-        state[image.conn_table_at + c].store(memory.address(), Ordering::Relaxed);
+        state[image.conn_table_at() + c].store(memory.address(), Ordering::Relaxed);
     }
-    let bases: Vec<AtomicU64> = (0..image.bases_words).map(|_| AtomicU64::new(0)).collect();
+    let bases: Vec<AtomicU64> = (0..image.bases_words()).map(|_| AtomicU64::new(0)).collect();
     for (p, plan) in plans.iter().enumerate() {
         let desc = image.plan(p as u32);
         for (b, &base) in plan.bases.iter().enumerate() {

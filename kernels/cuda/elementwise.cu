@@ -8,9 +8,10 @@
 // A range is split over the threads of one block (the interpreter) or of the grid (the standalone kernels):
 // 16-byte vector loads and stores where the pointers allow, element by element elsewhere.
 //
-// Compiled with NVRTC at run time (no headers: the half conversions are PTX). dtype codes are NCCL's:
-// int8 0, uint8 1, int32 2, uint32 3, int64 4, uint64 5, float16 6, float32 7, float64 8, bfloat16 9;
-// ops sum 0, prod 1, max 2, min 3, avg 4 (combined as sum).
+// Compiled with NVRTC at run time (no headers: the half conversions are PTX); tests also compile it for the CPU
+// (COLLC_HOST, kernels/cuda/host.h), where the two conversions are the host compiler's _Float16.
+// dtype codes are NCCL's: int8 0, uint8 1, int32 2, uint32 3, int64 4, uint64 5, float16 6, float32 7,
+// float64 8, bfloat16 9; ops sum 0, prod 1, max 2, min 3, avg 4 (combined as sum).
 
 typedef signed char i8;
 typedef unsigned char u8;
@@ -24,9 +25,13 @@ struct f16 { u16 bits; };
 struct bf16 { u16 bits; };
 
 __device__ __forceinline__ float to_f32(f16 h) {
+#ifdef COLLC_HOST
+    return collc_host_f16_to_f32(h.bits);
+#else
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h.bits));
     return f;
+#endif
 }
 __device__ __forceinline__ float to_f32(bf16 b) { return __uint_as_float(((u32)b.bits) << 16); }
 // f32 -> f16: the hardware's round-to-nearest-even, and NaNs as the half crate makes them (quiet, payload kept).
@@ -37,7 +42,11 @@ __device__ __forceinline__ f16 to_f16(float f) {
         h.bits = (u16)(((x >> 16) & 0x8000u) | 0x7c00u | 0x0200u | ((x & 0x7fffffu) >> 13));
         return h;
     }
+#ifdef COLLC_HOST
+    h.bits = collc_host_f32_to_f16(f);
+#else
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h.bits) : "f"(f));
+#endif
     return h;
 }
 // f32 -> bf16 exactly as the half crate rounds (nearest even; NaNs quiet, payload kept), on every architecture.

@@ -75,9 +75,13 @@ __device__ __forceinline__ void store_release(u64* p, u64 v, bool system) {
     *(volatile u64*)p = v;
 }
 __device__ __forceinline__ u64 now_ns() {
+#ifdef COLLC_HOST
+    return collc_host_now_ns();
+#else
     u64 t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
+#endif
 }
 
 // Where a block reports: its own fault slot in host-mapped memory (written with plain stores: no atomics on host

@@ -13,6 +13,8 @@
 //! any buffer it owns.
 
 pub mod cuda;
+#[cfg(feature = "cuda-host")]
+pub mod cuda_host;
 mod dtype;
 mod element;
 mod error;

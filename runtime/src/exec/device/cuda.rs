@@ -8,7 +8,7 @@
 
 use super::super::{Call, Executor, Plan};
 use super::encode::{self, code, conn, control, CONTROL_WORDS, SLOTS, THREADS};
-use super::launch::{self, severity, Launcher, Target};
+use super::launch::{self, most_telling, Launcher, Target};
 use crate::error::RuntimeError;
 use crate::transport::{Fabric, Transport};
 use crate::wait::Backoff;
@@ -840,20 +840,10 @@ impl Target for CudaTarget {
                 ));
             }
         };
-        // The most telling report of any block (a mismatch over the timeouts and aborts it causes), all cleared.
-        let mut words = [0u64; CONTROL_WORDS];
+        // The most telling report of any block, all cleared.
+        let words = most_telling(*grid as usize, |b, w| control.get(1 + CONTROL_WORDS * b + w));
         for b in 0..*grid as usize {
-            let at = 1 + CONTROL_WORDS * b;
-            let what = control.get(at + control::CODE);
-            if what == code::OK {
-                continue;
-            }
-            if severity(what) > severity(words[control::CODE]) {
-                for (w, word) in words.iter_mut().enumerate() {
-                    *word = control.get(at + w);
-                }
-            }
-            control.set(at + control::CODE, code::OK);
+            control.set(1 + CONTROL_WORDS * b + control::CODE, code::OK);
         }
         waited?;
         Ok(words)

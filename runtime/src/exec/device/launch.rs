@@ -34,8 +34,22 @@ pub(crate) trait Target: Send + Sync {
     ) -> Result<[u64; CONTROL_WORDS], String>;
 }
 
+/// The most telling of `reports` fault reports, `word(report, w)` their words: a mismatch over the timeouts and
+/// aborts it causes; all `code::OK` when no report has a fault.
+pub(crate) fn most_telling(reports: usize, word: impl Fn(usize, usize) -> u64) -> [u64; CONTROL_WORDS] {
+    let mut words = [0u64; CONTROL_WORDS];
+    for report in 0..reports {
+        if severity(word(report, control::CODE)) > severity(words[control::CODE]) {
+            for (w, out) in words.iter_mut().enumerate() {
+                *out = word(report, w);
+            }
+        }
+    }
+    words
+}
+
 /// How telling a fault report is: a mismatch over the timeouts and aborts it causes.
-pub(crate) fn severity(what: u64) -> u8 {
+fn severity(what: u64) -> u8 {
     match what {
         code::MISMATCH => 4,
         code::TIMEOUT => 3,

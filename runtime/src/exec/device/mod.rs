@@ -15,7 +15,7 @@ use super::{Call, Executor, Plan};
 use crate::error::RuntimeError;
 use crate::recorder::Current;
 use crate::transport::{Fabric, Transport};
-use encode::{conn, control, Image, CONTROL_WORDS};
+use encode::{conn, Image, CONTROL_WORDS};
 use launch::Launcher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -148,16 +148,7 @@ impl launch::Target for TwinTarget {
         // SAFETY: every entry's state holds its plan's buffers (checked by each rank's call against its plan) and the
         // records of its connections, which the executors keep alive and which wait for this launch.
         unsafe { twin::run_all(&launches) };
-        let mut words = [0u64; CONTROL_WORDS];
-        for control in &controls {
-            let what = control[control::CODE].load(Ordering::Acquire);
-            if launch::severity(what) > launch::severity(words[control::CODE]) {
-                for (w, word) in words.iter_mut().enumerate() {
-                    *word = control[w].load(Ordering::Acquire);
-                }
-            }
-        }
-        Ok(words)
+        Ok(launch::most_telling(controls.len(), |report, w| controls[report][w].load(Ordering::Acquire)))
     }
 }
 

@@ -5,12 +5,13 @@
 //! against the reference; feature `cuda-host`, for tests.
 
 use libloading::Library;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const PRELUDE: &str = include_str!("../cuda/host.h");
 const LAUNCHERS: &str = include_str!("../cuda/host_launch.cpp");
+const DRIVER: &str = include_str!("../cuda/host_driver.cpp");
 
 type Interpret = unsafe extern "C" fn(u32, u32, *const u64, *mut u64, *mut u64, u64, u64, u32);
 type Copy = unsafe extern "C" fn(u32, u32, *mut u8, *const u8, u64);
@@ -25,6 +26,50 @@ pub struct HostKernels {
     reduce: Reduce,
     divide: Divide,
     _library: Library,
+}
+
+/// Builds a CUDA driver for the CPU into `dir` (`libcuda.so` and `libcuda.so.1`): `kernels/cuda/host_driver.cpp`, the
+/// entry points of the driver collc calls, over host memory and the kernels built for the CPU. With `dir` first on
+/// `LD_LIBRARY_PATH`, a process built with the `cuda` feature runs the cuda transport on it, in-process and across
+/// processes (IPC), where no GPU is; it models no GPU's speed.
+pub fn build_driver(defines: &[(String, String)], dir: &Path) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let text = source(defines) + &format!("#line 1 \"kernels/cuda/host_driver.cpp\"\n{DRIVER}\n");
+    compile(&text, dir, &dir.join("libcuda.so"))?;
+    let link = dir.join("libcuda.so.1");
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("libcuda.so", &link).map_err(|e| format!("cannot link {}: {e}", link.display()))
+}
+
+/// Compiles `text` into the shared library `output` with `$CXX` (else `c++`), by way of a source file in `dir`.
+fn compile(text: &str, dir: &Path, output: &Path) -> Result<(), String> {
+    let cpp = output.with_extension("cpp");
+    std::fs::write(&cpp, text).map_err(|e| format!("cannot write {}: {e}", cpp.display()))?;
+    let compiler = std::env::var_os("CXX").map(PathBuf::from).unwrap_or_else(|| "c++".into());
+    // The device's arithmetic: no contraction of a*b+c (NVRTC's fmad=false); lenient aliasing (vectors are read as
+    // their elements, as CUDA allows).
+    let result = Command::new(&compiler)
+        .current_dir(dir)
+        .args(["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"])
+        .args(["-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function", "-o"])
+        .arg(output)
+        .arg(&cpp)
+        .output()
+        .map_err(|e| {
+            format!(
+                "cannot run the C++ compiler `{}` ({e}): building the CUDA kernels for the CPU needs one (apt install \
+                 g++, or set CXX)",
+                compiler.display()
+            )
+        })?;
+    if !result.status.success() {
+        return Err(format!(
+            "`{}` could not compile the CUDA kernels for the CPU:\n{}",
+            compiler.display(),
+            String::from_utf8_lossy(&result.stderr)
+        ));
+    }
+    Ok(())
 }
 
 /// The text the host compiler builds: the prelude, the program, the launchers.
@@ -51,33 +96,9 @@ impl HostKernels {
         built
     }
 
-    fn build_in(dir: &std::path::Path, defines: &[(String, String)]) -> Result<HostKernels, String> {
-        let cpp = dir.join("collc_host.cpp");
+    fn build_in(dir: &Path, defines: &[(String, String)]) -> Result<HostKernels, String> {
         let library = dir.join("libcollc_host.so");
-        std::fs::write(&cpp, source(defines)).map_err(|e| format!("cannot write {}: {e}", cpp.display()))?;
-        let compiler = std::env::var_os("CXX").map(PathBuf::from).unwrap_or_else(|| "c++".into());
-        // The device's arithmetic: no contraction of a*b+c (NVRTC's fmad=false); lenient aliasing (vectors are read
-        // as their elements, as CUDA allows).
-        let output = Command::new(&compiler)
-            .args(["-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-strict-aliasing"])
-            .args(["-Wall", "-Wno-unknown-pragmas", "-Wno-unused-function", "-o"])
-            .arg(&library)
-            .arg(&cpp)
-            .output()
-            .map_err(|e| {
-                format!(
-                    "cannot run the C++ compiler `{}` ({e}): building the CUDA kernels for the CPU needs one \
-                     (apt install g++, or set CXX)",
-                    compiler.display()
-                )
-            })?;
-        if !output.status.success() {
-            return Err(format!(
-                "`{}` could not compile the CUDA kernels for the CPU:\n{}",
-                compiler.display(),
-                String::from_utf8_lossy(&output.stderr)
-            ));
-        }
+        compile(&source(defines), dir, &library)?;
         // SAFETY: the library is the one just built; its initialisers only set up thread-local storage.
         let loaded =
             unsafe { Library::new(&library) }.map_err(|e| format!("cannot load {}: {e}", library.display()))?;

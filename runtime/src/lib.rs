@@ -32,6 +32,8 @@ pub use collc_kernels::{DataType, ReduceOp};
 pub use collectives::Element;
 pub use comm::{AbortHandle, Buffers, CallShape, Communicator, DevicePtr, Options};
 pub use error::RuntimeError;
+#[cfg(feature = "cuda-host")]
+pub use exec::build_host_driver;
 pub use exec::Plan;
 pub use layout::ChunkLayout;
 pub use reference::run;

@@ -19,10 +19,17 @@ fn header(comm: &Communicator, job: &Job) -> Header {
     Header {
         algorithm: comm.algorithm(job.collective),
         transport: comm.transport().name(),
-        executor: format!(
-            "host {} (dataflow, tiled, 8-slot FIFOs{slots})",
-            collc_kernels::host::VectorIsa::detected().name()
-        ),
+        executor: match comm.transport() {
+            Transport::Twin => format!("device interpreter's host twin (one launch per call, 8-slot records{slots})"),
+            Transport::Cuda => format!(
+                "device interpreter on GPU {} (one cooperative launch per call and GPU, 8-slot records{slots})",
+                comm.gpu_ordinal().unwrap_or(0)
+            ),
+            _ => format!(
+                "host {} (dataflow, tiled, 8-slot FIFOs{slots})",
+                collc_kernels::host::VectorIsa::detected().name()
+            ),
+        },
     }
 }
 

@@ -7,6 +7,8 @@ mod device;
 mod host;
 mod plan;
 
+#[cfg(feature = "cuda-host")]
+pub use device::build_host_driver;
 #[cfg(feature = "cuda")]
 pub(crate) use device::cuda;
 pub(crate) use device::TwinFabric;

@@ -20,7 +20,7 @@ pub const VERSION: u32 = 1;
 /// Message slots per connection: the verifier's `channel_slots`, as the host links.
 pub const SLOTS: u64 = 8;
 /// Threads per block of the device interpreter (its `__launch_bounds__`).
-#[cfg(any(feature = "cuda", test))]
+#[cfg(any(feature = "cuda", feature = "cuda-host", test))]
 pub const THREADS: u32 = 512;
 
 /// What a failed launch reports in the control words: `Control::code`.
@@ -477,7 +477,7 @@ const _: () = assert!(std::mem::size_of::<DPiece>() == 48);
 const _: () = assert!(std::mem::size_of::<DLink>() == 16);
 
 /// The layout constants the CUDA source is compiled with, so a struct that drifts from this file fails to compile.
-#[cfg(any(feature = "cuda", test))]
+#[cfg(any(feature = "cuda", feature = "cuda-host", test))]
 pub fn layout_defines() -> Vec<(String, String)> {
     let mut defines: Vec<(String, String)> = [
         ("COLLC_MAGIC", MAGIC as u64),
@@ -503,7 +503,7 @@ pub fn layout_defines() -> Vec<(String, String)> {
     defines
 }
 
-#[cfg(any(feature = "cuda", test))]
+#[cfg(any(feature = "cuda", feature = "cuda-host", test))]
 fn op_name_upper(op: Op) -> &'static str {
     match op {
         Op::Send => "SEND",

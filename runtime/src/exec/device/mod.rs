@@ -22,6 +22,15 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use twin::Launch;
 
+/// Builds a CUDA driver for the CPU into `dir` (`libcuda.so`, `libcuda.so.1`): the driver entry points collc calls,
+/// over host memory, running the CUDA kernels compiled for the CPU with this build's layout
+/// (`collc_kernels::cuda_host::build_driver`). A process started with `dir` first on `LD_LIBRARY_PATH` runs the
+/// cuda transport on it; tests do, where no GPU is.
+#[cfg(feature = "cuda-host")]
+pub fn build_host_driver(dir: &std::path::Path) -> Result<(), String> {
+    collc_kernels::cuda_host::build_driver(&encode::layout_defines(), dir)
+}
+
 /// Lanes of the twin transport: two, so the runtime matrix runs calls of several tiles on two lanes.
 const TWIN_LANES: u32 = 2;
 

@@ -88,3 +88,152 @@ fn ranks_on_two_gpus_need_peer_access() {
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("GPU 0 cannot access GPU 1's memory") && said.contains("COLLC_CUDA_GPUS=1"), "{said}");
 }
+
+/// Device memory the job does not fit in is an error at setup naming the allocation and the GPU, not a crash.
+#[test]
+fn out_of_device_memory_at_setup_is_an_error() {
+    let args = ["run", "allreduce/ring", "--ranks", "2", "--transport", "cuda", "-b", "4M", "-e", "4M", "-c", "1"];
+    let out = collc(&args, &[("COLLC_HOST_GPU_MEMORY", "1048576")]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("cuMemAlloc of") && said.contains("on GPU 0: out of memory"), "{said}");
+}
+
+/// The Communicator API on device buffers, in a child process of this test binary that loads the driver for the
+/// CPU (the loader reads LD_LIBRARY_PATH when a process starts): a correct allreduce of every rank's
+/// `DeviceBuffer`s; then a host address passed as a device pointer, a device buffer smaller than the call needs and
+/// host buffers, each an error on the rank that made it and a peer failure naming it on the other, never a hang.
+#[test]
+fn device_buffers_through_the_api() {
+    if std::env::var_os("COLLC_HOST_GPU_CHILD").is_some() {
+        return api_child();
+    }
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["device_buffers_through_the_api", "--exact", "--nocapture", "--test-threads=1"])
+        .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
+        .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
+        .env("COLLC_HOST_GPU_CHILD", "1")
+        .output()
+        .expect("the test binary runs");
+    let said = text(&out);
+    assert!(out.status.success() && said.contains("api child: 4 cases checked"), "{said}");
+}
+
+fn api_child() {
+    use collc_runtime::cuda::DeviceBuffer;
+    use collc_runtime::{Buffers, CallShape, Collective, Communicator, DataType, DevicePtr, Options, ReduceOp};
+    let count = 1000usize;
+    let shape = CallShape {
+        collective: Collective::AllReduce,
+        count,
+        dtype: DataType::F32,
+        op: ReduceOp::Sum,
+        root: 0,
+        peer: 0,
+    };
+    let options = Options { timeout: std::time::Duration::from_secs(20), ..Options::default() };
+    // Each case: what rank 0 passes (rank 1 passes good buffers), and what rank 0's error must say.
+    let cases: [(&str, &str); 4] = [
+        ("good", ""),
+        ("host address", "is not device memory"),
+        ("small", "recv"),
+        ("host buffers", "got host buffers"),
+    ];
+    for (case, want) in cases {
+        let comms = Communicator::cuda(2, options.clone()).unwrap_or_else(|e| panic!("{e}"));
+        let results: Vec<Result<Vec<f32>, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = comms
+                .into_iter()
+                .map(|mut comm| {
+                    s.spawn(move || {
+                        let rank = comm.rank();
+                        let bytes = count * 4;
+                        let input: Vec<u8> =
+                            (0..count).flat_map(|i| ((i as u32 * 2 + rank) as f32).to_le_bytes()).collect();
+                        let send = DeviceBuffer::new(&comm, bytes).map_err(|e| e.to_string())?;
+                        send.write(0, &input).map_err(|e| e.to_string())?;
+                        let recv = DeviceBuffer::new(&comm, bytes).map_err(|e| e.to_string())?;
+                        let mut host = vec![0u8; bytes];
+                        let outcome = match (rank, case) {
+                            (0, "host address") => comm.call(
+                                shape,
+                                Buffers::DeviceOutOfPlace {
+                                    send: send.ptr(),
+                                    recv: DevicePtr { addr: host.as_mut_ptr() as u64, bytes },
+                                },
+                            ),
+                            (0, "small") => comm.call(
+                                shape,
+                                Buffers::DeviceOutOfPlace { send: send.ptr(), recv: recv.slice(0, bytes - 4) },
+                            ),
+                            (0, "host buffers") => {
+                                comm.call(shape, Buffers::OutOfPlace { send: &input, recv: &mut host })
+                            }
+                            _ => comm.call(shape, Buffers::DeviceOutOfPlace { send: send.ptr(), recv: recv.ptr() }),
+                        };
+                        outcome.map_err(|e| e.to_string())?;
+                        recv.read(0, &mut host).map_err(|e| e.to_string())?;
+                        Ok(host.chunks(4).map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes"))).collect())
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
+        });
+        if case == "good" {
+            for result in &results {
+                let got = result.as_ref().unwrap_or_else(|e| panic!("{e}"));
+                assert!(got.iter().enumerate().all(|(i, &v)| v == (i * 4 + 1) as f32), "{got:?}");
+            }
+        } else {
+            let mine = results[0].as_ref().err().unwrap_or_else(|| panic!("{case}: rank 0 succeeded"));
+            assert!(mine.contains("rank 0") && mine.contains(want), "{case}: {mine}");
+            let theirs = results[1].as_ref().err().unwrap_or_else(|| panic!("{case}: rank 1 succeeded"));
+            assert!(theirs.contains("rank 0"), "{case}: rank 1 says {theirs}");
+            println!("{case}: rank 0: {mine}\n{case}: rank 1: {theirs}");
+        }
+    }
+    println!("api child: {} cases checked", cases.len());
+}
+
+/// Two rank processes sharing device memory through CUDA IPC: one killed mid-run, the other stops with an error
+/// naming it (from the host's health checks while its kernel waits), well within the timeout.
+#[test]
+fn a_rank_process_that_dies_is_named_by_the_other() {
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let job = format!("hostgpukill{}", std::process::id());
+    let spawn = |rank: &str| {
+        Command::new(env!("CARGO_BIN_EXE_collc"))
+            .args([
+                "run",
+                "allreduce/ring",
+                "--transport",
+                "cuda",
+                "-b",
+                "64K",
+                "-e",
+                "64K",
+                "-n",
+                "1000000",
+                "-c",
+                "0",
+            ])
+            .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
+            .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
+            .envs([("COLLC_RANK", rank), ("COLLC_WORLD_SIZE", "2"), ("COLLC_JOB", &job), ("COLLC_TIMEOUT", "60")])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("collc starts")
+    };
+    let (survivor, mut victim) = (spawn("0"), spawn("1"));
+    std::thread::sleep(std::time::Duration::from_secs(4));
+    victim.kill().expect("rank 1 is killed");
+    let _ = victim.wait();
+    let started = std::time::Instant::now();
+    let out = survivor.wait_with_output().expect("rank 0 ends");
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("error: rank 0:") && said.contains("rank 1 died"), "{said}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}: {said}", started.elapsed());
+}

@@ -7,7 +7,8 @@
 // interpreter blocks; device memory is memfd-backed shared memory, so CUDA IPC handles name a process and a file
 // descriptor, which another process maps through /proc; host-mapped memory is the same address on both sides; a
 // stream is a worker thread running its launches and copies in order; a kernel runs min(block, 4) threads a block.
-// COLLC_HOST_GPU_PEER=0 makes every pair of devices refuse peer access.
+// COLLC_HOST_GPU_PEER=0 makes every pair of devices refuse peer access; COLLC_HOST_GPU_MEMORY (bytes) bounds each
+// device's memory, beyond which cuMemAlloc is out of memory.
 
 #include <fcntl.h>
 #include <map>
@@ -56,6 +57,7 @@ struct Allocation {
 std::mutex allocations_lock;
 std::map<unsigned long long, Allocation> allocations;
 std::set<std::pair<int, int>> peers_enabled;
+unsigned long long allocated[64];
 
 // The allocation holding `addr`, if any (under the lock).
 const std::pair<const unsigned long long, Allocation>* find(unsigned long long addr) {
@@ -293,18 +295,22 @@ CUresult cuStreamSynchronize(void* stream) {
 CUresult cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
     if (current < 0) return INVALID_CONTEXT;
     if (bytes == 0) return INVALID_VALUE;
+    {
+        std::lock_guard<std::mutex> guard(allocations_lock);
+        const char* limit = getenv("COLLC_HOST_GPU_MEMORY");
+        if (limit && *limit && allocated[current] + bytes > strtoull(limit, nullptr, 10)) return OUT_OF_MEMORY;
+        allocated[current] += bytes;
+    }
     int fd = memfd_create("collc-host-gpu", MFD_CLOEXEC);
-    if (fd < 0) return OUT_OF_MEMORY;
-    if (ftruncate(fd, (off_t)bytes) != 0) {
-        close(fd);
-        return OUT_OF_MEMORY;
-    }
-    void* memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (memory == MAP_FAILED) {
-        close(fd);
-        return OUT_OF_MEMORY;
-    }
+    void* memory = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, (off_t)bytes) == 0)
+        memory = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     std::lock_guard<std::mutex> guard(allocations_lock);
+    if (memory == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        allocated[current] -= bytes;
+        return OUT_OF_MEMORY;
+    }
     allocations[(unsigned long long)memory] = {bytes, current, DEVICE, fd};
     *ptr = (unsigned long long)memory;
     return SUCCESS;
@@ -313,9 +319,10 @@ CUresult cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
 CUresult cuMemFree_v2(unsigned long long ptr) {
     std::lock_guard<std::mutex> guard(allocations_lock);
     auto it = allocations.find(ptr);
-    if (it == allocations.end() || it->second.kind == HOST) return INVALID_VALUE;
+    if (it == allocations.end() || it->second.kind != DEVICE) return INVALID_VALUE;
     munmap((void*)ptr, it->second.bytes);
-    if (it->second.fd >= 0) close(it->second.fd);
+    close(it->second.fd);
+    allocated[it->second.device] -= it->second.bytes;
     allocations.erase(it);
     return SUCCESS;
 }

@@ -506,9 +506,13 @@ impl Communicator {
         let transport = self.fabric.transport();
         if device != (transport == crate::Transport::Cuda) {
             return Err(RuntimeError::Config(match device {
-                true => format!("rank {}: device buffers need the cuda transport; this communicator is {transport}", self.rank),
+                true => format!(
+                    "rank {}: device buffers need the cuda transport; this communicator is {transport}",
+                    self.rank
+                ),
                 false => format!(
-                    "rank {}: the cuda transport computes on device memory (Buffers::DeviceOutOfPlace / DeviceInPlace,                      e.g. from collc_runtime::cuda::DeviceBuffer); got host buffers",
+                    "rank {}: the cuda transport computes on device memory (Buffers::DeviceOutOfPlace / DeviceInPlace, \
+                     e.g. from collc_runtime::cuda::DeviceBuffer); got host buffers",
                     self.rank
                 ),
             }));

@@ -15,6 +15,7 @@ use crate::wait::Backoff;
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use std::collections::HashMap;
 use std::ffi::{c_void, CStr, CString};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -134,6 +135,9 @@ pub struct Gpu {
     stream: sys::CUstream,
     /// Blocks of the interpreter one SM holds at once.
     per_sm: u32,
+    /// An interpreter kernel did not finish: its memory may still be in use, so none is freed, and nothing more
+    /// is launched.
+    wedged: AtomicBool,
 }
 
 /// The standalone kernels (the benchmark's copy and reduce, the empty launch).
@@ -148,6 +152,11 @@ unsafe impl Send for Gpu {}
 unsafe impl Sync for Gpu {}
 
 impl Gpu {
+    /// Whether a kernel of this GPU's interpreter never finished (so no memory is freed and nothing launched).
+    pub fn is_wedged(&self) -> bool {
+        self.wedged.load(Ordering::Acquire)
+    }
+
     /// Makes this GPU's context current on the calling thread.
     pub fn bind(&self) -> Result<(), String> {
         // SAFETY: a context retained for the process's lifetime.
@@ -216,7 +225,9 @@ fn open_gpu(ordinal: i32) -> Result<Gpu, String> {
         )?;
         let mut stream = std::ptr::null_mut();
         ok(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
-        Ok(Gpu { ordinal, name, sms, device, ctx, _module: module, interpret, kernels, stream, per_sm: per_sm as u32 })
+        let per_sm = per_sm as u32;
+        let wedged = AtomicBool::new(false);
+        Ok(Gpu { ordinal, name, sms, device, ctx, _module: module, interpret, kernels, stream, per_sm, wedged })
     }
 }
 
@@ -298,7 +309,7 @@ impl DeviceAlloc {
 
 impl Drop for DeviceAlloc {
     fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
+        if self.gpu.bind().is_ok() && !self.gpu.is_wedged() {
             // SAFETY: allocated by cuMemAlloc, freed once.
             unsafe { sys::cuMemFree_v2(self.ptr) };
         }
@@ -377,7 +388,7 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
+        if self.gpu.bind().is_ok() && !self.gpu.is_wedged() {
             // SAFETY: allocated by cuMemHostAlloc, freed once.
             unsafe { sys::cuMemFreeHost(self.host.cast::<c_void>()) };
         }
@@ -554,9 +565,10 @@ impl Fabric for IpcFabric {
         let gpu = self.gpu.clone();
         let lanes = self.lanes(&plan).map_err(config)?;
         let image = encode::encode(&[&plan], lanes).map_err(config)?;
-        // This rank's incoming records, one allocation, each record 256-byte aligned.
+        // This rank's incoming records, one allocation, each record 256-byte aligned, after a word per rank that is
+        // 1 while that rank may have the allocation mapped (see `Exported`).
         let mut offsets = vec![u64::MAX; image.conns.len()];
-        let mut size = 0usize;
+        let mut size = importer_words_bytes(self.n_ranks);
         let mut published: Vec<Published> = Vec::new();
         for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
             if to == rank {
@@ -565,17 +577,24 @@ impl Fabric for IpcFabric {
                 size += encode::record_bytes(slot_bytes).next_multiple_of(256);
             }
         }
-        let incoming = DeviceAlloc::zeroed(&gpu, size.max(256)).map_err(config)?;
-        for (c, &(_, to, _, slot_bytes, _)) in image.conns.iter().enumerate() {
+        sweep_exported();
+        let incoming = DeviceAlloc::zeroed(&gpu, size).map_err(config)?;
+        let mut importers = vec![0u64; self.n_ranks as usize];
+        for (c, &(from, to, _, slot_bytes, _)) in image.conns.iter().enumerate() {
             if to == rank {
+                importers[from as usize] = 1;
                 incoming
                     .write(offsets[c] as usize + conn::SLOT_BYTES * 8, &(slot_bytes as u64).to_le_bytes())
                     .map_err(config)?;
             }
         }
+        let words: Vec<u8> = importers.iter().flat_map(|w| w.to_le_bytes()).collect();
+        incoming.write(0, &words).map_err(config)?;
+        // From here the handle may be out: whatever happens, the allocation is freed only once its importers let go.
+        let incoming = Exported { memory: Some(incoming), n_ranks: self.n_ranks };
         let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
         // SAFETY: a valid out-pointer and an allocation of this context.
-        ok(unsafe { sys::cuIpcGetMemHandle(&mut handle, incoming.ptr) }, "cuIpcGetMemHandle").map_err(config)?;
+        ok(unsafe { sys::cuIpcGetMemHandle(&mut handle, incoming.ptr()) }, "cuIpcGetMemHandle").map_err(config)?;
         // Round 1: every rank's handle, its call shape and how many records it publishes.
         let mut first: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
         first.extend_from_slice(&plan.fingerprint.to_le_bytes());
@@ -636,7 +655,7 @@ impl Fabric for IpcFabric {
         let mut table = Vec::with_capacity(image.conns.len());
         for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
             let address = if to == rank {
-                incoming.ptr + offsets[c]
+                incoming.ptr() + offsets[c]
             } else {
                 let entry = theirs[to as usize]
                     .iter()
@@ -650,7 +669,7 @@ impl Fabric for IpcFabric {
                 let mapping = match mapped.entry(to) {
                     std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
                     std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(IpcMapping::open(&gpu, handles[to as usize]).map_err(config)?)
+                        v.insert(IpcMapping::open(&gpu, handles[to as usize], rank).map_err(config)?)
                     }
                 };
                 mapping.ptr + entry.4
@@ -660,14 +679,72 @@ impl Fabric for IpcFabric {
         let stop = DeviceAlloc::zeroed(&gpu, 8).map_err(config)?;
         // System-scope fences: a peer process may be on another GPU even where this one sees only its own.
         let launcher = Arc::new(Launcher::new(CudaTarget { gpu: gpu.clone(), system_scope: true, stop }, vec![rank]));
-        let keep = Keep::Ipc { _incoming: incoming, _mapped: mapped.into_values().collect() };
+        let keep = Keep::Ipc { _mapped: mapped.into_values().collect(), _incoming: incoming };
         CudaExec::upload(plan, &gpu, &image, &table, keep, launcher).map_err(config)
     }
 }
 
-/// A peer's allocation mapped into this process through CUDA IPC, unmapped on drop.
+/// The bytes before the records of an exported allocation: a word per rank, 1 while that rank may map it.
+fn importer_words_bytes(n_ranks: u32) -> usize {
+    (n_ranks as usize * 8).next_multiple_of(256)
+}
+
+/// A rank's incoming records once their IPC handle may have gone out. CUDA leaves it undefined what freeing such
+/// memory does before every importer has closed its mapping, so it is freed only when every rank's word in its
+/// head is 0 again (each importer clears its own word before it closes); until then it waits in a list swept at
+/// each later setup and drop, and what is left at exit goes with the process.
+pub(crate) struct Exported {
+    memory: Option<DeviceAlloc>,
+    n_ranks: u32,
+}
+
+impl Exported {
+    fn ptr(&self) -> CUdeviceptr {
+        self.memory.as_ref().map_or(0, |m| m.ptr)
+    }
+
+    /// Whether no rank has the allocation mapped any longer (an unreadable head counts as mapped).
+    fn released(&self) -> bool {
+        let Some(memory) = &self.memory else { return true };
+        let mut words = vec![0u8; self.n_ranks as usize * 8];
+        memory.read(0, &mut words).is_ok() && words.iter().all(|&b| b == 0)
+    }
+}
+
+impl Drop for Exported {
+    fn drop(&mut self) {
+        if !self.released() {
+            if let Ok(mut waiting) = EXPORTED.lock() {
+                waiting.push(Exported { memory: self.memory.take(), n_ranks: self.n_ranks });
+            } else {
+                std::mem::forget(self.memory.take());
+            }
+        }
+        sweep_exported();
+    }
+}
+
+/// Exported allocations some importer may still have mapped.
+static EXPORTED: Mutex<Vec<Exported>> = Mutex::new(Vec::new());
+
+/// Frees the waiting exported allocations no rank maps any longer.
+fn sweep_exported() {
+    let released: Vec<Exported> = match EXPORTED.lock() {
+        Ok(mut waiting) => {
+            let (released, kept) = std::mem::take(&mut *waiting).into_iter().partition(Exported::released);
+            *waiting = kept;
+            released
+        }
+        Err(_) => return,
+    };
+    drop(released);
+}
+
+/// A peer's allocation mapped into this process through CUDA IPC, unmapped on drop after clearing this rank's word
+/// in its head.
 pub(crate) struct IpcMapping {
     ptr: CUdeviceptr,
+    rank: u32,
     gpu: Arc<Gpu>,
 }
 
@@ -676,20 +753,25 @@ unsafe impl Send for IpcMapping {}
 unsafe impl Sync for IpcMapping {}
 
 impl IpcMapping {
-    fn open(gpu: &Arc<Gpu>, handle: sys::CUipcMemHandle_st) -> Result<IpcMapping, String> {
+    fn open(gpu: &Arc<Gpu>, handle: sys::CUipcMemHandle_st, rank: u32) -> Result<IpcMapping, String> {
         gpu.bind()?;
         let mut ptr = 0;
         // SAFETY: a handle another process of this job exported; flag 1 enables peer access lazily.
         ok(unsafe { sys::cuIpcOpenMemHandle_v2(&mut ptr, handle, 1) }, "cuIpcOpenMemHandle")?;
-        Ok(IpcMapping { ptr, gpu: gpu.clone() })
+        Ok(IpcMapping { ptr, rank, gpu: gpu.clone() })
     }
 }
 
 impl Drop for IpcMapping {
     fn drop(&mut self) {
-        if self.gpu.bind().is_ok() {
-            // SAFETY: opened by cuIpcOpenMemHandle, closed once.
-            unsafe { sys::cuIpcCloseMemHandle(self.ptr) };
+        if self.gpu.bind().is_ok() && !self.gpu.is_wedged() {
+            let zero = 0u64.to_le_bytes();
+            // SAFETY: the mapping's head holds a word per rank (`Exported`); this rank's is in it. Then the mapping,
+            // opened by cuIpcOpenMemHandle, is closed once.
+            unsafe {
+                sys::cuMemcpyHtoD_v2(self.ptr + 8 * self.rank as u64, zero.as_ptr().cast(), 8);
+                sys::cuIpcCloseMemHandle(self.ptr);
+            }
         }
     }
 }
@@ -697,8 +779,14 @@ impl Drop for IpcMapping {
 /// The connection memory an executor keeps alive: records shared with rank threads, or (processes) its own
 /// incoming records and its mappings of its peers'.
 pub(crate) enum Keep {
-    Shared { _records: Vec<Arc<DeviceAlloc>> },
-    Ipc { _incoming: DeviceAlloc, _mapped: Vec<IpcMapping> },
+    Shared {
+        _records: Vec<Arc<DeviceAlloc>>,
+    },
+    /// The mappings go first: this rank's word in each peer's head is cleared before its own allocation is looked at.
+    Ipc {
+        _mapped: Vec<IpcMapping>,
+        _incoming: Exported,
+    },
 }
 
 /// Lanes for `per_gpu` ranks sharing a GPU of `sms` SMs: as many as fill them with one block each, within 64 MiB of
@@ -782,6 +870,13 @@ impl Target for CudaTarget {
             *cached = Some((table, control, grid));
         }
         let (table, control, grid) = cached.as_ref().expect("made above");
+        if self.gpu.is_wedged() {
+            return Err(format!(
+                "GPU {} still runs an interpreter kernel that never finished (see the first error): this process \
+                 cannot launch on it again; restart the job (the GPU may need a reset)",
+                self.gpu.ordinal
+            ));
+        }
         self.gpu.bind()?;
         let (mut table_ptr, mut control_ptr, mut stop_ptr, mut seq) = (table.dev, control.dev, self.stop.ptr, call.seq);
         let mut timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
@@ -833,6 +928,8 @@ impl Target for CudaTarget {
                 asked_to_stop = true;
             }
             if started.elapsed() > call.timeout * 10 + Duration::from_secs(60) {
+                // The kernel may still read and write any memory of this GPU's launches: keep all of it.
+                self.gpu.wedged.store(true, Ordering::Release);
                 break Err(format!(
                     "the interpreter kernel on GPU {} ran 10 times its timeout without finishing or timing out: \
                      the GPU may need a reset",

@@ -12,10 +12,25 @@ use std::sync::OnceLock;
 fn driver_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("host-gpu-{}", std::process::id()));
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu");
         collc_runtime::build_host_driver(&dir).unwrap_or_else(|e| panic!("{e}"));
+        // NVRTC's seconds once, here, rather than in every rank process at once under another test's timeout:
+        // `gpu info` opens GPU 0, which compiles the kernels into the cache the tests share.
+        let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let warm = Command::new(env!("CARGO_BIN_EXE_collc"))
+            .args(["gpu", "info"])
+            .env("LD_LIBRARY_PATH", format!("{}:{path}", dir.display()))
+            .env("XDG_CACHE_HOME", cache_dir())
+            .output()
+            .expect("collc runs");
+        assert!(warm.status.success(), "{}", text(&warm));
         dir
     })
+}
+
+/// The PTX cache the tests share (the driver for the CPU checks that the PTX is the kernels').
+fn cache_dir() -> PathBuf {
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache")
 }
 
 /// `collc` with the driver for the CPU first on the library path.
@@ -24,7 +39,7 @@ fn collc(args: &[&str], env: &[(&str, &str)]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_collc"))
         .args(args)
         .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
-        .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
+        .env("XDG_CACHE_HOME", cache_dir())
         .env("COLLC_TIMEOUT", "30")
         .envs(env.iter().copied())
         .output()
@@ -56,7 +71,7 @@ fn the_device_script_passes_on_the_driver_for_the_cpu() {
         .arg(&script)
         .arg(env!("CARGO_BIN_EXE_collc"))
         .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
-        .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
+        .env("XDG_CACHE_HOME", cache_dir())
         .envs([("RANKS", "2 4"), ("SIZES", "-b 8 -e 4K -f 8"), ("IPC_SIZES", "-b 8 -e 4K -f 8")])
         .env("BENCH_BYTES", "1M")
         .output()
@@ -112,7 +127,7 @@ fn device_buffers_through_the_api() {
     let out = Command::new(std::env::current_exe().expect("the test binary"))
         .args(["device_buffers_through_the_api", "--exact", "--nocapture", "--test-threads=1"])
         .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
-        .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
+        .env("XDG_CACHE_HOME", cache_dir())
         .env("COLLC_HOST_GPU_CHILD", "1")
         .output()
         .expect("the test binary runs");
@@ -196,43 +211,51 @@ fn api_child() {
     println!("api child: {} cases checked", cases.len());
 }
 
-/// Two rank processes sharing device memory through CUDA IPC: one killed mid-run, the other stops with an error
-/// naming it (from the host's health checks while its kernel waits), well within the timeout.
+/// Two rank processes sharing device memory through CUDA IPC: one killed mid-run (once rank 0 has printed a row,
+/// so both are past setup), the other stops with an error naming it (from the host's health checks while its
+/// kernel waits), well within the timeout.
 #[test]
 fn a_rank_process_that_dies_is_named_by_the_other() {
+    use std::io::BufRead;
     let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     let job = format!("hostgpukill{}", std::process::id());
     let spawn = |rank: &str| {
         Command::new(env!("CARGO_BIN_EXE_collc"))
-            .args([
-                "run",
-                "allreduce/ring",
-                "--transport",
-                "cuda",
-                "-b",
-                "64K",
-                "-e",
-                "64K",
-                "-n",
-                "1000000",
-                "-c",
-                "0",
-            ])
+            .args(["run", "allreduce/ring", "--transport", "cuda", "-b", "8", "-e", "64K", "-f", "2", "-n", "20000"])
+            .args(["-w", "1", "-c", "0"])
             .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
-            .env("XDG_CACHE_HOME", Path::new(env!("CARGO_TARGET_TMPDIR")).join("host-gpu-cache"))
-            .envs([("COLLC_RANK", rank), ("COLLC_WORLD_SIZE", "2"), ("COLLC_JOB", &job), ("COLLC_TIMEOUT", "60")])
+            .env("XDG_CACHE_HOME", cache_dir())
+            .envs([("COLLC_RANK", rank), ("COLLC_WORLD_SIZE", "2"), ("COLLC_JOB", &job), ("COLLC_TIMEOUT", "120")])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("collc starts")
     };
-    let (survivor, mut victim) = (spawn("0"), spawn("1"));
-    std::thread::sleep(std::time::Duration::from_secs(4));
+    let (mut survivor, mut victim) = (spawn("0"), spawn("1"));
+    let stdout = survivor.stdout.take().expect("piped");
+    let (lines, rows) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            seen.push_str(&line);
+            seen.push('\n');
+            let _ = lines.send(line);
+        }
+        seen
+    });
+    let first_row = std::time::Instant::now();
+    loop {
+        match rows.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(line) if line.trim_start().starts_with(|c: char| c.is_ascii_digit()) => break,
+            Ok(_) => continue,
+            Err(e) => panic!("no row from rank 0 in {:?}: {e}", first_row.elapsed()),
+        }
+    }
     victim.kill().expect("rank 1 is killed");
     let _ = victim.wait();
     let started = std::time::Instant::now();
     let out = survivor.wait_with_output().expect("rank 0 ends");
-    let said = text(&out);
+    let said = reader.join().expect("the reader") + &text(&out);
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("error: rank 0:") && said.contains("rank 1 died"), "{said}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}: {said}", started.elapsed());

@@ -652,29 +652,46 @@ impl Fabric for IpcFabric {
         }
         // Map the records of every rank this one sends to, and lay out the connection table.
         let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();
-        let mut table = Vec::with_capacity(image.conns.len());
-        for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
-            let address = if to == rank {
-                incoming.ptr() + offsets[c]
-            } else {
-                let entry = theirs[to as usize]
-                    .iter()
-                    .find(|&&(f, ch, l, _, _)| (f, ch, l) == (from, channel, lane))
-                    .ok_or_else(|| {
-                    config(format!("rank {to} publishes no record for the connection from {from} channel {channel}"))
-                })?;
-                if entry.3 as usize != slot_bytes {
-                    return Err(config(format!("rank {to} sizes the slots from {from} channel {channel} differently")));
-                }
-                let mapping = match mapped.entry(to) {
-                    std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
-                    std::collections::hash_map::Entry::Vacant(v) => {
-                        v.insert(IpcMapping::open(&gpu, handles[to as usize], rank).map_err(config)?)
+        let mut map_all = || -> Result<Vec<u64>, RuntimeError> {
+            let mut table = Vec::with_capacity(image.conns.len());
+            for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
+                let address = if to == rank {
+                    incoming.ptr() + offsets[c]
+                } else {
+                    let entry = theirs[to as usize]
+                        .iter()
+                        .find(|&&(f, ch, l, _, _)| (f, ch, l) == (from, channel, lane))
+                        .ok_or_else(|| {
+                            config(format!(
+                                "rank {to} publishes no record for the connection from {from} channel {channel}"
+                            ))
+                        })?;
+                    if entry.3 as usize != slot_bytes {
+                        return Err(config(format!(
+                            "rank {to} sizes the slots from {from} channel {channel} differently"
+                        )));
                     }
+                    let mapping = match mapped.entry(to) {
+                        std::collections::hash_map::Entry::Occupied(m) => m.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(v) => {
+                            let opened = IpcMapping::open(&gpu, handles[to as usize], rank)
+                                .map_err(|e| config(format!("mapping rank {to}'s connection records: {e}")))?;
+                            v.insert(opened)
+                        }
+                    };
+                    mapping.ptr + entry.4
                 };
-                mapping.ptr + entry.4
-            };
-            table.push(address);
+                table.push(address);
+            }
+            Ok(table)
+        };
+        let table = map_all();
+        // Every rank says whether it mapped its peers' records, so none launches a shape another could not set up;
+        // a peer gone meanwhile is named by this round itself.
+        let verdicts = gather(&[table.is_ok() as u8])?;
+        let table = table?;
+        if let Some(peer) = verdicts.iter().position(|v| v.first() != Some(&1)) {
+            return Err(config(format!("rank {peer} could not map its peers' connection records (see its error)")));
         }
         let stop = DeviceAlloc::zeroed(&gpu, 8).map_err(config)?;
         // System-scope fences: a peer process may be on another GPU even where this one sees only its own.

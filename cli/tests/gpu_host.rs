@@ -87,6 +87,14 @@ fn the_device_script_passes_on_the_driver_for_the_cpu() {
     assert!(text.contains(" 0 wrong\n"), "{text}");
     assert!(runs("ipc matrix: ") >= 20 && text.contains("ipc matrix: ") && text.contains(" 0 failed"), "{text}");
     assert!(text.contains("allreduce 8 B x 8 ranks:") && text.contains("HBM bound"), "{text}");
+    // The rank processes' jobs (`gpuipc<pid>_<n>`) left no shared memory behind.
+    assert_eq!(leftovers("gpuipc"), Vec::<String>::new());
+}
+
+/// The entries of /dev/shm whose names contain `job`.
+fn leftovers(job: &str) -> Vec<String> {
+    let entries = std::fs::read_dir("/dev/shm").map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default();
+    entries.iter().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.contains(job)).collect()
 }
 
 /// Two GPUs with peer access run ranks across both (system-scope fences, records on the receiver's GPU); without
@@ -259,4 +267,5 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
     assert!(!out.status.success(), "{said}");
     assert!(said.contains("error: rank 0:") && said.contains("rank 1 died"), "{said}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}: {said}", started.elapsed());
+    assert_eq!(leftovers(&job), Vec::<String>::new(), "the survivor removes the job's shared memory");
 }

@@ -312,6 +312,10 @@ fn the_cuda_transport_without_a_gpu_says_what_is_missing() {
     if !(has_driver && cfg!(feature = "cuda")) {
         assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
         assert!(text(&out.stderr).contains(expected), "{}", text(&out.stderr));
+        // Refused before the job's shared memory was made.
+        let job = format!("collc-cudatest{}-", std::process::id());
+        let left = std::fs::read_dir("/dev/shm").into_iter().flatten().flatten();
+        assert!(!left.into_iter().any(|e| e.file_name().to_string_lossy().starts_with(&job)), "{job}* left behind");
     }
 }
 

@@ -247,10 +247,12 @@ impl Communicator {
         #[cfg(feature = "cuda")]
         {
             let gpus = cuda_gpus_from_env()?;
+            // The bootstrap's control block is a shared-memory segment of the job, which the last rank out removes.
+            let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
             let fabric =
-                Arc::new(crate::exec::cuda::IpcFabric::new(rank, n_ranks, gpus).map_err(RuntimeError::Config)?);
-            let memory = Memory::new(Arc::new(Shm::new(job)));
+                crate::exec::cuda::IpcFabric::new(rank, n_ranks, gpus, memory.clone()).map_err(RuntimeError::Config)?;
             let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+            let fabric = Arc::new(fabric);
             let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
             comm.barrier()?;
             Ok(comm)

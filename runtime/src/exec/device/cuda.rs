@@ -520,14 +520,21 @@ pub(crate) struct IpcFabric {
     gpu: Arc<Gpu>,
     gpus: u32,
     n_ranks: u32,
+    /// The job's shared memory, where the bootstrap's control block is.
+    bootstrap_memory: Arc<crate::transport::shm::Memory>,
 }
 
 impl IpcFabric {
-    pub fn new(rank: u32, n_ranks: u32, gpus: Option<u32>) -> Result<IpcFabric, String> {
+    pub fn new(
+        rank: u32,
+        n_ranks: u32,
+        gpus: Option<u32>,
+        bootstrap_memory: Arc<crate::transport::shm::Memory>,
+    ) -> Result<IpcFabric, String> {
         let driver = driver()?;
         let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
         let gpu = gpu((rank % gpus) as i32)?;
-        Ok(IpcFabric { gpu, gpus, n_ranks })
+        Ok(IpcFabric { gpu, gpus, n_ranks, bootstrap_memory })
     }
 
     /// From the most ranks any GPU holds and this GPU's SMs; the ranks check that they agree.
@@ -545,7 +552,9 @@ impl Fabric for IpcFabric {
         Transport::Cuda
     }
 
-    fn remove_all(&self) {}
+    fn remove_all(&self) {
+        self.bootstrap_memory.remove_all();
+    }
 
     fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
         Some(self.gpu.ordinal)

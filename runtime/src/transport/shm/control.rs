@@ -122,7 +122,21 @@ impl Bootstrap for Control {
             self.abort(rank);
         }
         let first_exit = previous == Status::Joined as u32;
-        first_exit && self.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == self.n_ranks
+        if !first_exit {
+            return false;
+        }
+        if self.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == self.n_ranks {
+            return true;
+        }
+        // A rank process that died never leaves: the last one alive removes what the job left. (Two leaving at
+        // once may both remove it, which is harmless.)
+        self.processes
+            && (0..self.n_ranks).filter(|&r| r != rank).all(|r| {
+                let state = self.state(r);
+                let status = state.status.load(Ordering::Acquire);
+                let pid = state.pid.load(Ordering::Acquire);
+                status == Status::Left as u32 || status == Status::Failed as u32 || (pid != 0 && process_gone(pid))
+            })
     }
 
     /// Marks the job failed, naming the first rank that failed; later calls keep the first name.
@@ -164,12 +178,8 @@ impl Bootstrap for Control {
                 _ => {}
             }
             let pid = state.pid.load(Ordering::Acquire);
-            // SAFETY: kill with signal 0 only checks that the process exists.
-            if self.processes && pid != 0 && unsafe { libc::kill(pid as i32, 0) } != 0 {
-                let gone = std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-                if gone {
-                    return Err((peer, format!("died (process {pid} is gone)")));
-                }
+            if self.processes && pid != 0 && process_gone(pid) {
+                return Err((peer, format!("died (process {pid} is gone)")));
             }
         }
         Ok(())
@@ -215,4 +225,10 @@ impl Bootstrap for Control {
         };
         Ok((0..self.n_ranks).map(read).collect())
     }
+}
+
+/// Whether process `pid` no longer exists.
+fn process_gone(pid: u32) -> bool {
+    // SAFETY: kill with signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid as i32, 0) != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) }
 }

@@ -36,7 +36,11 @@ int env_int(const char* name, int fallback) {
     const char* text = getenv(name);
     return text && *text ? atoi(text) : fallback;
 }
-int devices() { return env_int("COLLC_HOST_GPUS", 1); }
+// At most 64: the contexts and the memory counts are fixed arrays of 64.
+int devices() {
+    int n = env_int("COLLC_HOST_GPUS", 1);
+    return n < 64 ? n : 64;
+}
 int sms() { return env_int("COLLC_HOST_GPU_SMS", 4); }
 
 bool initialised = false;
@@ -206,7 +210,7 @@ CUresult cuDeviceGetCount(int* count) {
 
 CUresult cuDeviceGet(int* device, int ordinal) {
     if (!initialised) return NOT_INITIALIZED;
-    if (ordinal < 0 || ordinal >= devices() || ordinal >= 64) return INVALID_DEVICE;
+    if (ordinal < 0 || ordinal >= devices()) return INVALID_DEVICE;
     *device = ordinal;
     return SUCCESS;
 }

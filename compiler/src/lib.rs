@@ -55,11 +55,15 @@ impl Default for Limits {
             max_slots: 1 << 26,
             max_channels: 32,
             max_errors: 20,
-            channel_slots: 8,
+            channel_slots: CHANNEL_SLOTS,
             verification: verify::Verification::default(),
         }
     }
 }
+
+/// Messages a connection holds before a send blocks: NCCL's NCCL_STEPS, the deadlock check's default and the number
+/// of slots every runtime link has (`VerifiedSchedule::channel_slots` records the count a schedule was proved with).
+pub const CHANNEL_SLOTS: u32 = 8;
 
 /// What to build: which placement, with which optimisations.
 #[derive(Clone, Copy, Debug)]

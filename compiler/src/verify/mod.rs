@@ -22,28 +22,52 @@ pub use key::{Seed, Verdict, Verification, ERROR_BOUND_BITS, EXACT_AUTO_RANKS};
 pub(crate) use matching::{Connection, Connections};
 
 use crate::diag::{Error, Errors};
+use crate::fxhash::FxHasher;
 use crate::emit::SchedLines;
 use crate::sched::Schedule;
 use crate::Limits;
+use std::hash::Hasher;
 use std::ops::Deref;
+use std::sync::OnceLock;
 
-/// A schedule that passed every check, and how its postcondition was checked. Emitters and the runtime accept
-/// nothing else.
+/// A schedule that passed every check, how its postcondition was checked, and the message slots per connection
+/// its deadlock freedom was proved with. Emitters and the runtime accept nothing else.
 #[derive(Clone, Debug)]
-pub struct VerifiedSchedule(Schedule, Verdict);
+pub struct VerifiedSchedule {
+    sched: Schedule,
+    verdict: Verdict,
+    channel_slots: u32,
+    hash: OnceLock<u64>,
+}
 
 impl VerifiedSchedule {
+    fn new(sched: Schedule, verdict: Verdict, limits: &Limits) -> Self {
+        VerifiedSchedule { sched, verdict, channel_slots: limits.channel_slots, hash: OnceLock::new() }
+    }
+
     pub fn schedule(&self) -> &Schedule {
-        &self.0
+        &self.sched
     }
 
     /// Exactly, or keyed with an error bound.
     pub fn verdict(&self) -> Verdict {
-        self.1
+        self.verdict
+    }
+
+    /// The messages a connection holds before a send blocks, as the deadlock check assumed: a transport with fewer
+    /// slots may deadlock on this schedule, one with more may not.
+    pub fn channel_slots(&self) -> u32 {
+        self.channel_slots
+    }
+
+    /// A hash of what the schedule does (header, buffers, every instruction and dependency; not its source spans)
+    /// and the slot count: ranks whose schedules differ get different hashes. Computed on first use.
+    pub fn hash(&self) -> u64 {
+        *self.hash.get_or_init(|| schedule_hash(&self.sched, self.channel_slots))
     }
 
     pub fn into_schedule(self) -> Schedule {
-        self.0
+        self.sched
     }
 }
 
@@ -51,14 +75,47 @@ impl Deref for VerifiedSchedule {
     type Target = Schedule;
 
     fn deref(&self) -> &Schedule {
-        &self.0
+        &self.sched
     }
+}
+
+fn schedule_hash(sched: &Schedule, channel_slots: u32) -> u64 {
+    let mut h = FxHasher::default();
+    h.write(sched.algorithm.as_bytes());
+    h.write(sched.collective.name().as_bytes());
+    for word in [sched.placement as u32, sched.n_ranks, sched.chunks, sched.root, sched.peer, channel_slots] {
+        h.write_u32(word);
+    }
+    for (name, value) in &sched.params {
+        h.write(name.as_bytes());
+        h.write_u64(*value as u64);
+    }
+    for buffer in &sched.buffers {
+        h.write(buffer.name.as_bytes());
+        h.write_u32(buffer.chunks);
+    }
+    for program in &sched.ranks {
+        h.write_u64(program.len() as u64);
+        for (i, instr) in program.instrs.iter().enumerate() {
+            h.write_u64((instr.op as u64) << 8 | instr.channel as u64);
+            h.write_u64(u64::from(instr.count) << 32 ^ u64::from(instr.send_peer));
+            h.write_u32(instr.recv_peer);
+            for operand in [instr.src, instr.acc, instr.dst] {
+                h.write_u64(u64::from(operand.buf.0) << 32 | u64::from(operand.index));
+            }
+            let deps = program.deps_of(i);
+            h.write_u64(deps.len() as u64);
+            deps.iter().for_each(|&d| h.write_u32(d));
+        }
+    }
+    h.finish()
 }
 
 /// Checks `sched` against every invariant. `source` (may be empty) is used for line numbers in notes. The
 /// postcondition is checked as `limits.verification` says.
 pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
-    verify_in(Context { sched: &sched, source, lines: None, limits }).map(|verdict| VerifiedSchedule(sched, verdict))
+    verify_in(Context { sched: &sched, source, lines: None, limits })
+        .map(|verdict| VerifiedSchedule::new(sched, verdict, limits))
 }
 
 /// `verify` for a schedule read from `.sched` text: diagnostics name and point at the instructions' lines and
@@ -70,7 +127,7 @@ pub fn verify_sched(
     limits: &Limits,
 ) -> Result<VerifiedSchedule, Errors> {
     let ctx = Context { sched: &sched, source: text, lines: Some(lines), limits };
-    verify_in(ctx).map(|verdict| VerifiedSchedule(sched, verdict))
+    verify_in(ctx).map(|verdict| VerifiedSchedule::new(sched, verdict, limits))
 }
 
 fn verify_in(ctx: Context) -> Result<Verdict, Errors> {

@@ -14,6 +14,7 @@ pub mod ir;
 pub mod library;
 pub mod lower;
 pub mod optimise;
+pub mod replicas;
 pub mod sched;
 
 pub mod verify;

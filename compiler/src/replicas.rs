@@ -86,13 +86,28 @@ pub enum Determinism {
 
 impl Determinism {
     pub fn admits(self, replicas: &Replicas) -> bool {
-        replicas.agree() && (self == Determinism::Replicas || replicas.chunk_independent())
+        self.refusal(replicas).is_none()
     }
 
     pub fn name(self) -> &'static str {
         match self {
             Determinism::Replicas => "replicas",
             Determinism::Strict => "strict",
+        }
+    }
+
+    /// Why a schedule with `replicas` does not meet this level, naming the witness; `None` if it does.
+    pub fn refusal(self, replicas: &Replicas) -> Option<String> {
+        if let Some(Disagreement { chunk, ranks: [a, b] }) = replicas.disagreement {
+            return Some(format!(
+                "ranks {a} and {b} reduce chunk {chunk} in different orders: replicas differ bitwise"
+            ));
+        }
+        match (self, replicas.chunk_dependence) {
+            (Determinism::Strict, Some(ChunkDependence { rank, chunks: [a, b] })) => Some(format!(
+                "rank {rank} reduces chunks {a} and {b} in different orders: results depend on the message size"
+            )),
+            _ => None,
         }
     }
 }

@@ -1,12 +1,15 @@
 //! Algorithm selection, as NCCL's tuner does it: the predicted-fastest candidate per call size. The candidates are
 //! the library's algorithms for the collective, narrowed by a filter in NCCL_ALGO's grammar (`COLLC_ALGO`,
 //! `--algo`): `ring,tree` keeps those, `^tree` drops those, `allreduce:tree,ring;broadcast:chain` sets them per
-//! collective. Names are case-insensitive; a name the library does not have is an error.
+//! collective. Names are case-insensitive; a name the library does not have is an error. A part `deterministic`
+//! (`deterministic=strict`) admits only algorithms whose replicas agree bitwise (and whose results do not depend on
+//! the message size) at the binding's rank count, as `replicas::analyse` finds on their verified schedules.
 
 use super::model::Profile;
 use super::{analyse, Topology};
 use crate::diag::{Error, Errors};
 use crate::library::LIBRARY;
+use crate::replicas::{self, Determinism};
 use crate::{lower, Bindings, Collective, Limits, Options, Placement};
 
 /// Include or exclude a list of algorithm names.
@@ -21,6 +24,8 @@ struct Rule {
 pub struct AlgoFilter {
     global: Option<Rule>,
     per_collective: Vec<(Collective, Rule)>,
+    /// What determinism a candidate must have (`deterministic`, `deterministic=strict`); none by default.
+    deterministic: Option<Determinism>,
 }
 
 /// The library's algorithm names (`ring`, not `allreduce/ring`) for `collective`.
@@ -33,6 +38,13 @@ impl AlgoFilter {
     pub fn parse(text: &str) -> Result<Self, String> {
         let mut filter = AlgoFilter::default();
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
+            if let Some(level) = parse_deterministic(part)? {
+                if filter.deterministic.is_some() {
+                    return Err("`deterministic` is given twice".into());
+                }
+                filter.deterministic = Some(level);
+                continue;
+            }
             let (collective, list) = match part.split_once(':') {
                 Some((c, list)) => {
                     let collective: Collective = c.trim().parse().map_err(|_| {
@@ -55,9 +67,23 @@ impl AlgoFilter {
         Ok(filter)
     }
 
-    /// Whether the filter says anything about `collective` (a list for every collective, or one for it).
+    /// Whether the filter says anything about `collective` (a list for every collective, one for it, or a
+    /// determinism every collective must have).
     pub fn mentions(&self, collective: Collective) -> bool {
-        self.global.is_some() || self.per_collective.iter().any(|(c, _)| *c == collective)
+        self.global.is_some()
+            || self.per_collective.iter().any(|(c, _)| *c == collective)
+            || self.deterministic.is_some()
+    }
+
+    /// The same filter, also requiring `level` (the stricter of it and the filter's own).
+    pub fn requiring(mut self, level: Determinism) -> Self {
+        self.deterministic = self.deterministic.max(Some(level));
+        self
+    }
+
+    /// The determinism a candidate must have, if any.
+    pub fn deterministic(&self) -> Option<Determinism> {
+        self.deterministic
     }
 
     fn rule(&self, collective: Collective) -> Option<&Rule> {
@@ -84,6 +110,15 @@ impl AlgoFilter {
         kept.sort_by_key(|name| *name != default);
         Ok(kept)
     }
+}
+
+/// `deterministic` or `deterministic=LEVEL` (`replicas`, `strict`); `None` for any other part.
+fn parse_deterministic(part: &str) -> Result<Option<Determinism>, String> {
+    let (name, level) = part.split_once('=').unwrap_or((part, ""));
+    if !name.trim().eq_ignore_ascii_case("deterministic") {
+        return Ok(None);
+    }
+    level.parse().map(Some).map_err(|e| format!("{e} (in `{part}`)"))
 }
 
 fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String> {
@@ -201,8 +236,13 @@ pub fn field(
     for name in filter.candidates(collective).map_err(FieldError::Filter)? {
         let full = format!("{collective}/{name}");
         let source = crate::library::get(&full).expect("candidates come from the library");
-        match profile(source, bindings, None, limits, topo) {
-            Ok(costed) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
+        let refusal = match filter.deterministic.filter(|_| collective.reduces()) {
+            Some(level) => refusal(source, bindings, level, limits, topo),
+            None => Ok(None),
+        };
+        match refusal.and_then(|refusal| profile(source, bindings, None, limits, topo).map(|c| (refusal, c))) {
+            Ok((Some(why), _)) => field.not_admitted.push((name.to_string(), why)),
+            Ok((None, costed)) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
             Err(errors) if errors.not_admitted() => {
                 field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
             }
@@ -211,9 +251,73 @@ pub fn field(
     }
     if field.candidates.is_empty() {
         let n_ranks = bindings.n_ranks;
+        let deterministic = match filter.deterministic.filter(|_| collective.reduces()) {
+            Some(level) => format!(" with determinism {}", level.name()),
+            None => String::new(),
+        };
         return Err(FieldError::NoneAdmits(format!(
-            "no {collective} algorithm admits {n_ranks} ranks on this topology"
+            "no {collective} algorithm admits {n_ranks} ranks{deterministic} on this topology"
         )));
     }
     Ok(field)
+}
+
+/// Why `source` does not meet `level` for `bindings` on `topo` (in either placement), or `None` if it does.
+fn refusal(
+    source: &str,
+    bindings: &Bindings,
+    level: Determinism,
+    limits: &Limits,
+    topo: &Topology,
+) -> Result<Option<String>, Errors> {
+    let file = collc_grammar::parse(source, &limits.syntax).map_err(Error::from)?;
+    let program = lower(&file, &bindings_on(&file, bindings, topo), limits)?;
+    for placement in Placement::BOTH {
+        let verified = crate::compile_program(&program, source, Options::placed(placement), limits)?;
+        if let Some(why) = level.refusal(&replicas::analyse(&verified)) {
+            return Ok(Some(format!("not deterministic ({}): {why} at {} ranks", level.name(), bindings.n_ranks)));
+        }
+    }
+    Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{field, AlgoFilter};
+    use crate::cost::Topology;
+    use crate::replicas::Determinism;
+    use crate::{Bindings, Collective, Limits};
+
+    /// `deterministic` is a part of its own, given once, and says something about every collective.
+    #[test]
+    fn deterministic_parses_as_a_part_of_its_own() {
+        let filter = AlgoFilter::parse("^naive; Deterministic=strict").expect("valid");
+        assert_eq!(filter.deterministic(), Some(Determinism::Strict));
+        assert!(filter.mentions(Collective::Broadcast));
+        assert_eq!(AlgoFilter::parse("deterministic").expect("valid").deterministic(), Some(Determinism::Replicas));
+        let stricter = AlgoFilter::default().requiring(Determinism::Replicas).requiring(Determinism::Strict);
+        assert_eq!(stricter.requiring(Determinism::Replicas).deterministic(), Some(Determinism::Strict));
+        for bad in ["deterministic;deterministic", "deterministic=often", "ring,deterministic"] {
+            assert!(AlgoFilter::parse(bad).is_err(), "`{bad}` must be rejected");
+        }
+    }
+
+    /// At 4 ranks one-shot's ranks add the others' copies in different orders: not admitted when deterministic,
+    /// with why; the ring's replicas agree, but its chunks are reduced in different orders: out when strict.
+    #[test]
+    fn a_deterministic_field_leaves_out_the_algorithms_whose_replicas_differ() {
+        let (limits, topo) = (Limits::default(), Topology::uniform(4));
+        let only = |text: &str| {
+            let filter = AlgoFilter::parse(text).expect("valid");
+            let field = field(Collective::AllReduce, &filter, &Bindings::ranks(4), &limits, &topo);
+            let field = field.unwrap_or_else(|_| panic!("`{text}` leaves a field"));
+            (field.candidates.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), field.not_admitted)
+        };
+        let (kept, refused) = only("ring,one_shot;deterministic");
+        assert_eq!(kept, ["ring"]);
+        assert!(refused[0].0 == "one_shot" && refused[0].1.contains("replicas differ bitwise"), "{refused:?}");
+        let (kept, refused) = only("ring,recursive_doubling;deterministic=strict");
+        assert_eq!(kept, ["recursive_doubling"]);
+        assert!(refused[0].1.contains("depend on the message size"), "{refused:?}");
+    }
 }

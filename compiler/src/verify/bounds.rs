@@ -1,5 +1,6 @@
 //! Bounds and shape: every operand inside its buffer, every peer a rank other than itself, every instruction
-//! carrying exactly the operands its op needs, dependencies pointing backwards, `in` read-only out of place.
+//! carrying exactly the operands its op needs, no read operand partly overlapping the destination, dependencies
+//! pointing backwards, `in` read-only out of place.
 
 use super::Context;
 use crate::diag::Error;
@@ -122,6 +123,33 @@ fn peer_problem(ctx: &Context, rank: u32, what: &str, peer: u32) -> Option<Strin
     }
 }
 
+/// Executors go chunk by chunk (and element by element within one), so a read operand that overlaps the
+/// destination without being its very range would read chunks the instruction has already written: the memory
+/// model (docs/language.md §13) leaves that undefined, and the verifier rejects it rather than guess an order.
+fn partial_overlap(ctx: &Context, instr: &Instr) -> Option<String> {
+    let dst = instr.dst.get()?;
+    let n = instr.count;
+    for (what, read) in [("source", instr.src.get()), ("accumulator", instr.acc.get())] {
+        let Some(read) = read else { continue };
+        let overlap = read.buf == dst.buf && read.index < dst.index + n && dst.index < read.index + n;
+        if overlap && read != dst {
+            let name = &ctx.sched.buffer(dst.buf).name;
+            let (r, d) = ({ read.index }, { dst.index });
+            let aliasing = match ctx.sched.placement {
+                Placement::InPlace => " (in place, `in` and `out` are one buffer)",
+                Placement::OutOfPlace => "",
+            };
+            return Some(format!(
+                "its {what} {name}[{r}..{}] and destination {name}[{d}..{}] overlap without being the same \
+                 range{aliasing}",
+                r + n,
+                d + n
+            ));
+        }
+    }
+    None
+}
+
 fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
     let needs_src = matches!(instr.op, Op::Send | Op::Copy | Op::Reduce);
     let needs_acc = matches!(instr.op, Op::RecvReduceCopy | Op::RecvReduceSend | Op::RecvReduceCopySend | Op::Reduce);
@@ -154,11 +182,8 @@ fn instr_problem(ctx: &Context, rank: u32, instr: &Instr) -> Option<String> {
     if ctx.sched.placement == Placement::OutOfPlace && instr.dst.get().is_some_and(|d| d.buf == BufId::IN) {
         return Some("writes the input buffer of an out-of-place call".to_string());
     }
-    if let (Some(src), Some(dst)) = (instr.src.get(), instr.dst.get()) {
-        let overlap = src.buf == dst.buf && src.index < dst.index + instr.count && dst.index < src.index + instr.count;
-        if overlap && src != dst {
-            return Some("its source and destination overlap (in[] and out[] alias in place)".to_string());
-        }
+    if let Some(problem) = partial_overlap(ctx, instr) {
+        return Some(problem);
     }
     if instr.channel as u32 >= ctx.limits.max_channels {
         return Some(format!("channel {} is outside 0..{}", instr.channel, ctx.limits.max_channels));

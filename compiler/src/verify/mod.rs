@@ -1,8 +1,10 @@
 //! The verifier: runs on the final schedule and is the only way to obtain a `VerifiedSchedule`.
 //!
-//! Invariants checked, each in its own file, every error collected:
+//! In place, operands naming `in` and `out` are first put onto the one buffer the call passes (`alias`), so the
+//! checks below see one name per chunk of memory. Invariants checked, each in its own file, every error collected:
 //! - `bounds`: operands inside their buffers, peers inside 0..p and not the rank itself, instruction shapes,
-//!   dependencies pointing to earlier instructions, `in` never written out of place.
+//!   a read operand either the destination's very range or apart from it, dependencies pointing to earlier
+//!   instructions, `in` never written out of place.
 //! - `matching`: every send has exactly one receive of the same size, same channel, same order.
 //! - `races`: two instructions of one rank that touch one chunk slot, one writing, are ordered by dependencies.
 //! - `deadlock`: a dataflow execution with bounded channels (`Limits::channel_slots` messages per connection)
@@ -10,6 +12,7 @@
 //! - `postcondition`: symbolic execution of multisets of contributions gives exactly the collective's contract,
 //!   with the multisets themselves or keyed afresh for each verification (`key`, `Limits::verification`).
 
+mod alias;
 mod bounds;
 mod deadlock;
 pub mod key;
@@ -113,7 +116,8 @@ fn schedule_hash(sched: &Schedule, channel_slots: u32) -> u64 {
 
 /// Checks `sched` against every invariant. `source` (may be empty) is used for line numbers in notes. The
 /// postcondition is checked as `limits.verification` says.
-pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
+pub fn verify(mut sched: Schedule, source: &str, limits: &Limits) -> Result<VerifiedSchedule, Errors> {
+    alias::onto_shared_buffer(&mut sched);
     verify_in(Context { sched: &sched, source, lines: None, limits })
         .map(|verdict| VerifiedSchedule::new(sched, verdict, limits))
 }
@@ -121,11 +125,12 @@ pub fn verify(sched: Schedule, source: &str, limits: &Limits) -> Result<Verified
 /// `verify` for a schedule read from `.sched` text: diagnostics name and point at the instructions' lines and
 /// columns in `text` (`emit::parse_sched_located` gives `lines`), not the `.coll` source the text came from.
 pub fn verify_sched(
-    sched: Schedule,
+    mut sched: Schedule,
     text: &str,
     lines: &SchedLines,
     limits: &Limits,
 ) -> Result<VerifiedSchedule, Errors> {
+    alias::onto_shared_buffer(&mut sched);
     let ctx = Context { sched: &sched, source: text, lines: Some(lines), limits };
     verify_in(ctx).map(|verdict| VerifiedSchedule::new(sched, verdict, limits))
 }

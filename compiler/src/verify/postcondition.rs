@@ -206,8 +206,13 @@ fn explain(
             .at(sched.spans.first().copied().unwrap_or_default(), "no transfer writes this chunk"),
         Some(writer) => {
             let instr = &sched.ranks[rank as usize].instrs[writer as usize];
-            // Span 0 marks instructions the compiler added: the final copies of chunks no transfer wrote.
-            let label = if instr.span == 0 {
+            // Span 0 marks instructions the compiler added: the final copies of chunks no transfer wrote. A schedule
+            // read from text may give span 0 to anything, so there it is just the last writer.
+            let final_copy = instr.span == 0
+                && instr.op == crate::sched::Op::Copy
+                && sched.placement == crate::sched::Placement::OutOfPlace
+                && ctx.lines.is_none();
+            let label = if final_copy {
                 format!(
                     "no transfer writes this chunk: the final out-of-place copy ({}) left the input there",
                     ctx.describe(rank, writer as usize)

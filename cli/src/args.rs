@@ -1,7 +1,8 @@
 //! Arguments shared by subcommands: bindings (`--ranks`, `--root`, `--set`) and limits.
 
 use clap::Args;
-use collc_compiler::{Bindings, Limits, Options, Placement};
+use collc_compiler::replicas::Determinism;
+use collc_compiler::{Bindings, Limits, Options, Placement, VerifiedSchedule};
 
 #[derive(Args, Clone, Debug)]
 pub struct BindArgs {
@@ -179,4 +180,27 @@ impl VerifyArgs {
             (false, None) => Verification::Auto(collc_compiler::Seed::from_os()),
         }
     }
+}
+
+/// `--deterministic[=replicas|strict]`: what determinism the algorithms that run must have.
+pub fn determinism_parser() -> impl clap::builder::TypedValueParser<Value = Determinism> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let values = [
+        PossibleValue::new("replicas").help("every rank gets bitwise identical results (the default)"),
+        PossibleValue::new("strict").help("and the same bits whatever the message size and its cut into chunks"),
+    ];
+    PossibleValuesParser::new(values).map(|name| name.parse::<Determinism>().expect("a possible value"))
+}
+
+/// An error (exit 1) if `level` asks for a determinism the verified schedule `name` lacks (`replicas::analyse`).
+pub fn check_deterministic(
+    level: Option<Determinism>,
+    name: &str,
+    sched: &VerifiedSchedule,
+) -> Result<(), (u8, String)> {
+    let Some(why) = level.and_then(|level| level.refusal(&collc_compiler::replicas::analyse(sched))) else {
+        return Ok(());
+    };
+    let level = level.map_or("", Determinism::name);
+    Err((1, format!("{name} is not deterministic ({level}) at {} ranks: {why}", sched.n_ranks)))
 }

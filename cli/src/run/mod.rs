@@ -101,6 +101,12 @@ pub struct RunArgs {
     /// cost model's choice.
     #[arg(long)]
     pub compare: bool,
+    /// Run only an algorithm whose ranks get bitwise identical results (its replicas agree); `=strict`: also the
+    /// same bits whatever the message size. A named algorithm that lacks it is an error; with a collective, the
+    /// candidates that lack it are not admitted (as `deterministic` in --algo).
+    #[arg(long, value_name = "LEVEL", num_args = 0..=1, require_equals = true, default_missing_value = "replicas",
+          value_parser = crate::args::determinism_parser())]
+    pub deterministic: Option<collc_compiler::replicas::Determinism>,
 }
 
 /// One algorithm and the sizes it runs (up to `max_bytes`, after the previous choice's), with its bindings.
@@ -369,12 +375,14 @@ fn compile_fixed(
             }
             .with_default_split(&file.algorithm, per_node);
             let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
-            Ok((schedule.collective, bindings.params, schedule.n_connections()))
+            Ok((schedule.collective, bindings.params, schedule))
         });
-    let (collective, params, connections) = compiled.map_err(|errors| {
+    let (collective, params, schedule) = compiled.map_err(|errors| {
         crate::report::print_all(&errors, &source.name, &source.text);
         (1, format!("{} does not compile for {n_ranks} ranks", source.name))
     })?;
+    crate::args::check_deterministic(args.deterministic, &source.name, &schedule)?;
+    let connections = schedule.n_connections();
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None, connections };
     Ok((collective, Algorithms::fixed(choice)))
@@ -400,6 +408,7 @@ fn schedule_file(
         (1, format!("{} does not verify", source.name))
     })?;
     let sched = &verified;
+    crate::args::check_deterministic(args.deterministic, &source.name, sched)?;
     if sched.n_ranks != n_ranks {
         return Err(usage(format!(
             "{} is a schedule for {} ranks, not {n_ranks}; `collc build ... --ranks {n_ranks}` writes one",
@@ -449,6 +458,10 @@ fn select(
             format!("--algo `{text}` names no {collective} algorithm; write {collective}:NAME,.. or a list"),
         ));
     }
+    let filter = match args.deterministic {
+        Some(level) => filter.requiring(level),
+        None => filter,
+    };
     let from_env = std::env::var("COLLC_TOPO").ok().filter(|t| !t.is_empty());
     let file = match (args.topo.as_deref(), from_env.as_deref()) {
         (Some(path), _) => Some((format!("--topo {path}"), path)),

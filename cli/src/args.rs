@@ -157,27 +157,32 @@ pub fn size_sweep(min: usize, max: usize, factor: u64, step: Option<usize>) -> V
 }
 
 /// How the postcondition is checked: `--exact`, or keyed with `--seed` (default: exactly up to 64 ranks, keyed
-/// above with a seed drawn from the OS).
+/// above with a seed drawn from the OS). The seed also draws the roots checked above 64 ranks, in either mode.
 #[derive(Args, Clone, Debug)]
 pub struct VerifyArgs {
     /// Verify with the multisets of contributions themselves at every rank count (default: exactly up to 64
     /// ranks, keyed above, with an error bound of 2^-105 per schedule).
-    #[arg(long, conflicts_with = "seed")]
+    #[arg(long)]
     pub exact: bool,
-    /// Replay a keyed verification with the seed it printed (32 hexadecimal digits; `-v` or `--format json`
-    /// shows it). Default: a fresh seed from the OS for each invocation.
+    /// Replay a verification with the seed it printed (32 hexadecimal digits; `-v` or `--format json` shows it):
+    /// its keys and the roots drawn above 64 ranks (with `--exact`, the roots alone). Default: a fresh seed from
+    /// the OS for each invocation.
     #[arg(long, value_name = "HEX")]
     pub seed: Option<collc_compiler::Seed>,
 }
 
 impl VerifyArgs {
-    /// The verification to run; one seed for the whole invocation.
-    pub fn verification(&self) -> collc_compiler::Verification {
+    /// The invocation's one seed: `--seed`, else fresh from the OS.
+    pub fn seed(&self) -> collc_compiler::Seed {
+        self.seed.unwrap_or_else(collc_compiler::Seed::from_os)
+    }
+
+    /// The verification to run with the invocation's `seed`.
+    pub fn verification(&self, seed: collc_compiler::Seed) -> collc_compiler::Verification {
         use collc_compiler::Verification;
-        match (self.exact, self.seed) {
-            (true, _) => Verification::Exact,
-            (false, Some(seed)) => Verification::Auto(seed),
-            (false, None) => Verification::Auto(collc_compiler::Seed::from_os()),
+        match self.exact {
+            true => Verification::Exact,
+            false => Verification::Auto(seed),
         }
     }
 }

@@ -1,11 +1,16 @@
 //! `collc check`: verify an algorithm for every requested rank count, in both placements, for every root of a
-//! rooted collective (or a spread of roots at large p), exactly or keyed.
+//! rooted collective (or a spread of roots at large p, drawn from the invocation's seed), exactly or keyed; for a
+//! reducing collective, whether its replicas agree bitwise and its results are chunk-independent
+//! (`collc_compiler::replicas`, up to `REPLICAS_MAX_RANKS`). Each line states the verdict of every binding and
+//! placement it covers.
 
 use crate::args::{parse_rank_list, LimitArgs, ParamArgs, VerifyArgs};
 use crate::library;
 use crate::report;
 use clap::{Args, ValueEnum};
 use collc_compiler::lower::node_split;
+use collc_compiler::replicas::{self, Replicas};
+use collc_compiler::verify::EXACT_AUTO_RANKS;
 use collc_compiler::{
     compile_placements, lower, Bindings, Collective, Error, Errors, Join, Placement, Seed, Verdict, Verification,
 };
@@ -51,10 +56,14 @@ pub struct CheckArgs {
 }
 
 enum Outcome {
-    Verified(usize, Verdict),
+    /// Its instruction count, its verdict, and what `replicas::analyse` found (up to `REPLICAS_MAX_RANKS`).
+    Verified(usize, Verdict, Option<Replicas>),
     NotAdmitted(String),
     Failed(Errors),
 }
+
+/// The largest rank count whose schedules `collc check` runs `replicas::analyse` on (as long as exact verification).
+const REPLICAS_MAX_RANKS: u32 = EXACT_AUTO_RANKS;
 
 /// One binding to check at a rank count: its name in what is printed (`root=3 n=2 g=4`, empty for none), and the
 /// root and peer it binds.
@@ -100,15 +109,15 @@ fn parse_roots(text: Option<&str>) -> Result<Roots, String> {
     }
 }
 
-/// Up to `EXACT_AUTO_RANKS` ranks every root; above, 0, 1, p/2, p-1 and four roots drawn from the seed (so that
-/// `--seed` replays them; from a stream of their own, independent of the key). Exact runs have no seed: their four
-/// come from seed 0.
-fn root_spread(p: u32, seed: Option<Seed>) -> Vec<u32> {
-    if p <= collc_compiler::verify::EXACT_AUTO_RANKS {
+/// Up to `EXACT_AUTO_RANKS` ranks every root; above, 0, 1, p/2, p-1 and four roots drawn from the invocation's
+/// seed (fresh from the OS unless `--seed` replays one, exact runs included, so no fixed sample can be fitted; from
+/// a stream of their own, independent of the key).
+fn root_spread(p: u32, seed: Seed) -> Vec<u32> {
+    if p <= EXACT_AUTO_RANKS {
         return (0..p).collect();
     }
     let mut roots = vec![0, 1, p / 2, p - 1];
-    roots.extend(collc_compiler::verify::key::draw_ranks(seed.unwrap_or(Seed(0)), p, 4));
+    roots.extend(collc_compiler::verify::key::draw_ranks(seed, p, 4));
     roots.sort_unstable();
     roots.dedup();
     roots
@@ -121,7 +130,7 @@ fn roots_and_peers(
     p: u32,
     args: &CheckArgs,
     roots: &Roots,
-    seed: Option<Seed>,
+    seed: Seed,
 ) -> Vec<(Option<u32>, Option<u32>)> {
     let Some(collective) = collective.filter(|c| c.rooted()) else {
         // Without a root to sweep, a listed `--root` is still bound (and must be a rank of p, as lowering checks).
@@ -156,7 +165,7 @@ fn roots_and_peers(
 
 /// The bindings to check at `n_ranks`: each root (and peer) asked for, and for an algorithm with a node split
 /// that `--set` leaves open every ranks-per-node count that divides `n_ranks`, each named (`root=3 n=2 g=4`).
-fn bindings(file: &ast::File, args: &CheckArgs, roots: &Roots, seed: Option<Seed>, n_ranks: u32) -> Vec<Binding> {
+fn bindings(file: &ast::File, args: &CheckArgs, roots: &Roots, seed: Seed, n_ranks: u32) -> Vec<Binding> {
     let collective = file.algorithm.collective.name.parse::<Collective>().ok();
     // A root is named where several are checked: a rooted collective's, or a list given for one without a root.
     let sweep = collective.is_some_and(|c| c.rooted()) || matches!(roots, Roots::List(list) if list.len() > 1);
@@ -237,7 +246,10 @@ fn check_binding(
         .zip(results)
         .map(|(placement, result)| {
             let outcome = match result {
-                Ok(verified) => Outcome::Verified(verified.n_instrs(), verified.verdict()),
+                Ok(verified) => {
+                    let replicas = (verified.n_ranks <= REPLICAS_MAX_RANKS).then(|| replicas::analyse(&verified));
+                    Outcome::Verified(verified.n_instrs(), verified.verdict(), replicas)
+                }
                 Err(errors) => Outcome::Failed(errors),
             };
             (placement, outcome)
@@ -260,23 +272,32 @@ impl Join for Threads {
 
 /// A `.sched` file (as `collc build --emit sched` writes it, or by hand) is verified as it stands: its header fixes
 /// the rank count, placement and root, so `--ranks` and `--root` do not apply.
-fn check_schedule(args: &CheckArgs, source: &library::Source, limits: &collc_compiler::Limits) -> u8 {
+fn check_schedule(args: &CheckArgs, source: &library::Source, limits: &collc_compiler::Limits, seed: Seed) -> u8 {
     match crate::library::verify_schedule(source, limits) {
         Ok((verified, _)) => {
             let (n, placement) = (verified.n_ranks, verified.placement);
             let verdict = verified.verdict();
+            let replicas = (n <= REPLICAS_MAX_RANKS).then(|| replicas::analyse(&verified));
             match args.format {
-                Format::Table => println!(
-                    "{}: {verdict} ({n} ranks, {placement}, {} instructions)",
-                    source.name,
-                    verified.n_instrs()
-                ),
+                Format::Table => {
+                    let shown = replicas.filter(|_| verified.collective.reduces()).map(|r| format!("; {r}"));
+                    println!(
+                        "{}: {verdict} ({n} ranks, {placement}, {} instructions){}",
+                        source.name,
+                        verified.n_instrs(),
+                        shown.unwrap_or_default()
+                    );
+                    if let Some(note) = fallback_note(limits, n, &[verdict]) {
+                        println!("note: {note}");
+                    }
+                }
                 Format::Json => println!(
                     "{}",
                     json!({
-                        "algorithm": source.name, "seed": seed_of(limits), "results": [{
+                        "algorithm": source.name, "seed": seed.to_string(), "results": [{
                             "ranks": n, "root": verified.root, "placement": placement.to_string(),
-                            "outcome": "verified", "instructions": verified.n_instrs(), "verdict": verdict_json(verdict),
+                            "outcome": "verified", "instructions": verified.n_instrs(),
+                            "verdict": verdict_json(verdict, limits, n), "replicas": replicas.map(replicas_json),
                         }],
                     })
                 ),
@@ -289,7 +310,7 @@ fn check_schedule(args: &CheckArgs, source: &library::Source, limits: &collc_com
                 Format::Table => println!("{}: failed with {} error(s)", source.name, errors.0.len()),
                 Format::Json => println!(
                     "{}",
-                    json!({"algorithm": source.name, "seed": seed_of(limits), "results": [{
+                    json!({"algorithm": source.name, "seed": seed.to_string(), "results": [{
                         "outcome": "failed", "errors": errors_json(&errors, &source.text),
                     }]})
                 ),
@@ -299,20 +320,33 @@ fn check_schedule(args: &CheckArgs, source: &library::Source, limits: &collc_com
     }
 }
 
-fn seed_of(limits: &collc_compiler::Limits) -> Option<String> {
-    match limits.verification {
-        Verification::Auto(seed) | Verification::Keyed(seed) => Some(seed.to_string()),
-        Verification::Exact => None,
-    }
+/// Whether a keyed verdict at `p` ranks is the fallback of an exact run that outgrew its budget (`Auto` verifies
+/// exactly up to `EXACT_AUTO_RANKS`), and the note that says so.
+fn fallback_note(limits: &collc_compiler::Limits, p: u32, verdicts: &[Verdict]) -> Option<String> {
+    let keyed = verdicts.iter().filter(|v| matches!(v, Verdict::Keyed(_))).count();
+    let auto = matches!(limits.verification, Verification::Auto(_));
+    (auto && p <= EXACT_AUTO_RANKS && keyed > 0).then(|| {
+        format!(
+            "p={p}: exact verification outgrew its budget of 2^{} contribution terms, so {keyed} schedule(s) were \
+             verified keyed instead (error bound 2^-{}; --seed replays it)",
+            collc_compiler::verify::key::EXACT_BUDGET.trailing_zeros(),
+            collc_compiler::verify::ERROR_BOUND_BITS
+        )
+    })
 }
 
-fn verdict_json(verdict: Verdict) -> serde_json::Value {
+fn verdict_json(verdict: Verdict, limits: &collc_compiler::Limits, p: u32) -> serde_json::Value {
     match verdict {
         Verdict::Exact => json!({"mode": "exact"}),
         Verdict::Keyed(seed) => json!({
             "mode": "keyed", "seed": seed.to_string(), "error_bound_log2": -(collc_compiler::verify::ERROR_BOUND_BITS as i64),
+            "exact_fallback": fallback_note(limits, p, &[verdict]).is_some(),
         }),
     }
+}
+
+fn replicas_json(replicas: Replicas) -> serde_json::Value {
+    json!({"agree": replicas.agree(), "chunk_independent": replicas.chunk_independent()})
 }
 
 fn errors_json(errors: &Errors, source: &str) -> serde_json::Value {
@@ -325,16 +359,12 @@ fn errors_json(errors: &Errors, source: &str) -> serde_json::Value {
 fn check_rank_count(
     file: &ast::File,
     args: &CheckArgs,
-    roots: &Roots,
+    (roots, seed): (&Roots, Seed),
     limits: &collc_compiler::Limits,
     text: &str,
     p: u32,
 ) -> Vec<Checked> {
     let mut outcomes = Vec::new();
-    let seed = match limits.verification {
-        Verification::Auto(seed) | Verification::Keyed(seed) => Some(seed),
-        Verification::Exact => None,
-    };
     for binding in bindings(file, args, roots, seed, p) {
         for (placement, mut outcome) in check_binding(text, file, args, limits, &binding.bindings) {
             if let (Outcome::Failed(errors), Some(root)) = (&mut outcome, binding.bindings.root) {
@@ -362,21 +392,33 @@ fn instruction_range(counts: &[usize]) -> String {
     }
 }
 
-/// What `collc check` prints for one rank count: each split and placement that verified (over all roots, as a
-/// range of instruction counts) or was not admitted; failures go to `failures` instead.
-fn outcome_line(p: u32, outcomes: &[Checked], failures: &mut Failures) -> Vec<String> {
+/// What `collc check` prints for one rank count after `NAME p=P: `: each split and placement that verified (over all
+/// roots, as a range of instruction counts) or was not admitted, then the verdict of every binding and placement it
+/// covers (one verdict when all verified, else which verified and which FAILED: a line never calls verified a rank
+/// count where a root or placement failed), and for a reducing collective what `replicas::analyse` found over the
+/// verified schedules. Failures' diagnostics go to `failures`.
+fn outcome_line(p: u32, outcomes: &[Checked], failures: &mut Failures, reduces: bool) -> String {
     // Grouped by split and placement, over the roots.
     let mut groups: Vec<(&str, Placement, Vec<usize>)> = Vec::new();
     let mut not_admitted: Vec<&str> = Vec::new();
+    let (mut verified, mut failed) = (Vec::new(), Vec::new());
+    let (mut verdicts, mut replicas) = (Vec::new(), None::<Replicas>);
     let mut roots: Vec<u32> = outcomes.iter().filter_map(|c| c.root).collect();
     roots.sort_unstable();
     roots.dedup();
     for Checked { name, split, placement, outcome, .. } in outcomes {
         match outcome {
-            Outcome::Verified(n, _) => match groups.iter_mut().find(|(s, pl, _)| s == split && pl == placement) {
-                Some((_, _, counts)) => counts.push(*n),
-                None => groups.push((split, *placement, vec![*n])),
-            },
+            Outcome::Verified(n, verdict, found) => {
+                match groups.iter_mut().find(|(s, pl, _)| s == split && pl == placement) {
+                    Some((_, _, counts)) => counts.push(*n),
+                    None => groups.push((split, *placement, vec![*n])),
+                }
+                verified.push((name.as_str(), *placement));
+                verdicts.push(*verdict);
+                if let Some(found) = *found {
+                    replicas = Some(replicas.map_or(found, |r| r.and(found)));
+                }
+            }
             Outcome::NotAdmitted(why) => {
                 if !not_admitted.contains(&why.as_str()) {
                     not_admitted.push(why);
@@ -386,6 +428,11 @@ fn outcome_line(p: u32, outcomes: &[Checked], failures: &mut Failures) -> Vec<St
                 let at =
                     if name.is_empty() { format!("p={p} {placement}") } else { format!("p={p} {name} {placement}") };
                 failures.report(at, errors);
+                // A binding that failed to lower has this one outcome, and neither placement was built.
+                match outcomes.iter().filter(|c| c.name == *name).count() {
+                    1 => failed.extend(Placement::BOTH.map(|placement| (name.as_str(), placement))),
+                    _ => failed.push((name.as_str(), *placement)),
+                }
             }
         }
     }
@@ -398,10 +445,60 @@ fn outcome_line(p: u32, outcomes: &[Checked], failures: &mut Failures) -> Vec<St
         line.push(format!("{named}{placement} {}", instruction_range(counts)));
     }
     line.extend(not_admitted.iter().map(|why| format!("not admitted: {why}")));
+    let verdict = match (verified.is_empty(), failed.is_empty()) {
+        (true, true) => String::new(),
+        (false, true) => format!("; {}", verdicts_summary(&verdicts)),
+        (true, false) => {
+            line.push(format!("FAILED{}", covering(&failed)));
+            String::new()
+        }
+        (false, false) => {
+            format!("; {}{}; FAILED{}", verdicts_summary(&verdicts), covering(&verified), covering(&failed))
+        }
+    };
     if roots.len() > 1 && !line.is_empty() {
         line[0] = format!("{} roots: {}", roots.len(), line[0]);
     }
-    line
+    let replicas = replicas.filter(|_| reduces).map_or(String::new(), |r| format!("; {r}"));
+    format!("{}{verdict}{replicas}", line.join(", "))
+}
+
+/// Where a set of (binding, placement) outcomes lie: ` at root=1, root=2 (both placements), root=3 (in-place)`,
+/// or ` (out-of-place)` for the one unnamed binding of a rank count. Up to 16 names per placement, then how many
+/// more (`--format json` lists each).
+fn covering(entries: &[(&str, Placement)]) -> String {
+    let mut by_name: Vec<(&str, [bool; 2])> = Vec::new();
+    for &(name, placement) in entries {
+        let which = usize::from(placement == Placement::InPlace);
+        match by_name.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, seen)) => seen[which] = true,
+            None => {
+                let mut seen = [false; 2];
+                seen[which] = true;
+                by_name.push((name, seen));
+            }
+        }
+    }
+    let unnamed = by_name.iter().all(|(name, _)| name.is_empty());
+    let mut described = Vec::new();
+    for (seen, wording) in
+        [([true, true], "both placements"), ([true, false], "out-of-place"), ([false, true], "in-place")]
+    {
+        let names: Vec<&str> = by_name.iter().filter(|(_, s)| *s == seen).map(|(n, _)| *n).collect();
+        match (names.is_empty(), unnamed) {
+            (true, _) => {}
+            (false, true) => described.push(format!("({wording})")),
+            (false, false) => {
+                let more = names.len().saturating_sub(16);
+                let more = if more > 0 { format!(" and {more} more") } else { String::new() };
+                described.push(format!("{}{more} ({wording})", names[..names.len().min(16)].join(", ")));
+            }
+        }
+    }
+    match unnamed {
+        true => format!(" {}", described.join(", ")),
+        false => format!(" at {}", described.join(", ")),
+    }
 }
 
 /// `verified exactly`, `verified, error bound 2^-105`, or both with their counts, for a set of verdicts.
@@ -467,6 +564,58 @@ impl Failures<'_> {
     }
 }
 
+/// The replicas' verdict over the rank counts analysed: the properties, and the first rank count where each fails.
+#[derive(Default)]
+struct ReplicasSummary {
+    analysed: bool,
+    disagree_at: Option<u32>,
+    dependent_at: Option<u32>,
+}
+
+impl ReplicasSummary {
+    fn add(&mut self, p: u32, outcomes: &[Checked]) {
+        for checked in outcomes {
+            if let Outcome::Verified(_, _, Some(replicas)) = checked.outcome {
+                self.analysed = true;
+                self.disagree_at = self.disagree_at.or((!replicas.agree()).then_some(p));
+                self.dependent_at = self.dependent_at.or((!replicas.chunk_independent()).then_some(p));
+            }
+        }
+    }
+
+    /// `; replicas agree: no (first at p=3), chunk-independent: yes`, or nothing if no schedule was analysed.
+    fn text(&self, beyond: bool) -> String {
+        if !self.analysed {
+            return String::new();
+        }
+        let word = |fails: Option<u32>| fails.map_or("yes".to_string(), |p| format!("no (first at p={p})"));
+        let beyond = if beyond { format!(" (analysed up to {REPLICAS_MAX_RANKS} ranks)") } else { String::new() };
+        format!("; replicas agree: {}, chunk-independent: {}{beyond}", word(self.disagree_at), word(self.dependent_at))
+    }
+
+    fn json(&self) -> serde_json::Value {
+        match self.analysed {
+            false => serde_json::Value::Null,
+            true => json!({
+                "agree": self.disagree_at.is_none(), "chunk_independent": self.dependent_at.is_none(),
+                "first_disagreement_ranks": self.disagree_at, "first_chunk_dependence_ranks": self.dependent_at,
+                "max_ranks": REPLICAS_MAX_RANKS,
+            }),
+        }
+    }
+}
+
+/// The seed line `-v` prints, and a check that draws roots above `EXACT_AUTO_RANKS` prints in any case.
+fn seed_line(exact: bool, seed: Seed) -> String {
+    match exact {
+        false => format!("# seed {seed} (--seed {seed} replays this verification)"),
+        true => format!(
+            "# exact verification (--exact); seed {seed} draws the roots checked above {EXACT_AUTO_RANKS} ranks \
+             (--exact --seed {seed} replays them)"
+        ),
+    }
+}
+
 pub fn run(args: CheckArgs) -> u8 {
     let source = match library::resolve(&args.algorithm) {
         Ok(s) => s,
@@ -475,15 +624,14 @@ pub fn run(args: CheckArgs) -> u8 {
             return 2;
         }
     };
-    let limits = collc_compiler::Limits { verification: args.verify.verification(), ..args.limits.limits() };
-    if args.verbose && args.format == Format::Table {
-        match seed_of(&limits) {
-            Some(seed) => println!("# seed {seed} (--seed {seed} replays this verification)"),
-            None => println!("# exact verification (--exact): no seed"),
-        }
+    let seed = args.verify.seed();
+    let limits = collc_compiler::Limits { verification: args.verify.verification(seed), ..args.limits.limits() };
+    let table = args.format == Format::Table;
+    if args.verbose && table {
+        println!("{}", seed_line(args.verify.exact, seed));
     }
     if library::is_schedule(&source) {
-        return check_schedule(&args, &source, &limits);
+        return check_schedule(&args, &source, &limits, seed);
     }
     let ranks = parse_rank_list(&args.ranks).map_err(|message| format!("--ranks: {message}")).and_then(|ranks| {
         ranks.iter().try_for_each(|&p| crate::args::check_rank_count(p, limits.max_ranks)).map(|()| ranks)
@@ -506,6 +654,15 @@ pub fn run(args: CheckArgs) -> u8 {
             return 1;
         }
     };
+    let collective = file.algorithm.collective.name.parse::<Collective>().ok();
+    let reduces = collective.is_some_and(Collective::reduces);
+    // Roots drawn from the seed are only replayable if the seed is shown.
+    let draws = collective.is_some_and(Collective::rooted)
+        && matches!(roots, Roots::Default)
+        && ranks.iter().any(|&p| p > EXACT_AUTO_RANKS);
+    if draws && !args.verbose && table {
+        println!("{}", seed_line(args.verify.exact, seed));
+    }
     // Counted per rank count: verified means every binding verified in both placements.
     let (mut verified, mut skipped, mut failed) = (0, 0, 0);
     let mut failures = Failures {
@@ -515,16 +672,16 @@ pub fn run(args: CheckArgs) -> u8 {
         algorithm: &args.algorithm,
         source: &source,
     };
-    let mut verdicts = Vec::new();
-    let mut results = Vec::new();
+    let (mut verdicts, mut results) = (Vec::new(), Vec::new());
+    let mut replicas = ReplicasSummary::default();
     let started = std::time::Instant::now();
     for &p in &ranks {
-        let outcomes = check_rank_count(&file, &args, &roots, &limits, &source.text, p);
-        let line = outcome_line(p, &outcomes, &mut failures);
+        let outcomes = check_rank_count(&file, &args, (&roots, seed), &limits, &source.text, p);
+        let line = outcome_line(p, &outcomes, &mut failures, reduces);
         let rank_verdicts: Vec<Verdict> = outcomes
             .iter()
             .filter_map(|c| match &c.outcome {
-                Outcome::Verified(_, verdict) => Some(*verdict),
+                Outcome::Verified(_, verdict, _) => Some(*verdict),
                 _ => None,
             })
             .collect();
@@ -533,25 +690,32 @@ pub fn run(args: CheckArgs) -> u8 {
             _ if outcomes.iter().any(|c| matches!(c.outcome, Outcome::NotAdmitted(_))) => skipped += 1,
             _ => verified += 1,
         }
-        if args.format == Format::Json {
-            results.extend(outcomes.iter().map(|checked| result_json(p, checked, &source.text)));
+        replicas.add(p, &outcomes);
+        let note = fallback_note(&limits, p, &rank_verdicts);
+        if !table {
+            results.extend(outcomes.iter().map(|checked| result_json(p, checked, &source.text, &limits)));
         } else if (!args.quiet || ranks.len() == 1) && !line.is_empty() {
-            let verdict = if rank_verdicts.is_empty() {
-                String::new()
-            } else {
-                format!("; {}", verdicts_summary(&rank_verdicts))
-            };
-            println!("{} p={p}: {}{verdict}", args.algorithm, line.join(", "));
+            println!("{} p={p}: {line}", args.algorithm);
+        }
+        // Said even with -q: the wording of the verdict alone would hide that the default exact run gave way.
+        if let (true, Some(note)) = (table, note) {
+            println!("note: {} {note}", args.algorithm);
         }
         verdicts.extend(rank_verdicts);
     }
     let seconds = started.elapsed().as_secs_f64();
+    let beyond = reduces && ranks.iter().any(|&p| p > REPLICAS_MAX_RANKS);
     match args.format {
         Format::Table => {
-            let verdict =
-                if verdicts.is_empty() { String::new() } else { format!("; {}", verdicts_summary(&verdicts)) };
+            // With failures, the verdict is said to be that of the schedules that verified only.
+            let verdict = match (verdicts.len(), failed) {
+                (0, _) => String::new(),
+                (_, 0) => format!("; {}", verdicts_summary(&verdicts)),
+                (n, _) => format!("; {} (the {n} schedules that verified)", verdicts_summary(&verdicts)),
+            };
+            let replicas = if reduces { replicas.text(beyond) } else { String::new() };
             println!(
-                "{}: {verified} rank counts verified in both placements, {skipped} not admitted, {failed} failed ({} rank counts, {seconds:.2} s){verdict}",
+                "{}: {verified} rank counts verified in both placements, {skipped} not admitted, {failed} failed ({} rank counts, {seconds:.2} s){verdict}{replicas}",
                 args.algorithm,
                 ranks.len()
             );
@@ -559,8 +723,11 @@ pub fn run(args: CheckArgs) -> u8 {
         Format::Json => println!(
             "{}",
             json!({
-                "algorithm": args.algorithm, "seed": seed_of(&limits), "results": results,
-                "summary": {"verified": verified, "not_admitted": skipped, "failed": failed, "seconds": seconds},
+                "algorithm": args.algorithm, "seed": seed.to_string(), "exact": args.verify.exact, "results": results,
+                "summary": {
+                    "verified": verified, "not_admitted": skipped, "failed": failed, "seconds": seconds,
+                    "replicas": if reduces { replicas.json() } else { serde_json::Value::Null },
+                },
             })
         ),
     }
@@ -573,15 +740,16 @@ pub fn run(args: CheckArgs) -> u8 {
 }
 
 /// One binding's outcome in one placement, for `--format json`.
-fn result_json(p: u32, checked: &Checked, source: &str) -> serde_json::Value {
+fn result_json(p: u32, checked: &Checked, source: &str, limits: &collc_compiler::Limits) -> serde_json::Value {
     let Checked { name, root, peer, placement, outcome, .. } = checked;
     let mut entry = json!({
         "ranks": p, "binding": name, "root": root, "peer": peer, "placement": placement.to_string(),
     });
     let details = match outcome {
-        Outcome::Verified(n, verdict) => {
-            json!({"outcome": "verified", "instructions": n, "verdict": verdict_json(*verdict)})
-        }
+        Outcome::Verified(n, verdict, replicas) => json!({
+            "outcome": "verified", "instructions": n, "verdict": verdict_json(*verdict, limits, p),
+            "replicas": replicas.map(replicas_json),
+        }),
         Outcome::NotAdmitted(why) => json!({"outcome": "not admitted", "why": why}),
         Outcome::Failed(errors) => json!({"outcome": "failed", "errors": errors_json(errors, source)}),
     };
@@ -589,4 +757,22 @@ fn result_json(p: u32, checked: &Checked, source: &str) -> serde_json::Value {
         entry.extend(details);
     }
     entry
+}
+
+#[cfg(test)]
+mod tests {
+    use super::covering;
+    use collc_compiler::Placement::{InPlace, OutOfPlace};
+
+    /// Named bindings are grouped by the placements they cover; the one unnamed binding is its placements alone.
+    #[test]
+    fn covering_names_each_binding_with_its_placements() {
+        let entries = [("root=1", OutOfPlace), ("root=1", InPlace), ("root=2", InPlace), ("root=3", OutOfPlace)];
+        assert_eq!(covering(&entries), " at root=1 (both placements), root=3 (out-of-place), root=2 (in-place)");
+        assert_eq!(covering(&[("", InPlace)]), " (in-place)");
+        assert_eq!(covering(&[("", OutOfPlace), ("", InPlace)]), " (both placements)");
+        let many: Vec<String> = (0..20).map(|r| format!("root={r}")).collect();
+        let entries: Vec<_> = many.iter().map(|name| (name.as_str(), InPlace)).collect();
+        assert!(covering(&entries).ends_with("root=15 and 4 more (in-place)"), "{}", covering(&entries));
+    }
 }

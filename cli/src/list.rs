@@ -1,7 +1,10 @@
-//! `collc list`: the embedded library with each algorithm's collective, name, cost formula and doc line.
+//! `collc list`: the embedded library with each algorithm's collective, name, determinism (what
+//! `collc_compiler::replicas` finds at `LIBRARY_RANKS`), cost formula and doc line.
 
 use crate::library::LIBRARY;
 use clap::Args;
+use collc_compiler::replicas::{self, Replicas, LIBRARY_RANKS};
+use collc_compiler::{Collective, Limits};
 
 #[derive(Args)]
 pub struct ListArgs {
@@ -18,30 +21,71 @@ fn describe(source: &str) -> (String, String) {
     (doc, cost)
 }
 
+/// The determinism of a library algorithm over every binding at `LIBRARY_RANKS` (both placements, every root, every
+/// node split): `strict` (replicas agree and results are chunk-independent), `replicas` (replicas agree), `none`,
+/// or `?` if it does not compile there. A collective that does not reduce only copies: `strict`.
+fn determinism(collective: &str, source: &str) -> (&'static str, Option<Replicas>) {
+    if !collective.parse::<Collective>().is_ok_and(Collective::reduces) {
+        return ("strict", Some(Replicas::default()));
+    }
+    match replicas::of_algorithm(source, LIBRARY_RANKS, &Limits::default()) {
+        Ok(Some(found)) if found.agree() && found.chunk_independent() => ("strict", Some(found)),
+        Ok(Some(found)) if found.agree() => ("replicas", Some(found)),
+        Ok(Some(found)) => ("none", Some(found)),
+        Ok(None) | Err(_) => ("?", None),
+    }
+}
+
+/// One algorithm as listed.
+struct Row {
+    collective: &'static str,
+    algo: &'static str,
+    determinism: &'static str,
+    replicas: Option<Replicas>,
+    cost: String,
+    doc: String,
+}
+
 pub fn run(args: ListArgs) -> u8 {
-    let rows: Vec<(&str, &str, String, String)> = LIBRARY
+    let rows: Vec<Row> = LIBRARY
         .iter()
         .map(|(name, source)| {
             let (collective, algo) = name.split_once('/').unwrap_or(("", name));
             let (doc, cost) = describe(source);
-            (collective, algo, cost, doc)
+            let (determinism, replicas) = determinism(collective, source);
+            Row { collective, algo, determinism, replicas, cost, doc }
         })
         .collect();
+    let ranks = format!("{}..={}", LIBRARY_RANKS.start(), LIBRARY_RANKS.end());
     if args.format == "json" {
-        let item = |(c, a, cost, doc): &(&str, &str, String, String)| serde_json::json!({"collective": c, "name": format!("{c}/{a}"), "cost": cost, "doc": doc});
+        let item = |r: &Row| {
+            serde_json::json!({
+                "collective": r.collective, "name": format!("{}/{}", r.collective, r.algo), "cost": r.cost, "doc": r.doc,
+                "determinism": r.determinism, "replicas_agree": r.replicas.map(|f| f.agree()),
+                "chunk_independent": r.replicas.map(|f| f.chunk_independent()), "determinism_ranks": ranks,
+            })
+        };
         let items: Vec<_> = rows.iter().map(item).collect();
         println!("{}", serde_json::to_string_pretty(&items).expect("JSON of strings"));
         return 0;
     }
-    let width = rows.iter().map(|r| r.0.len() + r.1.len() + 1).max().unwrap_or(4);
-    let cost_width = rows.iter().map(|r| r.2.chars().count()).max().unwrap_or(4).min(COST_COLUMN);
-    println!("{:<14} {:<width$}  {:<cost_width$}  DOC", "COLLECTIVE", "NAME", "COST");
+    let width = rows.iter().map(|r| r.collective.len() + r.algo.len() + 1).max().unwrap_or(4);
+    let cost_width = rows.iter().map(|r| r.cost.chars().count()).max().unwrap_or(4).min(COST_COLUMN);
+    println!("{:<14} {:<width$}  {:<11}  {:<cost_width$}  DOC", "COLLECTIVE", "NAME", "DETERMINISM", "COST");
     let mut cut = false;
-    for (collective, algo, cost, doc) in rows {
-        let shown = shortened(&cost, COST_COLUMN);
-        cut |= shown != cost;
-        println!("{collective:<14} {:<width$}  {shown:<cost_width$}  {doc}", format!("{collective}/{algo}"));
+    for Row { collective, algo, determinism, cost, doc, .. } in &rows {
+        let shown = shortened(cost, COST_COLUMN);
+        cut |= shown != *cost;
+        println!(
+            "{collective:<14} {:<width$}  {determinism:<11}  {shown:<cost_width$}  {doc}",
+            format!("{collective}/{algo}")
+        );
     }
+    println!(
+        "# DETERMINISM at p = {ranks} (every root and node split, both placements): replicas = every rank's result is \
+         bitwise identical (collc run --deterministic), strict = also the same bits whatever the message size \
+         (--deterministic=strict), none = ranks reduce in different orders; a collective that does not reduce is strict"
+    );
     if cut {
         println!(
             "# cost formulas cut at {COST_COLUMN} characters end in `...`: `collc list --format json` has them whole"

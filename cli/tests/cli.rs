@@ -25,6 +25,106 @@ fn check_of_a_library_algorithm_succeeds() {
     assert!(text(&out.stdout).contains("7 rank counts verified in both placements"), "{}", text(&out.stdout));
 }
 
+/// A broadcast that always sends from rank 0: right for root 0 only.
+const BAD_PEER: &str = "algorithm from_zero for broadcast {
+    ranks p where p >= 2
+    root r
+    for q in 1..p {
+        send in[0] from 0 to q
+    }
+}
+";
+
+/// Each line states the verdict of every root and placement it covers: a rank count where some root failed is
+/// never called verified on its line, even with stderr (where the diagnostics go) thrown away.
+#[test]
+fn a_check_line_states_the_verdict_of_every_root_and_placement() {
+    let file = TempFile::with("bad_peer.coll", BAD_PEER);
+    let out = collc(&["check", file.path(), "--ranks", "3"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stdout = text(&out.stdout);
+    let line = stdout.lines().find(|l| l.contains(" p=3: ")).unwrap_or_else(|| panic!("no line for p=3:\n{stdout}"));
+    assert!(line.contains("3 roots: "), "{line}");
+    assert!(
+        line.contains("; verified exactly at root=0 (both placements); FAILED at root=1, root=2 (both placements)"),
+        "{line}"
+    );
+    assert!(!line.ends_with("verified exactly"), "{line}");
+    assert!(stdout.contains("1 failed") && stdout.contains("(the 2 schedules that verified)"), "{stdout}");
+    // Every root failing: the line says FAILED and nothing verified.
+    let none = text(&collc(&["check", file.path(), "--ranks", "3", "--root", "1,2"]).stdout);
+    let line = none.lines().find(|l| l.contains(" p=3: ")).unwrap_or_default();
+    assert_eq!(line.split(" p=3: ").nth(1), Some("2 roots: FAILED at root=1, root=2 (both placements)"), "{none}");
+}
+
+/// A reducing collective's lines and summary say whether replicas agree bitwise and results are chunk-independent;
+/// others' do not.
+#[test]
+fn check_reports_whether_replicas_agree_and_results_are_chunk_independent() {
+    let out = collc(&["check", "allreduce/one_shot", "--ranks", "2,3"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    let line = |p: &str| stdout.lines().find(|l| l.contains(&format!(" p={p}: "))).unwrap_or_default();
+    assert!(line("2").ends_with("; replicas agree: yes, chunk-independent: yes"), "{stdout}");
+    assert!(line("3").ends_with("; replicas agree: no, chunk-independent: yes"), "{stdout}");
+    assert!(stdout.contains("replicas agree: no (first at p=3), chunk-independent: yes"), "{stdout}");
+    let ring = text(&collc(&["check", "allreduce/ring", "--ranks", "4", "--format", "json"]).stdout);
+    let json: serde_json::Value = serde_json::from_str(&ring).expect("JSON");
+    assert_eq!(json["results"][0]["replicas"], serde_json::json!({"agree": true, "chunk_independent": false}));
+    assert_eq!(json["summary"]["replicas"]["first_chunk_dependence_ranks"], 4);
+    let copies = text(&collc(&["check", "allgather/ring", "--ranks", "4"]).stdout);
+    assert!(!copies.contains("replicas"), "{copies}");
+}
+
+/// `collc list` marks each algorithm's determinism at p = 2..=8; `--deterministic` (and `deterministic` in an
+/// algorithm filter) admits only those whose replicas agree, `=strict` only those also chunk-independent.
+#[test]
+fn determinism_is_listed_and_required_by_run_and_the_algorithm_filter() {
+    let list = text(&collc(&["list"]).stdout);
+    let level = |name: &str| {
+        let row = list.lines().find(|l| l.split_whitespace().nth(1) == Some(name)).unwrap_or_default();
+        row.split_whitespace().nth(2).unwrap_or_default().to_string()
+    };
+    assert_eq!(level("allreduce/one_shot"), "none", "{list}");
+    assert_eq!(level("allreduce/ring"), "replicas", "{list}");
+    assert_eq!(level("allreduce/recursive_doubling"), "strict", "{list}");
+    assert_eq!(level("allgather/ring"), "strict", "{list}");
+    assert!(list.contains("# DETERMINISM at p = 2..=8"), "{list}");
+    let json: serde_json::Value = serde_json::from_slice(&collc(&["list", "--format", "json"]).stdout).expect("JSON");
+    let ring = json.as_array().and_then(|a| a.iter().find(|e| e["name"] == "allreduce/ring")).expect("listed");
+    assert_eq!(
+        (&ring["replicas_agree"], &ring["chunk_independent"]),
+        (&serde_json::json!(true), &serde_json::json!(false))
+    );
+    let refused = collc(&["run", "allreduce/one_shot", "--ranks", "4", "-e", "64", "--deterministic"]);
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        text(&refused.stderr).contains("not deterministic (replicas) at 4 ranks: ranks 0 and 1"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let ran = collc(&["run", "allreduce/ring", "--ranks", "4", "-e", "64", "-n", "1", "-w", "0", "--deterministic"]);
+    assert_eq!(ran.status.code(), Some(0), "{}", text(&ran.stderr));
+    let strict = collc(&["run", "allreduce/ring", "--ranks", "4", "-e", "64", "--deterministic=strict"]);
+    assert_eq!(strict.status.code(), Some(1), "{}", text(&strict.stderr));
+    let tune = collc(&[
+        "tune",
+        "allreduce",
+        "--ranks",
+        "4",
+        "--sizes",
+        "8..64",
+        "--algo",
+        "ring,one_shot,naive;deterministic",
+    ]);
+    let stdout = text(&tune.stdout);
+    assert_eq!(tune.status.code(), Some(0), "{stdout}{}", text(&tune.stderr));
+    assert!(
+        stdout.contains("candidates ring, naive") && stdout.contains("not admitted: one_shot (not deterministic"),
+        "{stdout}"
+    );
+}
+
 #[test]
 fn list_shows_every_library_algorithm_with_its_cost() {
     let out = collc(&["list"]);

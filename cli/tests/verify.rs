@@ -1,6 +1,7 @@
 //! What `collc check` promises about verification itself: every root of a rooted collective is checked, the mode
-//! that verified is named, a keyed verification prints its seed and replays with `--seed`, and schedule files run
-//! and are costed as they stand.
+//! that verified is named (and a fall-back from exact to keyed in a note), a keyed verification prints its seed and
+//! replays with `--seed`, an exact one draws its roots above 64 ranks from a fresh seed it prints, and schedule
+//! files run and are costed as they stand.
 
 mod common;
 
@@ -100,7 +101,67 @@ fn the_mode_that_verified_is_named_and_a_keyed_seed_replays() {
     let exact = text(&collc(&["check", "allreduce/ring", "--ranks", "65", "--exact"]).stdout);
     assert!(exact.contains("verified exactly") && !exact.contains("error bound"), "{exact}");
     assert_eq!(collc(&["check", "allreduce/ring", "--seed", "nothex"]).status.code(), Some(2));
-    assert_eq!(collc(&["check", "allreduce/ring", "--seed", "1", "--exact"]).status.code(), Some(2));
+    // With --exact the seed only draws roots: allreduce has none, and the check is exact.
+    let seeded = text(&collc(&["check", "allreduce/ring", "--ranks", "4", "--seed", "1", "--exact"]).stdout);
+    assert!(seeded.contains("verified exactly"), "{seeded}");
+}
+
+/// The roots above 64 ranks in an exact check come from a fresh seed (no fixed sample a program could be fitted to),
+/// which is printed without -v and replays with `--exact --seed`.
+#[test]
+fn an_exact_check_draws_its_roots_from_a_fresh_seed_that_it_prints() {
+    let file = repo("tests/fixtures/roots/broadcast_from_rank_zero.coll");
+    let file = file.to_str().expect("utf-8 path");
+    let roots_of = |args: &[&str]| {
+        let out = collc(&[&["check", file, "--ranks", "100", "--exact", "--format", "json"], args].concat());
+        assert_eq!(out.status.code(), Some(1), "root 0 verifies, the others fail");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        let mut roots: Vec<u64> =
+            json["results"].as_array().expect("results").iter().filter_map(|r| r["root"].as_u64()).collect();
+        roots.dedup();
+        (json["seed"].as_str().expect("the seed is printed").to_string(), roots)
+    };
+    let (seed, roots) = roots_of(&[]);
+    let (other_seed, _) = roots_of(&[]);
+    assert_ne!(seed, other_seed, "each invocation draws a fresh seed");
+    assert!(roots.len() > 4 && roots.starts_with(&[0, 1]), "{roots:?}");
+    assert_eq!(roots_of(&["--seed", &seed]), (seed.clone(), roots), "--seed replays the roots");
+    let table = text(&collc(&["check", file, "--ranks", "100", "--exact", "-q"]).stdout);
+    let line = table.lines().next().unwrap_or_default();
+    assert!(line.starts_with("# exact verification (--exact); seed ") && line.contains("--exact --seed "), "{table}");
+}
+
+/// Rank 0 piles every input chunk of every rank into one scratch chunk and adds it to itself thousands of times:
+/// right, but past the exact check's budget of contribution terms at 64 ranks.
+const OVER_THE_EXACT_BUDGET: &str = "algorithm heavy for reducescatter {
+    ranks p where p == 64
+    chunks 1
+    scratch pile[2]
+    scratch got[p]
+    step { for r in 0..p { copy in[0] to pile[0] on r } }
+    for c in 1..p { step { for r in 0..p { reduce in[c] into pile[0] on r } } }
+    step { for r in 1..p { send pile[0] from r to 0 as got[r] } }
+    for r in 1..p { reduce got[r] into pile[0] on 0 }
+    for i in 0..4200 {
+        reduce pile[0] into pile[1] on 0
+        reduce pile[1] into pile[0] on 0
+    }
+    step { for r in 0..p { for q in 0..p { if q != r { send in[r] from q to r as got[q] } } } }
+    for s in 1..p { step { for r in 0..p { reduce got[(r + s) % p] into in[r] on r } } }
+}
+";
+
+/// At 64 ranks the default is exact; when the exact run outgrows its budget the check falls back to keyed, and a
+/// note says so (even with -q), not only the verdict's wording.
+#[test]
+fn a_fall_back_from_exact_to_keyed_is_said_in_a_note() {
+    let file = TempFile::with("heavy.coll", OVER_THE_EXACT_BUDGET);
+    let out = collc(&["check", file.path(), "--ranks", "64", "-q"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(stdout.contains("verified, error bound 2^-105"), "{stdout}");
+    let note = stdout.lines().find(|l| l.starts_with("note: ")).unwrap_or_else(|| panic!("no note:\n{stdout}"));
+    assert!(note.contains("p=64: exact verification outgrew its budget") && note.contains("keyed"), "{note}");
 }
 
 #[test]

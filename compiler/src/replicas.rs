@@ -17,8 +17,8 @@
 use crate::collective::Expected;
 use crate::fxhash::FxBuildHasher;
 use crate::sched::{slot_bases, BufId, Operand, Placement, Schedule};
+use crate::verify::Connections;
 use crate::{lower, Bindings, Errors, Limits, Options, VerifiedSchedule};
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::RangeInclusive;
@@ -128,45 +128,57 @@ impl FromStr for Determinism {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 struct TreeId(u32);
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Node {
     Undefined,
     Leaf {
         rank: u32,
-        chunk: u32,
     },
     /// The smaller id first: the reduction is commutative.
     Pair(TreeId, TreeId),
 }
 
-/// Hash-consed trees: a node is interned once, so two trees are equal exactly when their ids are.
-#[derive(Default)]
+/// Hash-consed trees: a pair is interned once, and each leaf made once, so two trees are equal exactly when their
+/// ids are. Leaves carry their rank only: a leaf's chunk is told apart by its id, and dropped for shapes.
 struct Trees {
     nodes: Vec<Node>,
-    ids: HashMap<Node, TreeId, FxBuildHasher>,
+    /// Each pair's id, keyed by its two children's (smaller one in the high half).
+    pairs: HashMap<u64, TreeId, FxBuildHasher>,
 }
 
 impl Trees {
-    fn intern(&mut self, node: Node) -> TreeId {
+    /// Every slot's value before anything is written to it.
+    const UNDEFINED: TreeId = TreeId(0);
+
+    fn new() -> Trees {
+        Trees { nodes: vec![Node::Undefined], pairs: HashMap::default() }
+    }
+
+    /// A new leaf: each contribution (or, for shapes, each rank) is made once.
+    fn leaf(&mut self, rank: u32) -> TreeId {
+        self.nodes.push(Node::Leaf { rank });
+        TreeId(self.nodes.len() as u32 - 1)
+    }
+
+    fn pair(&mut self, a: TreeId, b: TreeId) -> TreeId {
+        let (low, high) = (a.min(b), a.max(b));
         let next = TreeId(self.nodes.len() as u32);
-        let id = *self.ids.entry(node).or_insert(next);
+        let id = *self.pairs.entry(u64::from(low.0) << 32 | u64::from(high.0)).or_insert(next);
         if id == next {
-            self.nodes.push(node);
+            self.nodes.push(Node::Pair(low, high));
         }
         id
     }
 
-    fn pair(&mut self, a: TreeId, b: TreeId) -> TreeId {
-        self.intern(Node::Pair(a.min(b), a.max(b)))
-    }
-
     /// Each tree's shape with leaves named by rank only, as an id into `shapes`.
-    fn shapes(&self, shapes: &mut Trees) -> Vec<TreeId> {
+    fn shapes(&self, n_ranks: u32) -> Vec<TreeId> {
+        let mut shapes = Trees::new();
+        let leaves: Vec<TreeId> = (0..n_ranks).map(|rank| shapes.leaf(rank)).collect();
         let mut shape = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
             let id = match *node {
-                Node::Undefined => shapes.intern(Node::Undefined),
-                Node::Leaf { rank, .. } => shapes.intern(Node::Leaf { rank, chunk: 0 }),
+                Node::Undefined => Trees::UNDEFINED,
+                Node::Leaf { rank } => leaves[rank as usize],
                 Node::Pair(a, b) => shapes.pair(shape[a.0 as usize], shape[b.0 as usize]),
             };
             shape.push(id);
@@ -189,73 +201,39 @@ pub fn analyse(sched: &VerifiedSchedule) -> Replicas {
 struct Run<'a> {
     sched: &'a Schedule,
     trees: Trees,
+    /// Per rank and buffer, where the buffer's chunk 0 lies among the rank's slots: `bases[rank * buffers + buf]`.
     bases: Vec<u32>,
     slots: Vec<Vec<TreeId>>,
-}
-
-/// Which message each instruction receives and sends, as (connection, k): the k-th send on a connection (sender,
-/// receiver, channel) pairs with its k-th receive.
-struct Wiring {
-    receives: Vec<Vec<Option<(u32, u32)>>>,
-    sends: Vec<Vec<Option<(u32, u32)>>>,
-    /// Per connection, the receiving instruction (rank, index) of each message.
-    receivers: Vec<Vec<(u32, u32)>>,
-}
-
-impl Wiring {
-    fn new(sched: &Schedule) -> Wiring {
-        let mut ids: HashMap<(u32, u32, u8), u32, FxBuildHasher> = HashMap::default();
-        let mut sent: Vec<u32> = Vec::new();
-        let mut wiring = Wiring { receives: Vec::new(), sends: Vec::new(), receivers: Vec::new() };
-        let mut connection = |key: (u32, u32, u8), wiring: &mut Wiring, sent: &mut Vec<u32>| {
-            let next = ids.len() as u32;
-            let id = *ids.entry(key).or_insert(next);
-            if id == next {
-                wiring.receivers.push(Vec::new());
-                sent.push(0);
-            }
-            id as usize
-        };
-        for (rank, program) in sched.ranks.iter().enumerate() {
-            let rank = rank as u32;
-            let (mut receives, mut sends) = (Vec::new(), Vec::new());
-            for (index, instr) in program.instrs.iter().enumerate() {
-                let mut receive = None;
-                if let Some(peer) = instr.recv_peer() {
-                    let c = connection((peer, rank, instr.channel), &mut wiring, &mut sent);
-                    wiring.receivers[c].push((rank, index as u32));
-                    receive = Some((c as u32, wiring.receivers[c].len() as u32 - 1));
-                }
-                let mut send = None;
-                if let Some(peer) = instr.send_peer() {
-                    let c = connection((rank, peer, instr.channel), &mut wiring, &mut sent);
-                    sent[c] += 1;
-                    send = Some((c as u32, sent[c] - 1));
-                }
-                receives.push(receive);
-                sends.push(send);
-            }
-            wiring.receives.push(receives);
-            wiring.sends.push(sends);
-        }
-        wiring
-    }
 }
 
 impl<'a> Run<'a> {
     fn new(sched: &'a Schedule) -> Run<'a> {
         let (bases, total) = slot_bases(&sched.buffers);
-        let mut trees = Trees::default();
-        let undefined = trees.intern(Node::Undefined);
+        // In place, `in` and `out` are windows of one buffer (`Schedule::shared_buffer`): an operand naming the
+        // other one is put onto it at that window's offset (the verifier's alias pass has already done so).
+        let shared = sched.shared_buffer();
+        let bases = (0..sched.n_ranks)
+            .flat_map(|rank| {
+                let (in_offset, out_offset) = sched.window_offsets(rank);
+                let on_shared = |offset: u32| bases[shared.0 as usize] + offset;
+                bases.iter().enumerate().map(move |(b, &base)| match BufId(b as u8) {
+                    buf if sched.placement != Placement::InPlace || buf == shared => base,
+                    BufId::IN => on_shared(in_offset),
+                    BufId::OUT => on_shared(out_offset),
+                    _ => base,
+                })
+            })
+            .collect();
+        let trees = Trees::new();
         let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
         let mut run = Run { sched, trees, bases, slots: Vec::new() };
         for rank in 0..sched.n_ranks {
-            let mut slots = vec![undefined; total as usize];
+            let mut slots = vec![Trees::UNDEFINED; total as usize];
             if sched.collective.input_significant(rank, sched.root) {
                 let (buf, offset) = sched.input_window(rank);
                 for chunk in 0..in_chunks {
                     let slot = run.slot(rank, Operand::new(buf, offset + chunk));
-                    slots[slot] = run.trees.intern(Node::Leaf { rank, chunk });
+                    slots[slot] = run.trees.leaf(rank);
                 }
             }
             run.slots.push(slots);
@@ -263,68 +241,80 @@ impl<'a> Run<'a> {
         run
     }
 
-    /// Where `operand` starts among `rank`'s slots. In place, `in` and `out` are windows of one buffer
-    /// (`Schedule::shared_buffer`): an operand naming the other one is put onto it at that window's offset.
+    /// Where `operand` starts among `rank`'s slots.
     fn slot(&self, rank: u32, operand: Operand) -> usize {
         let (buf, index) = (operand.buf, operand.index);
-        let shared = self.sched.shared_buffer();
-        if self.sched.placement == Placement::InPlace && (buf == BufId::IN || buf == BufId::OUT) && buf != shared {
-            let (in_offset, out_offset) = self.sched.window_offsets(rank);
-            let offset = if buf == BufId::IN { in_offset } else { out_offset };
-            return (self.bases[shared.0 as usize] + offset + index) as usize;
-        }
-        (self.bases[buf.0 as usize] + index) as usize
+        (self.bases[rank as usize * self.sched.buffers.len() + buf.0 as usize] + index) as usize
     }
 
-    /// Every instruction once, in a dataflow order: once its dependencies are done and its message has come.
+    /// Every instruction once, in a dataflow order: once its dependencies are done and its message has come. A
+    /// message waits in `arena`, where its receive has room for it (the k-th send on a connection pairs with the
+    /// k-th receive, `Connections`).
     fn execute(&mut self) {
-        let wiring = Wiring::new(self.sched);
-        let mut messages: Vec<Vec<Option<Vec<TreeId>>>> =
-            wiring.receivers.iter().map(|r| vec![None; r.len()]).collect();
-        let dependents: Vec<_> = self.sched.ranks.iter().map(|p| p.dependents()).collect();
-        let mut unmet: Vec<Vec<u32>> = Vec::new();
-        let mut ready: Vec<(u32, u32)> = Vec::new();
-        for (rank, program) in self.sched.ranks.iter().enumerate() {
-            let counts: Vec<u32> = (0..program.len())
-                .map(|i| program.deps_of(i).len() as u32 + u32::from(wiring.receives[rank][i].is_some()))
-                .collect();
-            ready.extend(counts.iter().enumerate().filter(|(_, &n)| n == 0).map(|(i, _)| (rank as u32, i as u32)));
-            unmet.push(counts);
+        let sched = self.sched;
+        let conns = Connections::build(sched);
+        let first = &conns.rank_start;
+        let total = sched.n_instrs();
+        let mut receiver: Vec<Option<u32>> = vec![None; total];
+        let mut unmet = vec![0u32; total];
+        for c in &conns.list {
+            for (&s, &r) in conns.sends_of(c).iter().zip(conns.recvs_of(c)) {
+                let r = first[c.to as usize] + r;
+                receiver[(first[c.from as usize] + s) as usize] = Some(r);
+                unmet[r as usize] += 1;
+            }
         }
+        let (mut room, mut arena_len) = (vec![0u32; total], 0u32);
+        let mut ready: Vec<(u32, u32)> = Vec::new();
+        for (rank, program) in (0u32..).zip(&sched.ranks) {
+            for (i, instr) in program.instrs.iter().enumerate() {
+                let g = (first[rank as usize] + i as u32) as usize;
+                unmet[g] += program.deps_of(i).len() as u32;
+                if instr.op.receives() {
+                    room[g] = arena_len;
+                    arena_len += instr.count;
+                }
+                if unmet[g] == 0 {
+                    ready.push((rank, i as u32));
+                }
+            }
+        }
+        let mut arena = vec![TreeId(0); arena_len as usize];
+        let dependents: Vec<_> = sched.ranks.iter().map(|p| p.dependents()).collect();
         let mut value: Vec<TreeId> = Vec::new();
         let mut done = 0;
         while let Some((rank, index)) = ready.pop() {
             let (r, i) = (rank as usize, index as usize);
-            let incoming = wiring.receives[r][i].and_then(|(c, k)| messages[c as usize][k as usize].take());
-            self.apply(rank, i, incoming, &mut value);
+            let g = (first[r] + index) as usize;
+            let instr = sched.ranks[r].instrs[i];
+            let message = &arena[room[g] as usize..][..instr.count as usize];
+            self.apply(rank, i, instr.op.receives().then_some(message), &mut value);
             done += 1;
-            let mut release = |(r, i): (u32, u32), ready: &mut Vec<(u32, u32)>| {
-                let left = &mut unmet[r as usize][i as usize];
-                *left -= 1;
-                if *left == 0 {
-                    ready.push((r, i));
+            let mut release = |g: u32, at: (u32, u32), ready: &mut Vec<(u32, u32)>| {
+                unmet[g as usize] -= 1;
+                if unmet[g as usize] == 0 {
+                    ready.push(at);
                 }
             };
-            if let Some((c, k)) = wiring.sends[r][i] {
-                messages[c as usize][k as usize] = Some(value.clone());
-                if let Some(&receiver) = wiring.receivers[c as usize].get(k as usize) {
-                    release(receiver, &mut ready);
-                }
+            if let Some(to) = receiver[g] {
+                arena[room[to as usize] as usize..][..value.len()].copy_from_slice(&value);
+                let peer = instr.send_peer;
+                release(to, (peer, to - first[peer as usize]), &mut ready);
             }
             for &d in dependents[r].of(i) {
-                release((rank, d), &mut ready);
+                release(first[r] + d, (rank, d), &mut ready);
             }
         }
-        debug_assert_eq!(done, self.sched.n_instrs(), "a verified schedule runs to the end");
+        debug_assert_eq!(done, total, "a verified schedule runs to the end");
     }
 
     /// Runs instruction `index` of `rank` on its slots; `value` is left holding what it sends, if anything.
-    fn apply(&mut self, rank: u32, index: usize, incoming: Option<Vec<TreeId>>, value: &mut Vec<TreeId>) {
+    fn apply(&mut self, rank: u32, index: usize, incoming: Option<&[TreeId]>, value: &mut Vec<TreeId>) {
         let instr = self.sched.ranks[rank as usize].instrs[index];
         let n = instr.count as usize;
         value.clear();
         match incoming {
-            Some(message) => value.extend(message),
+            Some(message) => value.extend_from_slice(message),
             None => {
                 let src = self.slot(rank, instr.src);
                 value.extend_from_slice(&self.slots[rank as usize][src..src + n]);
@@ -345,10 +335,10 @@ impl<'a> Run<'a> {
     /// The two properties, from every rank's checked output chunks.
     fn judge(&self) -> Replicas {
         let sched = self.sched;
-        let mut shapes = Trees::default();
-        let shape = self.trees.shapes(&mut shapes);
-        let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
-        let mut holders: HashMap<u32, (u32, TreeId), FxBuildHasher> = HashMap::default();
+        let shape = self.trees.shapes(sched.n_ranks);
+        let (in_chunks, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+        // Per chunk of the contract, the first rank whose output holds it, and its tree.
+        let mut holders: Vec<Option<(u32, TreeId)>> = vec![None; in_chunks as usize];
         let mut replicas = Replicas::default();
         for rank in 0..sched.n_ranks {
             let (buf, offset) = sched.output_window(rank);
@@ -360,14 +350,12 @@ impl<'a> Run<'a> {
                     continue;
                 };
                 let tree = self.slots[rank as usize][self.slot(rank, Operand::new(buf, offset + c))];
-                match holders.entry(chunk) {
-                    Entry::Vacant(e) => {
-                        e.insert((rank, tree));
+                match holders[chunk as usize] {
+                    None => holders[chunk as usize] = Some((rank, tree)),
+                    Some((holder, held)) if held != tree && replicas.disagreement.is_none() => {
+                        replicas.disagreement = Some(Disagreement { chunk, ranks: [holder, rank] });
                     }
-                    Entry::Occupied(e) if e.get().1 != tree && replicas.disagreement.is_none() => {
-                        replicas.disagreement = Some(Disagreement { chunk, ranks: [e.get().0, rank] });
-                    }
-                    Entry::Occupied(_) => {}
+                    Some(_) => {}
                 }
                 let this = shape[tree.0 as usize];
                 match first {

@@ -375,13 +375,23 @@ fn compile_fixed(
             }
             .with_default_split(&file.algorithm, per_node);
             let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
-            Ok((schedule.collective, bindings.params, schedule))
+            // A deterministic run holds both placements to it: the in-place schedule may reduce in other trees.
+            let in_place = match args.deterministic {
+                Some(_) => {
+                    let options = CompileOptions { placement: Placement::InPlace, ..CompileOptions::default() };
+                    Some(compile(&source.text, &bindings, options, &Limits::default())?)
+                }
+                None => None,
+            };
+            Ok((schedule.collective, bindings.params, schedule, in_place))
         });
-    let (collective, params, schedule) = compiled.map_err(|errors| {
+    let (collective, params, schedule, in_place) = compiled.map_err(|errors| {
         crate::report::print_all(&errors, &source.name, &source.text);
         (1, format!("{} does not compile for {n_ranks} ranks", source.name))
     })?;
-    crate::args::check_deterministic(args.deterministic, &source.name, &schedule)?;
+    for placed in std::iter::once(&schedule).chain(&in_place) {
+        crate::args::check_deterministic(args.deterministic, &source.name, placed)?;
+    }
     let connections = schedule.n_connections();
     let name = source.name.trim_end_matches(".coll").to_string();
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None, connections };

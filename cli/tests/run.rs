@@ -273,6 +273,58 @@ fn a_run_that_cannot_fit_in_memory_is_refused_before_any_rank_starts() {
 
 /// Without a GPU (CI has none) the cuda transport and `collc gpu` fail at once with what is missing: the driver,
 /// or (in a build without the feature) the feature; never a panic or a hang.
+/// Two ranks of a torchrun job given two different schedules of one algorithm (two versions of `ring.sched`, as two
+/// hosts may hold) both fail at their first call, over shm and over tcp, each naming both fingerprints and both
+/// files, within a fraction of the timeout.
+#[test]
+fn ranks_given_different_schedule_files_both_fail_naming_both() {
+    let dir = std::env::temp_dir().join(format!("collc-run-schedules-{}", std::process::id()));
+    let files = [dir.join("a/ring.sched"), dir.join("b/ring.sched")];
+    for (file, extra) in files.iter().zip([&[][..], &["--no-fuse"]]) {
+        std::fs::create_dir_all(file.parent().expect("a folder")).expect("a temporary folder");
+        let mut args = vec!["build", "allreduce/ring", "--ranks", "2", "--output", file.to_str().expect("utf-8")];
+        args.extend_from_slice(extra);
+        assert_eq!(collc(&args).status.code(), Some(0), "collc {args:?}");
+    }
+    for transport in ["shm", "tcp"] {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let started = Instant::now();
+        let ranks: Vec<_> = files
+            .iter()
+            .enumerate()
+            .map(|(rank, file)| {
+                Command::new(env!("CARGO_BIN_EXE_collc"))
+                    .args(["run", file.to_str().expect("utf-8"), "--transport", transport])
+                    .args(["-b", "4K", "-e", "4K", "-n", "1", "-w", "0"])
+                    .env("RANK", rank.to_string())
+                    .env("WORLD_SIZE", "2")
+                    .env("MASTER_ADDR", "127.0.0.1")
+                    .env("MASTER_PORT", port.to_string())
+                    .env("TORCHELASTIC_RUN_ID", format!("schedules-{port}"))
+                    .env("COLLC_JOB_TOKEN", "run-test-token-0123456789abcdef")
+                    .env("COLLC_SOCKET_IFNAME", "lo")
+                    .env("COLLC_TIMEOUT", "60")
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .expect("collc starts")
+            })
+            .collect();
+        for (rank, child) in ranks.into_iter().enumerate() {
+            let out = child.wait_with_output().expect("collc ends");
+            let stderr = text(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{transport} rank {rank}: {stderr}");
+            assert!(stderr.contains(&format!("rank {rank}: mismatched calls: this rank called call #1")), "{stderr}");
+            for file in &files {
+                assert!(stderr.contains(&format!("{} (.sched file; schedule ", file.display())), "{stderr}");
+            }
+            assert_eq!(stderr.matches(", fingerprint ").count(), 2, "{transport} rank {rank}: {stderr}");
+        }
+        assert!(started.elapsed() < Duration::from_secs(20), "{transport}: {:?}", started.elapsed());
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_cuda_transport_without_a_gpu_says_what_is_missing() {
     let expected = if cfg!(feature = "cuda") { "no CUDA driver found" } else { "built without the cuda feature" };

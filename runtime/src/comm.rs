@@ -22,7 +22,8 @@ use std::time::Duration;
 pub struct Options {
     /// How long any wait may last before it becomes an error naming what it waited for.
     pub timeout: Duration,
-    /// The largest FIFO slot in bytes (8 slots per connection); 0 picks one from the schedule's connection count.
+    /// The largest FIFO slot in bytes (`transport::SLOTS` slots per connection); 0 picks one from the schedule's
+    /// connection count.
     /// A connection's slots are sized by the largest message it carries in a call, up to this.
     pub slot_bytes: usize,
 }
@@ -56,9 +57,9 @@ impl Options {
     }
 
     /// The largest link slot over `transport` for a schedule on `connections` connections: `slot_bytes`, or a power
-    /// of two that keeps 8 full slots on every connection near a budget: 256 MiB in all, from 16 KiB to 128 KiB,
-    /// for shared memory; over tcp, where each message costs system calls, 512 MiB and 64 KiB to 256 KiB (see
-    /// bench/README.md).
+    /// of two that keeps every connection's `SLOTS` slots full near a budget: 256 MiB in all, from 16 KiB to
+    /// 128 KiB, for shared memory; over tcp, where each message costs system calls, 512 MiB and 64 KiB to 256 KiB
+    /// (see bench/README.md).
     pub fn slot_cap(&self, transport: crate::Transport, connections: usize) -> usize {
         if self.slot_bytes != 0 {
             return self.slot_bytes;
@@ -69,7 +70,7 @@ impl Options {
             crate::Transport::Cuda => (1usize << 30, (256 << 10, 512 << 10)),
             _ => (256usize << 20, (16 << 10, 128 << 10)),
         };
-        let cap = (budget / (8 * connections).max(1)).clamp(range.0, range.1);
+        let cap = (budget / (crate::transport::SLOTS as usize * connections).max(1)).clamp(range.0, range.1);
         1 << cap.ilog2()
     }
 }
@@ -109,6 +110,18 @@ struct Algorithm {
     /// A schedule read from a `.sched` file and verified (`set_schedule`), with its instructions' lines there: it
     /// runs as it is, for its placement, root and peer only.
     fixed: Option<Arc<(VerifiedSchedule, SchedLines)>>,
+}
+
+impl Algorithm {
+    /// What its name is, for mismatch reports: a library algorithm (the library's source under its name), a
+    /// `.coll` source, or a `.sched` file.
+    fn name_is(&self) -> &'static str {
+        match &self.fixed {
+            Some(_) => ".sched file",
+            None if library::get(&self.name) == Some(self.source.as_str()) => "library algorithm",
+            None => ".coll source",
+        }
+    }
 }
 
 type ScheduleKey = (Collective, Placement, u32, u32);
@@ -174,6 +187,8 @@ pub struct Communicator {
     recorder: recorder::Shared,
     /// Dump requests (SIGUSR1) this rank has answered.
     answered: std::cell::Cell<u64>,
+    /// The fingerprint of the plan whose source this rank published last (`Bootstrap::publish_source`).
+    published_source: u64,
 }
 
 impl Communicator {
@@ -389,6 +404,7 @@ impl Communicator {
             spins: spins_for(n_ranks),
             recorder: Recorder::new(rank, n_ranks),
             answered: std::cell::Cell::new(crate::recorder::requests()),
+            published_source: 0,
         })
     }
 
@@ -563,7 +579,14 @@ impl Communicator {
             | ((shape.dtype as u32) << 16)
             | ((shape.op as u32) << 8)
             | placement as u32;
-        let info = CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root };
+        let plan = executor.plan_mut();
+        let fingerprint = plan.fingerprint;
+        if fingerprint != self.published_source {
+            // Before the call: a peer that finds this rank in it with another fingerprint names its source.
+            self.bootstrap.publish_source(self.rank, fingerprint, &plan.source);
+            self.published_source = fingerprint;
+        }
+        let info = CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root, fingerprint };
         self.bootstrap.publish_call(self.rank, info);
         self.recorder.start(&info, executor.plan_mut().recorded_as);
         let (bootstrap, seq, timeout, spins) = (self.bootstrap.as_ref(), self.seq, self.options.timeout, self.spins);
@@ -598,6 +621,7 @@ impl Communicator {
                 &shared.sched,
                 PlanInput {
                     name: &algorithm.name,
+                    name_is: algorithm.name_is(),
                     rank: self.rank,
                     count: shape.count,
                     dtype: shape.dtype,
@@ -607,6 +631,8 @@ impl Communicator {
                         None => Origin::Coll(&algorithm.source),
                     },
                     slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections),
+                    transport: self.fabric.transport(),
+                    slots: self.fabric.slots(),
                 },
             )?;
             let mut plan = plan;

@@ -24,8 +24,17 @@ pub enum RuntimeError {
     Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String },
     #[error("rank {rank}: {what} at {at}: rank {peer} {how}")]
     PeerFailed { rank: u32, what: String, at: String, peer: u32, how: String },
-    #[error("rank {rank}: mismatched calls: this rank called {ours}, rank {peer} called {theirs}")]
+    /// Two ranks in one call with different fingerprints: another shape, or another schedule (`ours` and `theirs`
+    /// name the call, where its schedule came from when known, and the fingerprint).
+    #[error("rank {rank}: mismatched calls: this rank called {ours}; rank {peer} called {theirs}")]
     Mismatch { rank: u32, peer: u32, ours: String, theirs: String },
+    /// A schedule proved deadlock-free with more message slots per connection than the transport's links have.
+    #[error(
+        "{name} was proved deadlock-free with {proved} message slots per connection; the {transport} transport's \
+         links have {slots} (a send could block where the proof counted on room): verify it with --channel-slots \
+         {slots} or fewer (`Limits {{ channel_slots: {slots}, .. }}`)"
+    )]
+    Slots { name: String, proved: u32, transport: &'static str, slots: u32 },
     #[error("a lock was poisoned by a panicking rank thread")]
     Poisoned,
     #[error("{0}")]

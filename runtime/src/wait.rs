@@ -23,10 +23,11 @@ pub(crate) struct Backoff {
     timeout: Duration,
 }
 
-/// Why a wait ended early.
-pub(crate) enum Fault {
+/// Why a wait ended early: the timeout, or what the check of the peers found (by default the peer that failed and
+/// how).
+pub(crate) enum Fault<E = (u32, String)> {
     Timeout(Duration),
-    Peer(u32, String),
+    Peer(E),
 }
 
 impl Fault {
@@ -35,7 +36,7 @@ impl Fault {
             Fault::Timeout(waited) => {
                 RuntimeError::Timeout { rank, what, at, seconds: waited.as_secs_f64(), waiting_for }
             }
-            Fault::Peer(peer, how) => RuntimeError::PeerFailed { rank, what, at, peer, how },
+            Fault::Peer((peer, how)) => RuntimeError::PeerFailed { rank, what, at, peer, how },
         }
     }
 }
@@ -61,8 +62,9 @@ impl Backoff {
         self.rounds >= self.spins.saturating_mul(SLEEP_AFTER)
     }
 
-    /// One idle round. `health` is asked now and then whether the peers are still there.
-    pub fn idle(&mut self, health: impl FnOnce() -> Result<(), (u32, String)>) -> Result<(), Fault> {
+    /// One idle round. `health` is asked now and then whether the peers are still there (and, for a caller that
+    /// checks more, whether they are in the same call).
+    pub fn idle<E>(&mut self, health: impl FnOnce() -> Result<(), E>) -> Result<(), Fault<E>> {
         self.rounds = self.rounds.saturating_add(1);
         if self.rounds < self.spins {
             std::hint::spin_loop();
@@ -75,7 +77,7 @@ impl Backoff {
         }
         if self.rounds.is_multiple_of(CHECK_EVERY) {
             let since = *self.since.get_or_insert_with(Instant::now);
-            health().map_err(|(peer, how)| Fault::Peer(peer, how))?;
+            health().map_err(Fault::Peer)?;
             let waited = since.elapsed();
             self.napping = waited > NAP_AFTER;
             if waited > self.timeout {

@@ -16,17 +16,18 @@ use std::time::{Duration, Instant};
 
 fn header(comm: &Communicator, job: &Job) -> Header {
     let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
+    let n = collc_runtime::transport::SLOTS;
     Header {
         algorithm: comm.algorithm(job.collective),
         transport: comm.transport().name(),
         executor: match comm.transport() {
-            Transport::Twin => format!("device interpreter's host twin (one launch per call, 8-slot records{slots})"),
+            Transport::Twin => format!("device interpreter's host twin (one launch per call, {n}-slot records{slots})"),
             Transport::Cuda => format!(
-                "device interpreter on GPU {} (one cooperative launch per call and GPU, 8-slot records{slots})",
+                "device interpreter on GPU {} (one cooperative launch per call and GPU, {n}-slot records{slots})",
                 comm.gpu_ordinal().unwrap_or(0)
             ),
             _ => format!(
-                "host {} (dataflow, tiled, 8-slot FIFOs{slots})",
+                "host {} (dataflow, tiled, {n}-slot FIFOs{slots})",
                 collc_kernels::host::VectorIsa::detected().name()
             ),
         },

@@ -8,7 +8,7 @@ use super::{Call, Executor};
 use crate::error::RuntimeError;
 use crate::recorder::{Current, InstrState};
 use crate::transport::{CallInfo, Link, LinkFault, Stamp};
-use crate::wait::Backoff;
+use crate::wait::{Backoff, Fault};
 use collc_compiler::sched::Op;
 use collc_kernels::{host, ReduceOp};
 
@@ -131,8 +131,12 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 Ok(()) => {}
                 Err(LinkFault::Peer(peer, how)) => {
                     // A connection that closed may be the echo of another rank's failure, which the bootstrap is
-                    // about to announce: a moment for it, so the error names the rank where it began.
+                    // about to announce: a moment for it, so the error names the rank where it began (or the
+                    // mismatch it stopped for).
                     let (peer, how) = announced_failure(call, &plan.peers).unwrap_or((peer, how));
+                    if let Some(mismatch) = published_mismatch(plan, call, 0..plan.n_ranks) {
+                        return Err(mismatch);
+                    }
                     let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));
                     return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
                 }
@@ -142,10 +146,26 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
             }
             let checked = wait.idle(|| {
                 answer_dump_request(plan, call);
-                call.bootstrap.health(&plan.peers)
+                let health = call.bootstrap.health(&plan.peers);
+                // After the health check: a rank that aborted over a mismatch published its call before. While all
+                // is well, only the ranks this one waits on matter.
+                let everyone = 0..if health.is_ok() { 0 } else { plan.n_ranks };
+                if let Some(mismatch) = published_mismatch(plan, call, plan.peers.iter().copied().chain(everyone)) {
+                    return Err(mismatch);
+                }
+                health.map_err(|(peer, how)| {
+                    let (rank, what, at) = (plan.rank, describe(plan, i), format!("tile {t}"));
+                    RuntimeError::PeerFailed { rank, what, at, peer, how }
+                })
             });
-            if let Err(fault) = checked {
-                return Err(fault.into_error(plan.rank, describe(plan, i), format!("tile {t}"), waiting_for(plan, i)));
+            match checked {
+                Ok(()) => {}
+                Err(Fault::Peer(error)) => return Err(error),
+                Err(Fault::Timeout(waited)) => {
+                    let (rank, what, at, seconds) =
+                        (plan.rank, describe(plan, i), format!("tile {t}"), waited.as_secs_f64());
+                    return Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for: waiting_for(plan, i) });
+                }
             }
         }
     }
@@ -377,7 +397,8 @@ fn blocks(n: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {
 }
 
 /// The error of a message from `peer` stamped `got` arriving in call `ours`; `info` is the peer's call when the link
-/// carried it, else what the bootstrap knows of it.
+/// carried it, else what the bootstrap knows of it. Each side is named with its call, where its schedule came from
+/// (the peer's as it published it, when it has) and its fingerprint.
 pub(crate) fn mismatch(
     plan: &Plan,
     peer: u32,
@@ -387,20 +408,42 @@ pub(crate) fn mismatch(
     call: &Call,
 ) -> RuntimeError {
     let theirs = info.unwrap_or_else(|| call.bootstrap.call_of(peer));
-    let describe_call = |seq: u64, info: Option<CallInfo>| match info {
-        Some(info) => format!("call #{seq}: {}", crate::comm::describe_kind(info.kind, info.count, info.root)),
-        None => format!("call #{seq}"),
-    };
     let peer_info = (theirs.seq == got.seq).then_some(theirs);
+    let source = call.bootstrap.source_of(peer, got.fingerprint);
     RuntimeError::Mismatch {
         rank: plan.rank,
         peer,
-        ours: format!(
-            "{} with {} (fingerprint {:016x})",
-            describe_call(ours.seq, Some(call.info)),
-            plan.algorithm,
-            ours.fingerprint
-        ),
-        theirs: format!("{} (fingerprint {:016x})", describe_call(got.seq, peer_info), got.fingerprint),
+        ours: describe_call(ours, Some(call.info), Some(&plan.source)),
+        theirs: describe_call(got, peer_info, source.as_deref()),
     }
+}
+
+/// `call #3: allreduce float sum count 1000 root 0 out-of-place with ring.sched (.sched file; schedule ...),
+/// fingerprint ...`, with what is known of the call.
+fn describe_call(stamp: Stamp, info: Option<CallInfo>, source: Option<&str>) -> String {
+    let mut text = format!("call #{}", stamp.seq);
+    if let Some(info) = info {
+        text += &format!(": {}", crate::comm::describe_kind(info.kind, info.count, info.root));
+    }
+    if let Some(source) = source {
+        text += &format!(" with {source}");
+    }
+    text + &format!(", fingerprint {:016x}", stamp.fingerprint)
+}
+
+/// One of `ranks` whose published call is this one (same number) with another fingerprint: it runs another shape or
+/// another schedule, whether or not any of its messages has come (its connections need not be this rank's). `None`
+/// while the bootstrap knows of none (over tcp, a peer's call is known once it aborted).
+pub(crate) fn published_mismatch(
+    plan: &Plan,
+    call: &Call,
+    ranks: impl IntoIterator<Item = u32>,
+) -> Option<RuntimeError> {
+    let ours = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
+    ranks.into_iter().filter(|&peer| peer != plan.rank).find_map(|peer| {
+        let theirs = call.bootstrap.call_of(peer);
+        let got = Stamp { seq: theirs.seq, fingerprint: theirs.fingerprint };
+        (got.seq == ours.seq && got.fingerprint != ours.fingerprint)
+            .then(|| mismatch(plan, peer, got, Some(theirs), ours, call))
+    })
 }

@@ -11,6 +11,7 @@
 
 use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
+use crate::transport::Transport;
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
@@ -109,7 +110,11 @@ pub struct Plan {
     pub(crate) user_elements: [usize; 2],
     /// The output window, for the `avg` epilogue: buffer and element range.
     pub(crate) output: (u8, std::ops::Range<usize>),
+    /// The call shape and the schedule's hash: every rank of a matching call computes the same value.
     pub(crate) fingerprint: u64,
+    /// Where the schedule came from and its hash, as mismatch reports name it:
+    /// `ring.sched (.sched file; schedule 0123456789abcdef)`.
+    pub(crate) source: String,
     // Per-call state, kept here so running allocates nothing.
     pub(crate) unmet: Vec<u32>,
     pub(crate) fired_on: Vec<u32>,
@@ -149,6 +154,8 @@ impl Origin<'_> {
 pub(crate) struct PlanInput<'a> {
     /// How errors name the algorithm: its library name or file.
     pub name: &'a str,
+    /// What the name is: `library algorithm`, `.coll source`, `.sched file`.
+    pub name_is: &'a str,
     pub rank: u32,
     pub count: usize,
     pub dtype: DataType,
@@ -156,10 +163,17 @@ pub(crate) struct PlanInput<'a> {
     pub origin: Origin<'a>,
     /// The largest FIFO slot (`Options::slot_cap`): it sets the tile.
     pub slot_cap: usize,
+    /// The transport and the message slots per connection of its links (`Fabric::slots`).
+    pub transport: Transport,
+    pub slots: u32,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { name, rank, count, dtype, op, origin, slot_cap } = input;
+    let PlanInput { name, name_is, rank, count, dtype, op, origin, slot_cap, transport, slots } = input;
+    if sched.channel_slots() > slots {
+        let (proved, transport) = (sched.channel_slots(), transport.name());
+        return Err(RuntimeError::Slots { name: name.to_string(), proved, transport, slots });
+    }
     let elem = dtype.size_bytes();
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
@@ -205,6 +219,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         user_elements,
         output,
         fingerprint: fingerprint(sched, count, dtype, op),
+        source: format!("{name} ({name_is}; schedule {:016x})", sched.hash()),
         unmet: vec![0; n_steps],
         fired_on: vec![0; n_links],
         waiting: Vec::with_capacity(n_steps),
@@ -415,7 +430,9 @@ fn dependents_of(program: &RankProgram) -> (Vec<u32>, Vec<u32>, Vec<u32>) {
     (dependents.start, dependents.list, unmet)
 }
 
-/// Identifies a call shape: every rank of a matching call computes the same value.
+/// Identifies a call: its shape and the schedule it runs (`VerifiedSchedule::hash`, which covers every rank's
+/// instructions and the slots the schedule was proved with). Every rank of a matching call computes the same value;
+/// ranks that run different schedules under one name do not.
 fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: ReduceOp) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     let mut mix = |bytes: &[u8]| {
@@ -430,6 +447,7 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
     mix(&sched.root.to_le_bytes());
     mix(&sched.peer.to_le_bytes());
     mix(&sched.chunks.to_le_bytes());
+    mix(&sched.hash().to_le_bytes());
     h
 }
 
@@ -446,13 +464,33 @@ mod tests {
     fn input(count: usize, rank: u32) -> PlanInput<'static> {
         PlanInput {
             name: "allreduce/one_shot",
+            name_is: "library algorithm",
             rank,
             count,
             dtype: DataType::F32,
             op: ReduceOp::Sum,
             origin: Origin::Coll(""),
             slot_cap: 128 << 10,
+            transport: Transport::Threads,
+            slots: crate::transport::SLOTS as u32,
         }
+    }
+
+    /// The fingerprint covers the schedule, not only the call's shape: the same instructions proved with other slot
+    /// counts are other schedules. A schedule proved with more slots than the links have is refused.
+    #[test]
+    fn the_fingerprint_carries_the_schedule_and_more_slots_than_the_links_have_are_refused() {
+        let source = library::get("allreduce/one_shot").expect("in the library");
+        let with = |channel_slots| {
+            let limits = Limits { channel_slots, ..Limits::default() };
+            compile(source, &Bindings::ranks(2), Options::default(), &limits).expect("verifies")
+        };
+        let slots = crate::transport::SLOTS as u32;
+        let fingerprint = |sched: &VerifiedSchedule| prepare(sched, input(64, 0)).expect("prepares").fingerprint;
+        assert_ne!(fingerprint(&with(slots)), fingerprint(&with(slots / 2)));
+        assert_eq!(fingerprint(&with(slots)), fingerprint(&one_shot(2)));
+        let refused = prepare(&with(slots + 1), input(64, 0)).err().expect("refused");
+        assert!(matches!(refused, RuntimeError::Slots { proved, slots: s, .. } if proved == slots + 1 && s == slots));
     }
 
     /// A connection's slots hold the largest message it carries in the call, not the cap: an 8-byte call's slots

@@ -4,7 +4,8 @@
 //! - `Link`: one end of a connection, the message slots an executor reserves and posts (sending) or peeks and
 //!   releases (receiving). Executors are generic over it, so each transport's hot loop is compiled for its link.
 //! - `Bootstrap`: what the ranks of a communicator do together outside the schedule: join, barriers, small
-//!   all-gathers, the call each rank is in (mismatch reports), aborts and failure notices naming the rank.
+//!   all-gathers, the call each rank is in and where its plans' schedules came from (mismatch reports), aborts and
+//!   failure notices naming the rank.
 //! - `Fabric`: opens a plan's links and returns its executor (the one dynamic call per collective call).
 //!
 //! `shm` backs both by shared memory (the heap of one process for `threads`, `/dev/shm` for `shm`); `tcp` by
@@ -88,11 +89,13 @@ impl FromStr for Transport {
     }
 }
 
-/// Messages in flight per connection: NCCL's NCCL_STEPS, and the `channel_slots` the verifier proved the
-/// schedules deadlock-free with.
-pub const SLOTS: u64 = 8;
+/// Messages in flight per connection, on every transport (the device records too): the compiler's `CHANNEL_SLOTS`
+/// (NCCL's NCCL_STEPS), the slot count the verifier proves schedules deadlock-free with unless told otherwise. A
+/// plan is refused for a schedule proved with more (`RuntimeError::Slots`).
+pub const SLOTS: u64 = collc_compiler::CHANNEL_SLOTS as u64;
 
-/// The call a message belongs to: its sequence number and the fingerprint of its shape (`Plan::fingerprint`).
+/// The call a message belongs to: its sequence number and its fingerprint (`Plan::fingerprint`: the call's shape
+/// and the hash of the schedule it runs).
 /// A receiver compares it with its own before it reads the message, so mismatched calls are caught, not misread.
 #[repr(C)]
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -160,6 +163,45 @@ pub(crate) struct CallInfo {
     /// collective << 24 | dtype << 16 | op << 8 | placement.
     pub kind: u32,
     pub root: u32,
+    /// As the call's messages are stamped: two ranks in the same call with different fingerprints run different
+    /// shapes or schedules, whether or not a message of it has arrived yet.
+    pub fingerprint: u64,
+}
+
+impl CallInfo {
+    /// No call yet.
+    pub const NONE: CallInfo = CallInfo { seq: 0, count: 0, kind: 0, root: 0, fingerprint: 0 };
+    pub const BYTES: usize = 32;
+
+    /// Its bytes, as the tcp rendezvous relays a failed rank's call.
+    pub fn to_bytes(self) -> [u8; CallInfo::BYTES] {
+        let mut b = [0u8; CallInfo::BYTES];
+        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
+        b[8..16].copy_from_slice(&self.count.to_le_bytes());
+        b[16..20].copy_from_slice(&self.kind.to_le_bytes());
+        b[20..24].copy_from_slice(&self.root.to_le_bytes());
+        b[24..32].copy_from_slice(&self.fingerprint.to_le_bytes());
+        b
+    }
+
+    pub fn from_bytes(b: &[u8]) -> Option<CallInfo> {
+        let b: &[u8; CallInfo::BYTES] = b.try_into().ok()?;
+        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
+        Some(CallInfo { seq: u64_at(0), count: u64_at(8), kind: u32_at(16), root: u32_at(20), fingerprint: u64_at(24) })
+    }
+}
+
+/// The longest source a rank publishes for its peers' mismatch reports (`Bootstrap::publish_source`).
+pub(crate) const SOURCE_BYTES: usize = 112;
+
+/// `source` cut to `SOURCE_BYTES`, keeping its end (a path's file name and the schedule's hash).
+pub(crate) fn clip_source(source: &str) -> &str {
+    let mut start = source.len().saturating_sub(SOURCE_BYTES);
+    while !source.is_char_boundary(start) {
+        start += 1;
+    }
+    &source[start..]
 }
 
 /// What the ranks of a communicator do together outside the schedule. One per rank; `rank` is its own.
@@ -186,10 +228,18 @@ pub(crate) trait Bootstrap: Send + Sync {
     ) -> Result<Vec<Vec<u8>>, RuntimeError>;
     /// Tells the peers which call this rank is in.
     fn publish_call(&self, rank: u32, call: CallInfo);
+    /// Tells the peers where this rank's plan of `fingerprint` came from (`Plan::source`, clipped to
+    /// `SOURCE_BYTES`), so that a mismatch report on another rank can name it. Called before the first call of a
+    /// plan, and whenever this rank goes back to a plan another call used since.
+    fn publish_source(&self, rank: u32, fingerprint: u64, source: &str);
+    /// Where `rank`'s plan of `fingerprint` came from, once it has published it; where that travels (tcp), it may
+    /// wait a moment for it.
+    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String>;
     /// This rank stops because rank `peer` failed (`how`): where the bootstrap announces failures, that one is the
     /// failure the others hear of (unless another came first), not this rank's going.
     fn report_failure(&self, _peer: u32, _how: &str) {}
-    /// The call `rank` last published.
+    /// The call `rank` last published, as far as this rank knows it (`CallInfo::NONE` where it does not: over tcp,
+    /// a peer's call is known once the rendezvous has announced it failed).
     fn call_of(&self, rank: u32) -> CallInfo;
 }
 
@@ -223,11 +273,28 @@ pub(crate) trait Fabric: Send + Sync {
     fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
         None
     }
+    /// Message slots per connection of the links (or device records) this fabric opens: the most a schedule it
+    /// runs may have been proved deadlock-free with.
+    fn slots(&self) -> u32 {
+        SLOTS as u32
+    }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::Transport;
+    use super::{clip_source, CallInfo, Transport, SOURCE_BYTES};
+
+    #[test]
+    fn a_call_round_trips_through_its_bytes_and_a_long_source_keeps_its_end() {
+        let call = CallInfo { seq: 3, count: 1 << 40, kind: 0x0102_0304, root: 7, fingerprint: 0xfeed_beef };
+        assert_eq!(CallInfo::from_bytes(&call.to_bytes()), Some(call));
+        assert_eq!(CallInfo::from_bytes(&call.to_bytes()[1..]), None);
+        let long = format!("/très/{}/ring.sched (.sched file; schedule 0123456789abcdef)", "é".repeat(80));
+        let clipped = clip_source(&long);
+        assert!(clipped.len() <= SOURCE_BYTES && long.ends_with(clipped), "{clipped}");
+        assert!(clipped.ends_with("ring.sched (.sched file; schedule 0123456789abcdef)"));
+        assert_eq!(clip_source("ring.sched"), "ring.sched");
+    }
 
     #[test]
     fn names_round_trip_and_a_misspelt_one_gets_a_suggestion() {

@@ -604,25 +604,28 @@ impl Fabric for IpcFabric {
         let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
         // SAFETY: a valid out-pointer and an allocation of this context.
         ok(unsafe { sys::cuIpcGetMemHandle(&mut handle, incoming.ptr()) }, "cuIpcGetMemHandle").map_err(config)?;
-        // Round 1: every rank's handle, its call shape and how many records it publishes.
+        // Round 1: every rank's handle, its call's fingerprint, how many records it publishes, its lanes and where
+        // its schedule came from (for a mismatch report).
         let mut first: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
         first.extend_from_slice(&plan.fingerprint.to_le_bytes());
         first.extend_from_slice(&(published.len() as u32).to_le_bytes());
         first.extend_from_slice(&lanes.to_le_bytes());
+        first.extend_from_slice(crate::transport::clip_source(&plan.source).as_bytes());
         let firsts = gather(&first)?;
         let mut handles = Vec::with_capacity(firsts.len());
         let mut most = 0usize;
         for (peer, blob) in firsts.iter().enumerate() {
-            if blob.len() != 64 + 8 + 4 + 4 {
+            if blob.len() < 64 + 8 + 4 + 4 {
                 return Err(config(format!("rank {peer} sent a malformed IPC announcement")));
             }
             let fingerprint = u64::from_le_bytes(blob[64..72].try_into().expect("8 bytes"));
             if fingerprint != plan.fingerprint {
+                let source = String::from_utf8_lossy(&blob[80..]);
                 return Err(RuntimeError::Mismatch {
                     rank,
                     peer: peer as u32,
-                    ours: format!("a call of fingerprint {:016x}", plan.fingerprint),
-                    theirs: format!("a call of fingerprint {fingerprint:016x}"),
+                    ours: format!("a call with {}, fingerprint {:016x}", plan.source, plan.fingerprint),
+                    theirs: format!("a call with {source}, fingerprint {fingerprint:016x}"),
                 });
             }
             most = most.max(u32::from_le_bytes(blob[72..76].try_into().expect("4 bytes")) as usize);
@@ -1049,7 +1052,7 @@ impl Executor for CudaExec {
             }
             self.bases.set(b, addr);
         }
-        let words = self.launcher.arrive(plan.rank, call, &plan.peers, &|| super::super::host::describe(plan, 0))?;
+        let words = self.launcher.arrive(plan, call)?;
         launch::outcome(plan, &words, call)
     }
 }

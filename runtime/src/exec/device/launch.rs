@@ -1,16 +1,17 @@
 //! One launch per call for the ranks that share a device: each rank's executor registers its image with the
 //! `Launcher` of its call shape; at each call the ranks arrive, the last one runs every rank's blocks as one launch
 //! (a cooperative grid on a GPU, every block polled by one thread in the twin) and hands each rank the outcome. A
-//! rank of the same call with another shape waits at another launcher, which the others see at once (a mismatch);
-//! a rank that never comes is a timeout naming it.
+//! rank of the same call with another fingerprint (another shape or schedule) waits at another launcher, which the
+//! others see at once in the call it published (a mismatch, on every rank); a rank that never comes is a timeout
+//! naming it.
 //!
 //! The launcher is the same for the GPU and the twin (`Target`), so the twin checks it on a CPU.
 
-use super::super::host::{describe, mismatch, waiting_for};
+use super::super::host::{describe, mismatch, published_mismatch, waiting_for};
 use super::super::{Call, Plan};
 use super::encode::{code, control, CONTROL_WORDS};
 use crate::error::RuntimeError;
-use crate::transport::{CallInfo, Stamp};
+use crate::transport::Stamp;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
@@ -124,15 +125,10 @@ impl<T: Target> Launcher<T> {
         }
     }
 
-    /// Rank `rank` arrives for `call`; returns the launch's fault report once it ran. `what` names where the rank
-    /// stands while it waits for the others (its first instruction and `.coll` line), made only for an error.
-    pub fn arrive(
-        &self,
-        rank: u32,
-        call: &Call,
-        peers: &[u32],
-        what: &dyn Fn() -> String,
-    ) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
+    /// `plan`'s rank arrives for `call`; returns the launch's fault report once it ran. Errors while it waits for
+    /// the others name its first instruction and `.coll` line.
+    pub fn arrive(&self, plan: &Plan, call: &Call) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
+        let (rank, peers) = (plan.rank, &plan.peers);
         let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
         let generation = round.generation;
         round.arrived.push((rank, call.seq));
@@ -154,7 +150,7 @@ impl<T: Target> Launcher<T> {
             }
             let missing: Vec<u32> =
                 self.ranks.iter().copied().filter(|r| !round.arrived.iter().any(|(a, _)| a == r)).collect();
-            let fault = self.check_missing(rank, call, peers, &missing, started, what);
+            let fault = self.check_missing(plan, call, &missing, started);
             if let Some(fault) = fault {
                 round.arrived.retain(|&(r, _)| r != rank);
                 return Err(fault);
@@ -163,29 +159,20 @@ impl<T: Target> Launcher<T> {
         round.outcome.clone().expect("a finished round has an outcome").map_err(RuntimeError::Config)
     }
 
-    /// While rank `rank` waits for `missing`: a rank of the same call with another shape (it waits at another
-    /// launcher: a mismatch), a failed peer, or the timeout.
-    fn check_missing(
-        &self,
-        rank: u32,
-        call: &Call,
-        peers: &[u32],
-        missing: &[u32],
-        started: Instant,
-        what: &dyn Fn() -> String,
-    ) -> Option<RuntimeError> {
-        let ours = call.info;
-        for &peer in missing {
-            let theirs = call.bootstrap.call_of(peer);
-            if theirs.seq == call.seq && (theirs.kind, theirs.count, theirs.root) != (ours.kind, ours.count, ours.root)
-            {
-                let describe =
-                    |i: CallInfo| format!("call #{}: {}", i.seq, crate::comm::describe_kind(i.kind, i.count, i.root));
-                return Some(RuntimeError::Mismatch { rank, peer, ours: describe(ours), theirs: describe(theirs) });
-            }
+    /// While `plan`'s rank waits for `missing`: a rank of the same call with another fingerprint (it waits at
+    /// another launcher: a mismatch), a failed peer, or the timeout.
+    fn check_missing(&self, plan: &Plan, call: &Call, missing: &[u32], started: Instant) -> Option<RuntimeError> {
+        let rank = plan.rank;
+        let what = || describe(plan, 0);
+        let health = call.bootstrap.health(&plan.peers);
+        // After the health check: a rank that aborted over a mismatch published its call before. While all is well,
+        // a rank in this call with another fingerprint waits at another launcher: it is among the missing.
+        let everyone = 0..if health.is_ok() { 0 } else { plan.n_ranks };
+        if let Some(mismatch) = published_mismatch(plan, call, missing.iter().copied().chain(everyone)) {
+            return Some(mismatch);
         }
         let at = || format!("the launch of call #{}", call.seq);
-        if let Err((peer, how)) = call.bootstrap.health(peers) {
+        if let Err((peer, how)) = health {
             return Some(RuntimeError::PeerFailed { rank, what: what(), at: at(), peer, how });
         }
         (started.elapsed() > call.timeout).then(|| RuntimeError::Timeout {

@@ -189,10 +189,8 @@ impl Executor for Twin {
             word.store(base as u64, Ordering::Relaxed);
         }
         answer_dump_request(&self.plan, &self.image, &self.state, call);
-        let outcome = self
-            .launcher
-            .arrive(self.plan.rank, call, &self.plan.peers, &|| super::host::describe(&self.plan, 0))
-            .and_then(|words| launch::outcome(&self.plan, &words, call));
+        let outcome =
+            self.launcher.arrive(&self.plan, call).and_then(|words| launch::outcome(&self.plan, &words, call));
         if let Err(error) = &outcome {
             call.recorder.dump(dump_reason(error), Some(snapshot(&self.plan, &self.image, &self.state, call.seq)));
         }

@@ -111,12 +111,15 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
         .map(|rank| {
             let input = PlanInput {
                 name: "test",
+                name_is: ".coll source",
                 rank,
                 count: shape.count,
                 dtype: shape.dtype,
                 op: shape.op,
                 origin: Origin::Coll(""),
                 slot_cap: case.slot_cap,
+                transport: crate::Transport::Twin,
+                slots: encode::SLOTS as u32,
             };
             prepare(sched, input).expect("a plan")
         })

@@ -1,13 +1,16 @@
-//! The control block every rank of a communicator maps: who has joined, a barrier, the call each rank is in (for
-//! mismatch reports), and the abort flag that turns one rank's failure into an error on every rank.
+//! The control block every rank of a communicator maps: who has joined, a barrier, the call each rank is in and the
+//! source of the plan it runs (for mismatch reports), and the abort flag that turns one rank's failure into an error
+//! on every rank.
 
 use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
-use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES, SOURCE_BYTES};
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = 0x636f_6c6c_635f_6374; // "collc_ct"
+/// A rank's `call_seq` while it publishes a call.
+const WRITING: u64 = u64::MAX;
 
 #[repr(C, align(64))]
 struct Header {
@@ -25,11 +28,18 @@ struct RankState {
     status: AtomicU32,
     pid: AtomicU32,
     barrier: AtomicU64,
+    /// The call's sequence number (0 before the first); `WRITING` while the call's other words are being written
+    /// (a sequence lock, so a peer never pairs one call's number with another's fingerprint).
     call_seq: AtomicU64,
     call_count: AtomicU64,
     /// collective << 24 | dtype << 16 | op << 8 | placement.
     call_kind: AtomicU32,
     call_root: AtomicU32,
+    call_fingerprint: AtomicU64,
+    /// The fingerprint of the plan whose source `source` holds; 0 while it is being written.
+    source_of: AtomicU64,
+    source_len: AtomicU64,
+    source: [AtomicU64; SOURCE_BYTES / 8],
 }
 
 /// One rank's blob of an all-gather: its length, then the bytes. Each rank has two, used by alternate barrier
@@ -146,21 +156,66 @@ impl Bootstrap for Control {
 
     fn publish_call(&self, rank: u32, call: CallInfo) {
         let state = self.state(rank);
+        state.call_seq.store(WRITING, Ordering::Relaxed);
+        fence(Ordering::Release);
         state.call_count.store(call.count, Ordering::Relaxed);
         state.call_kind.store(call.kind, Ordering::Relaxed);
         state.call_root.store(call.root, Ordering::Relaxed);
+        state.call_fingerprint.store(call.fingerprint, Ordering::Relaxed);
         state.call_seq.store(call.seq, Ordering::Release);
     }
 
     fn call_of(&self, rank: u32) -> CallInfo {
         let state = self.state(rank);
-        let seq = state.call_seq.load(Ordering::Acquire);
-        CallInfo {
-            seq,
-            count: state.call_count.load(Ordering::Relaxed),
-            kind: state.call_kind.load(Ordering::Relaxed),
-            root: state.call_root.load(Ordering::Relaxed),
+        // A peer publishes a call in well under a microsecond: a few tries find it between two.
+        for _ in 0..64 {
+            let seq = state.call_seq.load(Ordering::Acquire);
+            if seq == 0 {
+                return CallInfo::NONE;
+            }
+            let call = CallInfo {
+                seq,
+                count: state.call_count.load(Ordering::Relaxed),
+                kind: state.call_kind.load(Ordering::Relaxed),
+                root: state.call_root.load(Ordering::Relaxed),
+                fingerprint: state.call_fingerprint.load(Ordering::Relaxed),
+            };
+            fence(Ordering::Acquire);
+            if seq != WRITING && state.call_seq.load(Ordering::Relaxed) == seq {
+                return call;
+            }
+            std::thread::yield_now();
         }
+        CallInfo::NONE
+    }
+
+    fn publish_source(&self, rank: u32, fingerprint: u64, source: &str) {
+        let state = self.state(rank);
+        let bytes = crate::transport::clip_source(source).as_bytes();
+        state.source_of.store(0, Ordering::Relaxed);
+        fence(Ordering::Release);
+        for (word, chunk) in state.source.iter().zip(bytes.chunks(8)) {
+            let mut b = [0u8; 8];
+            b[..chunk.len()].copy_from_slice(chunk);
+            word.store(u64::from_le_bytes(b), Ordering::Relaxed);
+        }
+        state.source_len.store(bytes.len() as u64, Ordering::Relaxed);
+        state.source_of.store(fingerprint, Ordering::Release);
+    }
+
+    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String> {
+        let state = self.state(rank);
+        if fingerprint == 0 || state.source_of.load(Ordering::Acquire) != fingerprint {
+            return None;
+        }
+        let len = (state.source_len.load(Ordering::Relaxed) as usize).min(SOURCE_BYTES);
+        let bytes: Vec<u8> = state.source.iter().flat_map(|w| w.load(Ordering::Relaxed).to_le_bytes()).collect();
+        fence(Ordering::Acquire);
+        // Rewritten meanwhile (the peer went on to another plan): what was read may be torn.
+        if state.source_of.load(Ordering::Relaxed) != fingerprint {
+            return None;
+        }
+        Some(String::from_utf8_lossy(&bytes[..len]).into_owned())
     }
 
     /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.

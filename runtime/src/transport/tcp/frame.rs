@@ -53,13 +53,15 @@ pub enum FrameError {
 }
 
 impl Frame {
+    /// A message of `call` (whose sequence number and fingerprint the header carries as the stamp's).
     pub fn data(channel: u8, slot_bytes: u32, len: u32, stamp: Stamp, job: u64, call: CallInfo) -> Frame {
         let (seq, fingerprint) = (stamp.seq, stamp.fingerprint);
+        let call = CallInfo { seq, fingerprint, ..call };
         Frame { kind: Kind::Data, channel, slot_bytes, len, seq, fingerprint, job, call, credit: 0 }
     }
 
     pub fn credit(channel: u8, slot_bytes: u32, consumed: u64, job: u64) -> Frame {
-        let call = CallInfo { seq: consumed, count: 0, kind: 0, root: 0 };
+        let call = CallInfo { seq: consumed, ..CallInfo::NONE };
         Frame { kind: Kind::Credit, channel, slot_bytes, len: 0, seq: consumed, fingerprint: 0, job, call, credit: 0 }
     }
 
@@ -110,13 +112,13 @@ impl Frame {
             Kind::Credit if len != 0 => return Err(FrameError::CreditLength(len)),
             _ => {}
         }
-        let seq = u64_at(16);
-        let call = CallInfo { seq, count: u64_at(48), kind: u32_at(40), root: u32_at(44) };
+        let (seq, fingerprint) = (u64_at(16), u64_at(24));
+        let call = CallInfo { seq, count: u64_at(48), kind: u32_at(40), root: u32_at(44), fingerprint };
         let credit = u64_at(56);
         if kind == Kind::Credit && credit != 0 {
             return Err(FrameError::Reserved);
         }
-        Ok(Frame { kind, channel: b[5], slot_bytes, len, seq, fingerprint: u64_at(24), job: u64_at(32), call, credit })
+        Ok(Frame { kind, channel: b[5], slot_bytes, len, seq, fingerprint, job: u64_at(32), call, credit })
     }
 }
 
@@ -126,7 +128,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn call() -> CallInfo {
-        CallInfo { seq: 7, count: 1000, kind: 0x0007_0000, root: 0 }
+        CallInfo { seq: 7, count: 1000, kind: 0x0007_0000, root: 0, fingerprint: 0xfeed }
     }
 
     #[test]
@@ -163,7 +165,7 @@ mod tests {
             fingerprint in any::<u64>(), job in any::<u64>(), count in any::<u64>(), kind in any::<u32>(),
         ) {
             let slot_bytes = 1u32 << shift;
-            let call = CallInfo { seq, count, kind, root: 3 };
+            let call = CallInfo { seq, count, kind, root: 3, fingerprint };
             let mut frame = Frame::data(channel, slot_bytes, len % (slot_bytes + 1), Stamp { seq, fingerprint }, job, call);
             frame.credit = count ^ job;
             prop_assert_eq!(Frame::decode(&frame.encode()), Ok(frame));

@@ -2,7 +2,8 @@
 //! authenticated connection. Through it the ranks learn each other's data addresses and do what `Bootstrap` asks:
 //! barriers, all-gathers of small blobs, aborts. It also watches the ranks: a rank whose connection closes before
 //! it has left is announced to every other rank as failed, naming it, so a rank killed with SIGKILL stops the job
-//! at once instead of at the timeout.
+//! at once instead of at the timeout. It relays what mismatch reports name: where each rank's plans came from
+//! (sent once per plan), and the call a rank was in when it aborted.
 //!
 //! Messages are `[len u32][tag u8][body]`; a length over `MAX_MESSAGE` closes the connection before anything is
 //! allocated for it.
@@ -10,8 +11,8 @@
 use super::auth::{self, Hello, Purpose, Refusal, Token};
 use crate::error::RuntimeError;
 use crate::log::{self, Subsys};
-use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES};
-use std::collections::HashMap;
+use crate::transport::{Bootstrap, CallInfo, Status, BLOB_BYTES, SOURCE_BYTES};
+use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -23,11 +24,21 @@ const ABORT: u8 = 2;
 const LEAVE: u8 = 3;
 /// A rank stopped because of another: that one is the failure to announce (unless one already is).
 const REPORT: u8 = 4;
+/// Where the rank's plan of a fingerprint came from: `[fingerprint u64][source]`, relayed to every rank.
+const SOURCE: u8 = 5;
 const RELEASE: u8 = 11;
 const FAILED: u8 = 12;
 const REFUSED: u8 = 13;
 /// Rank 0 has left: the hub goes when its process does, which is then no failure.
 const HOST_LEFT: u8 = 14;
+/// A rank's `SOURCE`: `[rank u32][fingerprint u64][source]`.
+const SOURCE_OF: u8 = 15;
+/// The call a rank was in when it aborted: `[rank u32][CallInfo]`, sent before the failure it causes.
+const CALLED: u8 = 16;
+/// Sources kept per peer: the plans of its most recent call shapes.
+const SOURCES_KEPT: usize = 64;
+/// How long a mismatch report waits for a peer's source to come through the rendezvous.
+const SOURCE_WAIT: Duration = Duration::from_millis(200);
 
 /// The largest message for `n_ranks`: a release carries every rank's blob.
 fn max_message(n_ranks: u32) -> usize {
@@ -257,7 +268,19 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
                     hub.broadcast(RELEASE, &blobs_body(generation, &blobs));
                 }
             }
-            ABORT => hub.fail(rank, "failed (see its error)".into()),
+            ABORT => {
+                if body.len() == CallInfo::BYTES {
+                    let mut called = rank.to_le_bytes().to_vec();
+                    called.extend_from_slice(&body);
+                    hub.broadcast(CALLED, &called);
+                }
+                hub.fail(rank, "failed (see its error)".into())
+            }
+            SOURCE if body.len() >= 8 && body.len() <= 8 + SOURCE_BYTES => {
+                let mut relayed = rank.to_le_bytes().to_vec();
+                relayed.extend_from_slice(&body);
+                hub.broadcast(SOURCE_OF, &relayed);
+            }
             REPORT if body.len() >= 4 && body.len() <= 4 + 512 => {
                 let peer = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
                 if peer < hub.n_ranks && peer != rank {
@@ -293,6 +316,10 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
 #[derive(Default)]
 struct Heard {
     releases: HashMap<u64, Vec<Vec<u8>>>,
+    /// The calls ranks were in when they aborted.
+    calls: HashMap<u32, CallInfo>,
+    /// Per rank, the sources of its plans by fingerprint, most recent last.
+    sources: HashMap<u32, Vec<(u64, String)>>,
     failure: Option<(u32, String)>,
     refused: Option<String>,
     /// Rank 0 has left: the hub's going is expected.
@@ -307,8 +334,10 @@ pub struct Rendezvous {
     leaving: Arc<AtomicBool>,
     n_ranks: u32,
     rank: u32,
-    /// The call this rank is in (its peers learn theirs from the frames' headers).
+    /// The call this rank is in (its peers learn theirs from the frames' headers, or when it aborts).
     call: Mutex<CallInfo>,
+    /// The fingerprints whose sources this rank has sent the hub.
+    sources_sent: Mutex<HashSet<u64>>,
     /// Rank 0 hosts the hub.
     hub: Option<Hub>,
 }
@@ -369,7 +398,8 @@ impl Rendezvous {
             leaving,
             n_ranks,
             rank,
-            call: Mutex::new(CallInfo { seq: 0, count: 0, kind: 0, root: 0 }),
+            call: Mutex::new(CallInfo::NONE),
+            sources_sent: Mutex::new(HashSet::new()),
             hub,
         })
     }
@@ -442,6 +472,23 @@ fn listen(
                 failed.store(true, Ordering::Release);
             }
             Ok((HOST_LEFT, _)) => h.host_left = true,
+            Ok((SOURCE_OF, body)) if body.len() >= 12 => {
+                let rank = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                let fingerprint = u64::from_le_bytes(body[4..12].try_into().expect("8 bytes"));
+                let source = String::from_utf8_lossy(&body[12..]).into_owned();
+                let known = h.sources.entry(rank).or_default();
+                known.retain(|(f, _)| *f != fingerprint);
+                if known.len() == SOURCES_KEPT {
+                    known.remove(0);
+                }
+                known.push((fingerprint, source));
+            }
+            Ok((CALLED, body)) if body.len() == 4 + CallInfo::BYTES => {
+                let rank = u32::from_le_bytes(body[..4].try_into().expect("4 bytes"));
+                if let Some(call) = CallInfo::from_bytes(&body[4..]) {
+                    h.calls.insert(rank, call);
+                }
+            }
             Ok((REFUSED, body)) => {
                 h.refused = Some(String::from_utf8_lossy(&body).into_owned());
                 failed.store(true, Ordering::Release);
@@ -485,12 +532,14 @@ impl Bootstrap for Rendezvous {
     }
 
     fn abort(&self, rank: u32) {
-        // This rank stops at once; the hub tells the others.
+        // This rank stops at once; the hub tells the others, and which call this rank was in (a peer whose call
+        // has the same number and another fingerprint reports the mismatch, not only this rank's failure).
         let mut heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
         heard.failure.get_or_insert((rank, "aborted".into()));
         self.failed.store(true, Ordering::Release);
         drop(heard);
-        let _ = self.send(ABORT, &[]);
+        let call = *self.call.lock().unwrap_or_else(|p| p.into_inner());
+        let _ = self.send(ABORT, &call.to_bytes());
     }
 
     fn health(&self, _peers: &[u32]) -> Result<(), (u32, String)> {
@@ -524,9 +573,36 @@ impl Bootstrap for Rendezvous {
     }
 
     fn call_of(&self, rank: u32) -> CallInfo {
-        match rank == self.rank {
-            true => *self.call.lock().unwrap_or_else(|p| p.into_inner()),
-            false => CallInfo { seq: 0, count: 0, kind: 0, root: 0 },
+        if rank == self.rank {
+            return *self.call.lock().unwrap_or_else(|p| p.into_inner());
+        }
+        let heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
+        heard.calls.get(&rank).copied().unwrap_or(CallInfo::NONE)
+    }
+
+    fn publish_source(&self, _rank: u32, fingerprint: u64, source: &str) {
+        // Once per plan: the hub relays it to every rank, which keeps it.
+        if self.sources_sent.lock().unwrap_or_else(|p| p.into_inner()).insert(fingerprint) {
+            let mut body = fingerprint.to_le_bytes().to_vec();
+            body.extend_from_slice(crate::transport::clip_source(source).as_bytes());
+            let _ = self.send(SOURCE, &body);
+        }
+    }
+
+    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String> {
+        let (lock, changed) = &*self.heard;
+        let deadline = Instant::now() + SOURCE_WAIT;
+        let mut heard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let known = heard.sources.get(&rank).and_then(|k| k.iter().find(|(f, _)| *f == fingerprint));
+            if let Some((_, source)) = known {
+                return Some(source.clone());
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            heard = changed.wait_timeout(heard, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }

@@ -8,7 +8,7 @@
 //! - Credits keep the sender within the receiver's slots, as shared memory's ring does: a receiver that releases a
 //!   message sends a credit frame (coalesced: the latest count goes out), and the sender reserves only while it has
 //!   fewer than `SLOTS` messages unconsumed. So every frame that arrives has a slot, and the schedules the verifier
-//!   proved deadlock-free with 8 slots per connection stay so when several links share a socket.
+//!   proved deadlock-free with `SLOTS` slots per connection (or fewer) stay so when several links share a socket.
 //! - A frame for a link this rank has not opened yet (a peer already in the next call) waits in the socket until
 //!   a plan opens that link; frames after it on that socket belong to that call or later ones, which this rank
 //!   does not need before then.
@@ -170,7 +170,7 @@ impl Wire {
             peers: (0..n_ranks).map(|_| Vec::new()).collect(),
             links: Vec::new(),
             by_end: HashMap::new(),
-            call: CallInfo { seq: 0, count: 0, kind: 0, root: 0 },
+            call: CallInfo::NONE,
             fault: None,
         }
     }

@@ -15,6 +15,7 @@
 mod contract;
 mod corpus;
 mod cost;
+mod differential;
 mod fixtures;
 mod forge;
 mod library;

@@ -25,8 +25,8 @@ pub use key::{Seed, Verdict, Verification, ERROR_BOUND_BITS, EXACT_AUTO_RANKS};
 pub(crate) use matching::{Connection, Connections};
 
 use crate::diag::{Error, Errors};
-use crate::fxhash::FxHasher;
 use crate::emit::SchedLines;
+use crate::fxhash::FxHasher;
 use crate::sched::Schedule;
 use crate::Limits;
 use std::hash::Hasher;

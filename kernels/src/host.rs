@@ -32,11 +32,17 @@ use lane::{Block, Combine, Lane, Max, Min, Prod, Sum};
 /// against 39 GB/s for 64 KiB in cache, measured), and a FIFO slot and a user buffer can sit at
 /// exactly such offsets. The loop below has no such case and is as fast elsewhere.
 ///
+/// A range copied onto itself is left as it is: the memory model (docs/language.md §13) lets a `Copy` name one
+/// range as source and destination, and in place `in` and `out` are one buffer, so such a copy reaches here.
+///
 /// # Safety
 /// `src` must be valid for reading `len` bytes and `dst` for writing `len` bytes, and the two
-/// ranges must not overlap. There is no alignment requirement.
+/// ranges must be the same or not overlap. There is no alignment requirement.
 #[inline]
 pub unsafe fn copy(dst: *mut u8, src: *const u8, len: usize) {
+    if std::ptr::eq(dst, src) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if len >= VECTOR_COPY_MIN_BYTES && VectorIsa::detected() >= VectorIsa::Avx2 {
         // SAFETY: forwarded from the caller; AVX2 is present.
@@ -80,6 +86,9 @@ mod vector_copy {
 /// # Safety
 /// As [`copy`].
 pub unsafe fn copy_streaming(dst: *mut u8, src: *const u8, len: usize) {
+    if std::ptr::eq(dst, src) {
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if len >= STREAMING_MIN_BYTES {
         // SAFETY: forwarded from the caller.

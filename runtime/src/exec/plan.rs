@@ -7,7 +7,8 @@
 //! `[t*E, (t+1)*E)` of every chunk, and a call runs the whole schedule once per tile. Each run is the verified
 //! schedule on smaller data, so matching, ordering and deadlock freedom carry over; consecutive runs overlap on the
 //! FIFOs, which pipelines them. A chunk of a user buffer may hold fewer elements than the capacity (the remainder of
-//! `count` is spread over the first chunks): only its valid elements are read or written.
+//! `count` is spread over the first chunks): only its valid elements are read or written, and a scratch chunk holds as
+//! many as a user chunk at its position in a block.
 
 use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
@@ -269,7 +270,10 @@ fn translate(
     capacity: usize,
     tile_bytes: usize,
 ) -> Translated {
-    // A user buffer's chunk j sits in block j / C at the chunk layout's offset; scratch chunks are padded.
+    // A user buffer's chunk j sits in block j / C at the chunk layout's offset. A scratch chunk is stored padded to
+    // the capacity but holds as many elements as a user chunk at its position in a block (the memory model's chunk
+    // shape), so every operand of an instruction has the same valid length and none is read past a user buffer.
+    let chunks = sched.chunks.max(1);
     let place = |operand: Operand, k: u32| -> Place {
         let Some(operand) = operand.get() else { return Place::NONE };
         let j = operand.index + k;
@@ -277,7 +281,8 @@ fn translate(
             let elements = layout.elements(j, 1);
             Place { buf: operand.buf.0, offset: elements.start, valid: elements.len() }
         } else {
-            Place { buf: operand.buf.0, offset: j as usize * capacity, valid: capacity }
+            let valid = layout.elements(j % chunks, 1).len();
+            Place { buf: operand.buf.0, offset: j as usize * capacity, valid }
         }
     };
     let program = &sched.ranks[rank as usize];
@@ -491,6 +496,28 @@ mod tests {
         assert_eq!(fingerprint(&with(slots)), fingerprint(&one_shot(2)));
         let refused = prepare(&with(slots + 1), input(64, 0)).err().expect("refused");
         assert!(matches!(refused, RuntimeError::Slots { proved, slots: s, .. } if proved == slots + 1 && s == slots));
+    }
+
+    /// Every operand of one chunk of a step holds the same number of elements, scratch chunks too: a scratch chunk
+    /// holds what a user chunk at its position does, not the padded capacity, so a reduction whose destination is
+    /// scratch reads no element past the user buffer it takes its accumulator from (reduce-scatter by recursive
+    /// halving, 3 ranks, 2 slices per chunk and counts that do not divide: rank 0's `RecvReduceCopy acc=in[5]
+    /// dst=_work[5]` read one element past `in`).
+    #[test]
+    fn the_operands_of_a_chunk_hold_the_same_elements() {
+        let source = library::get("reducescatter/recursive_halving").expect("in the library");
+        let options = Options { pipeline: Some(2), ..Options::default() };
+        let sched = compile(source, &Bindings::ranks(3), options, &Limits::default()).expect("verifies");
+        for count in [1, 5, 7, 13, 64] {
+            for rank in 0..3 {
+                let plan = prepare(&sched, input(count, rank)).expect("prepares");
+                for piece in &plan.pieces {
+                    let held: Vec<usize> =
+                        [piece.src, piece.acc, piece.dst].iter().filter(|p| p.buf != NO_BUF).map(|p| p.valid).collect();
+                    assert!(held.windows(2).all(|w| w[0] == w[1]), "count {count}, rank {rank}: {piece:?}");
+                }
+            }
+        }
     }
 
     /// A connection's slots hold the largest message it carries in the call, not the cap: an 8-byte call's slots

@@ -5,9 +5,9 @@
 use crate::error::RuntimeError;
 use crate::exec::{self, Call, Executor, Origin, PlanInput};
 use crate::recorder::{self, Recorder};
-use crate::transport::shm::{Heap, Memory, Shm};
+use crate::transport::shm::Memory;
 use crate::transport::tcp::TcpJob;
-use crate::transport::{Bootstrap, CallInfo, Fabric, Status};
+use crate::transport::{Backend, Bootstrap, CallInfo, Fabric, Status};
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::Placement;
@@ -56,22 +56,13 @@ impl Options {
         Ok(options)
     }
 
-    /// The largest link slot over `transport` for a schedule on `connections` connections: `slot_bytes`, or a power
-    /// of two that keeps every connection's `SLOTS` slots full near a budget: 256 MiB in all, from 16 KiB to
-    /// 128 KiB, for shared memory; over tcp, where each message costs system calls, 512 MiB and 64 KiB to 256 KiB
-    /// (see bench/README.md).
+    /// The largest link slot over `transport` for a schedule on `connections` connections: `slot_bytes`, or what
+    /// the transport's slot policy gives (`Backend::slot_policy`).
     pub fn slot_cap(&self, transport: crate::Transport, connections: usize) -> usize {
-        if self.slot_bytes != 0 {
-            return self.slot_bytes;
+        match self.slot_bytes {
+            0 => transport.backend().slot_policy().slot_cap(connections),
+            bytes => bytes,
         }
-        let (budget, range) = match transport {
-            crate::Transport::Tcp => (512usize << 20, (64 << 10, 256 << 10)),
-            // NCCL's Simple protocol: 4 MiB a channel, 8 steps of 512 KiB.
-            crate::Transport::Cuda => (1usize << 30, (256 << 10, 512 << 10)),
-            _ => (256usize << 20, (16 << 10, 128 << 10)),
-        };
-        let cap = (budget / (crate::transport::SLOTS as usize * connections).max(1)).clamp(range.0, range.1);
-        1 << cap.ilog2()
     }
 }
 
@@ -194,58 +185,24 @@ pub struct Communicator {
 impl Communicator {
     /// `n_ranks` communicators of one group, for rank threads of this process (the `threads` transport).
     pub fn threads(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        check_world(0, n_ranks)?;
-        let memory = Arc::new(Memory::new(Arc::new(Heap::default())));
-        Communicator::heap_group(memory.clone(), &memory, n_ranks, options)
-    }
-
-    /// `n_ranks` communicators of rank threads over `fabric`, their bootstrap a control block in `memory` (the heap).
-    fn heap_group(
-        fabric: Arc<dyn Fabric>,
-        memory: &Memory,
-        n_ranks: u32,
-        options: Options,
-    ) -> Result<Vec<Communicator>, RuntimeError> {
-        let compiled = Compiled::default();
-        (0..n_ranks)
-            .map(|rank| {
-                let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-                Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
-            })
-            .collect()
+        crate::transport::shm::THREADS.group(n_ranks, options)
     }
 
     /// `n_ranks` communicators for rank threads of this process whose plans run on the host twin of the CUDA
     /// interpreter (the `twin` transport): the device encoding and flag protocol, checked on a CPU.
     pub fn twin(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        check_world(0, n_ranks)?;
-        let fabric = Arc::new(crate::exec::TwinFabric::new(n_ranks));
-        Communicator::heap_group(fabric, &Memory::new(Arc::new(Heap::default())), n_ranks, options)
+        crate::transport::twin::TWIN.group(n_ranks, options)
     }
 
     /// `n_ranks` communicators for rank threads of this process on GPUs (the `cuda` transport): rank r on GPU
     /// r mod G, G the GPUs the driver sees or `COLLC_CUDA_GPUS`; ranks sharing a GPU run one launch per call.
     pub fn cuda(n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        let gpus = cuda_gpus_from_env()?;
-        Communicator::cuda_on(n_ranks, gpus, options)
+        crate::transport::cuda::CUDA.group(n_ranks, options)
     }
 
     /// As `cuda`, on the first `gpus` GPUs (all of them when `None`).
     pub fn cuda_on(n_ranks: u32, gpus: Option<u32>, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        check_world(0, n_ranks)?;
-        #[cfg(feature = "cuda")]
-        {
-            let fabric = Arc::new(crate::exec::cuda::CudaFabric::new(n_ranks, gpus).map_err(RuntimeError::Config)?);
-            Communicator::heap_group(fabric, &Memory::new(Arc::new(Heap::default())), n_ranks, options)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (options, gpus);
-            Err(RuntimeError::Config(
-                "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`"
-                    .into(),
-            ))
-        }
+        crate::transport::cuda::group_on(n_ranks, gpus, options)
     }
 
     /// Bytes this rank's plan of a call shape reads and writes per call (its messages included): what a
@@ -258,28 +215,7 @@ impl Communicator {
     /// Rank `rank` of job `job` on this host, in its own process, on GPU `rank mod G` (the `cuda` transport for rank
     /// processes): device memory shared with the other processes through CUDA IPC, the bootstrap in /dev/shm.
     pub fn cuda_process(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
-        check_world(rank, n_ranks)?;
-        #[cfg(feature = "cuda")]
-        {
-            let gpus = cuda_gpus_from_env()?;
-            // The bootstrap's control block is a shared-memory segment of the job, which the last rank out removes.
-            let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
-            let fabric =
-                crate::exec::cuda::IpcFabric::new(rank, n_ranks, gpus, memory.clone()).map_err(RuntimeError::Config)?;
-            let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-            let fabric = Arc::new(fabric);
-            let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
-            comm.barrier()?;
-            Ok(comm)
-        }
-        #[cfg(not(feature = "cuda"))]
-        {
-            let _ = (job, options);
-            Err(RuntimeError::Config(
-                "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`"
-                    .into(),
-            ))
-        }
+        crate::transport::cuda::process(job, rank, n_ranks, options)
     }
 
     /// The GPU this rank's buffers must be on (the `cuda` transport), or `None`.
@@ -290,92 +226,85 @@ impl Communicator {
     /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
     /// calls this with the same `job` and `n_ranks`; it returns once all have joined.
     pub fn shm(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
-        check_world(rank, n_ranks)?;
-        if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
-        }
-        let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
-        let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-        let mut comm = Communicator::join(memory, bootstrap, Compiled::default(), rank, n_ranks, options)?;
-        comm.barrier()?;
-        Ok(comm)
+        crate::transport::shm::process(job, rank, n_ranks, options)
     }
 
-    /// `n_ranks` communicators of one group over `transport`, each made by a rank thread of its own as rank
-    /// processes make theirs: shm segments under a fresh job id, or a tcp job on the loopback with its rendezvous
-    /// on a free port and a fresh token. For tests and for checking a transport inside one process.
+    /// `n_ranks` communicators of one group over `transport`, each for a rank thread of this process: for a process
+    /// transport, each made by a thread of its own as rank processes make theirs (shm segments under a fresh job
+    /// id, or a tcp job on the loopback with its rendezvous on a free port and a fresh token). For tests and for
+    /// checking a transport inside one process.
     pub fn group(
         transport: crate::Transport,
         n_ranks: u32,
         options: Options,
     ) -> Result<Vec<Communicator>, RuntimeError> {
-        check_world(0, n_ranks)?;
-        static GROUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let id = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let job = format!("group-{}-{id}", std::process::id());
-        let make: Box<dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync> = match transport {
-            crate::Transport::Threads => return Communicator::threads(n_ranks, options),
-            crate::Transport::Twin => return Communicator::twin(n_ranks, options),
-            crate::Transport::Cuda => return Communicator::cuda(n_ranks, options),
-            crate::Transport::Shm => Box::new(|rank| Communicator::shm(&job, rank, n_ranks, options.clone())),
-            crate::Transport::Tcp => {
-                let port = crate::transport::tcp::prebind()?;
-                let token = crate::transport::tcp::Token::new(
-                    crate::transport::tcp::Token::generate().map_err(RuntimeError::Config)?,
-                )
-                .map_err(RuntimeError::Config)?;
-                let tcp = TcpJob {
-                    rendezvous: format!("127.0.0.1:{port}"),
-                    rank: 0,
-                    n_ranks,
-                    job: job.clone(),
-                    token,
-                    ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
-                    sockets: 1,
-                };
-                Box::new(move |rank| Communicator::tcp(&TcpJob { rank, ..tcp.clone() }, options.clone()))
-            }
-        };
-        std::thread::scope(|scope| {
-            let make = &make;
-            let handles: Vec<_> = (0..n_ranks).map(|rank| scope.spawn(move || make(rank))).collect();
-            handles.into_iter().map(|h| h.join().map_err(|_| RuntimeError::Poisoned)?).collect()
-        })
+        transport.backend().group(n_ranks, options)
     }
 
     /// Rank `job.rank` of a job whose ranks reach each other over TCP (the `tcp` transport), on this host or any
     /// other. Every rank calls this with the same rendezvous, job, world size and token; rank 0 hosts the
     /// rendezvous. It returns once all have joined.
     pub fn tcp(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
-        check_world(job.rank, job.n_ranks)?;
-        let (net, rendezvous) = crate::transport::tcp::join(job, options.timeout)?;
-        let mut comm = Communicator::join(net, rendezvous, Compiled::default(), job.rank, job.n_ranks, options)?;
-        comm.barrier()?;
-        Ok(comm)
+        crate::transport::tcp::process(job, options)
     }
 
     /// This process's rank of the job a launcher started it in (torchrun, mpirun, Slurm or `collc run`), over
     /// `shm`; `Ok(None)` when no launcher's variables are set.
     pub fn from_env(options: Options) -> Result<Option<Communicator>, RuntimeError> {
-        Communicator::from_env_over(crate::Transport::Shm, options)
+        Communicator::from_env_over(crate::transport::Transport::of(&crate::transport::shm::SHM), options)
     }
 
-    /// As `from_env`, over `transport` (`shm`, or `tcp` with the rendezvous and token `TcpJob::from_env` reads).
+    /// As `from_env`, over `transport` (`shm`, `tcp` with the rendezvous and token `TcpJob::from_env` reads, or
+    /// `cuda`; `threads` means `shm` when every rank is on this host, else `tcp`).
     pub fn from_env_over(transport: crate::Transport, options: Options) -> Result<Option<Communicator>, RuntimeError> {
         let Some(launch) = crate::launch::from_env().map_err(RuntimeError::Config)? else { return Ok(None) };
-        if transport == crate::Transport::Tcp {
-            let job = TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map_err(RuntimeError::Config)?;
-            return Communicator::tcp(&job, options).map(Some);
-        }
-        if launch.local_world_size.is_some_and(|local| local != launch.world_size) {
-            return Err(RuntimeError::Config(format!(
-                "{} puts {} of {} ranks on this host; the shm transport needs all of them on one host",
-                launch.launcher,
-                launch.local_world_size.unwrap_or(0),
-                launch.world_size
-            )));
-        }
-        Communicator::shm(&launch.job, launch.rank, launch.world_size, options).map(Some)
+        let backend = transport.for_processes(launch.all_local()).map_err(RuntimeError::Config)?.backend();
+        backend.check_launch(&launch).map_err(RuntimeError::Config)?;
+        backend.join(&launch, options).map(Some)
+    }
+
+    /// `n_ranks` communicators of rank threads over `fabric`, their bootstrap a control block in `memory` (the heap).
+    pub(crate) fn heap_group(
+        fabric: Arc<dyn Fabric>,
+        memory: &Memory,
+        n_ranks: u32,
+        options: Options,
+    ) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        let compiled = Compiled::default();
+        (0..n_ranks)
+            .map(|rank| {
+                let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+                Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
+            })
+            .collect()
+    }
+
+    /// Rank `rank` of a job whose ranks are processes, over `fabric` and `bootstrap`; returns once every rank has
+    /// joined.
+    pub(crate) fn process(
+        fabric: Arc<dyn Fabric>,
+        bootstrap: Arc<dyn Bootstrap>,
+        rank: u32,
+        n_ranks: u32,
+        options: Options,
+    ) -> Result<Communicator, RuntimeError> {
+        check_world(rank, n_ranks)?;
+        let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
+        comm.barrier()?;
+        Ok(comm)
+    }
+
+    /// `n_ranks` communicators, each made by `make` on a thread of its own, as rank processes make theirs.
+    pub(crate) fn rank_threads(
+        n_ranks: u32,
+        make: &(dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync),
+    ) -> Result<Vec<Communicator>, RuntimeError> {
+        check_world(0, n_ranks)?;
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..n_ranks).map(|rank| scope.spawn(move || make(rank))).collect();
+            handles.into_iter().map(|h| h.join().map_err(|_| RuntimeError::Poisoned)?).collect()
+        })
     }
 
     fn join(
@@ -522,7 +451,7 @@ impl Communicator {
     fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
         let device = matches!(buffers, Buffers::DeviceOutOfPlace { .. } | Buffers::DeviceInPlace(_));
         let transport = self.fabric.transport();
-        if device != (transport == crate::Transport::Cuda) {
+        if device != self.fabric.gpu_ordinal(self.rank).is_some() {
             return Err(RuntimeError::Config(match device {
                 true => format!(
                     "rank {}: device buffers need the cuda transport; this communicator is {transport}",
@@ -631,7 +560,7 @@ impl Communicator {
                         None => Origin::Coll(&algorithm.source),
                     },
                     slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections),
-                    transport: self.fabric.transport(),
+                    transport: self.fabric.transport().name(),
                     slots: self.fabric.slots(),
                 },
             )?;
@@ -761,21 +690,7 @@ fn spins_for(n_ranks: u32) -> u32 {
     }
 }
 
-/// `COLLC_CUDA_GPUS`: how many GPUs the cuda transport spreads its ranks over (`None`: every one).
-fn cuda_gpus_from_env() -> Result<Option<u32>, RuntimeError> {
-    match std::env::var("COLLC_CUDA_GPUS") {
-        Ok(text) => text
-            .trim()
-            .parse::<u32>()
-            .ok()
-            .filter(|&n| n > 0)
-            .map(Some)
-            .ok_or_else(|| RuntimeError::Config(format!("COLLC_CUDA_GPUS=`{text}` is not a positive number"))),
-        Err(_) => Ok(None),
-    }
-}
-
-fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
+pub(crate) fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
     if n_ranks == 0 {
         return Err(RuntimeError::Config("a communicator needs at least one rank (got 0)".into()));
     }
@@ -783,13 +698,4 @@ fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
         return Err(RuntimeError::Config(format!("rank {rank} is outside a world of {n_ranks} ranks")));
     }
     Ok(())
-}
-
-/// `allreduce float sum count 1000 root 0`: a call as peers publish it, for mismatch reports.
-pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
-    let collective = Collective::ALL.get((kind >> 24) as usize).map_or("?", |c| c.name());
-    let dtype = DataType::ALL.get(((kind >> 16) & 0xff) as usize).map_or("?".into(), |d| d.to_string());
-    let op = ReduceOp::ALL.get(((kind >> 8) & 0xff) as usize).map_or("?".into(), |o| o.to_string());
-    let placement = if kind & 0xff == Placement::InPlace as u32 { "in-place" } else { "out-of-place" };
-    format!("{collective} {dtype} {op} count {count} root {root} {placement}")
 }

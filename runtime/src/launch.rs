@@ -13,6 +13,14 @@ pub struct Launch {
     pub launcher: &'static str,
 }
 
+impl Launch {
+    /// Whether every rank of the job is on this host (as far as the launcher says: one that does not is taken at
+    /// its word that they are).
+    pub fn all_local(&self) -> bool {
+        self.local_world_size.is_none_or(|local| local == self.world_size)
+    }
+}
+
 /// One launcher's variables: rank, world size, local world size, and those that identify the job.
 struct Convention {
     launcher: &'static str,

@@ -5,8 +5,8 @@
 //! from its next idle round, a rank outside one from the recorder's thread. `collc fr analyze DIR` reads them.
 
 use crate::error::RuntimeError;
+use crate::link::CallInfo;
 use crate::log::Subsys;
-use crate::transport::CallInfo;
 use serde::{Deserialize, Serialize};
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -205,7 +205,7 @@ impl Recorder {
                 );
                 CallRecord {
                     seq,
-                    call: crate::comm::describe_kind(kind, count, root),
+                    call: crate::link::describe_kind(kind, count, root),
                     algorithm: names.get(slot.algorithm.load(Ordering::Relaxed) as usize).cloned().unwrap_or_default(),
                     state,
                 }

@@ -142,7 +142,7 @@ fn stale_shm_files_of_dead_launchers_are_removed() {
 
 #[test]
 fn abort_from_another_thread_ends_the_call_within_a_second_on_every_transport() {
-    for transport in Transport::HOST {
+    for transport in Transport::host() {
         let options = Options { timeout: Duration::from_secs(30), slot_bytes: 0 };
         let mut comms = Communicator::group(transport, 2, options).expect("a group");
         let waiting = comms.remove(0);

@@ -142,7 +142,7 @@ fn replicas_the_analysis_says_agree_are_bitwise_identical_on_random_floats() {
     let (mut schedules, mut disagreeing, mut differed, mut dependent, mut mattered) = (0, 0, 0, 0, 0);
     for n_ranks in RANKS {
         let cases = cases(n_ranks);
-        for transport in Transport::HOST {
+        for transport in Transport::host() {
             let mut comms = Communicator::group(transport, n_ranks, options.clone()).expect("a communicator group");
             for case in &cases {
                 for comm in &mut comms {

@@ -70,7 +70,7 @@ fn ranks_running_different_schedules_under_one_name_fail_at_the_first_call_namin
         // The same instructions proved with fewer slots: another schedule all the same.
         ("4 slots", schedule(CompileOptions::default(), 4)),
     ];
-    for transport in Transport::HOST {
+    for transport in Transport::host() {
         for (what, other) in &pairs {
             assert_eq!(fused.0.algorithm, other.0.algorithm);
             assert_ne!(fused.0.hash(), other.0.hash(), "{what}");
@@ -99,7 +99,7 @@ fn a_schedule_proved_with_more_slots_than_the_links_have_is_refused_and_fewer_ar
     let slots = collc_runtime::transport::SLOTS as u32;
     assert_eq!(slots, collc_compiler::CHANNEL_SLOTS);
     let more = schedule(CompileOptions::default(), 2 * slots);
-    for transport in [Transport::Threads, Transport::Twin] {
+    for transport in [Transport::named("threads"), Transport::named("twin")] {
         for outcome in run_pair(transport, ["ring16.sched"; 2], [&more, &more], 64) {
             let error = outcome.expect_err("refused");
             let text = error.to_string();
@@ -113,7 +113,7 @@ fn a_schedule_proved_with_more_slots_than_the_links_have_is_refused_and_fewer_ar
     }
     for proved_with in [slots, slots / 2] {
         let fine = schedule(CompileOptions::default(), proved_with);
-        for transport in Transport::HOST {
+        for transport in Transport::host() {
             for outcome in run_pair(transport, ["ring.sched"; 2], [&fine, &fine], 1000) {
                 let out = outcome.unwrap_or_else(|e| panic!("{transport} {proved_with} slots: {e}"));
                 assert!(out.iter().all(|&x| x == 2.0), "{transport} {proved_with} slots: wrong sums");

@@ -6,7 +6,6 @@ use super::sweep;
 use super::table::{Header, Report};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
-use collc_runtime::transport::tcp::{TcpJob, Token};
 use collc_runtime::{Communicator, RuntimeError, Shm, Transport};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
@@ -16,21 +15,11 @@ use std::time::{Duration, Instant};
 
 fn header(comm: &Communicator, job: &Job) -> Header {
     let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
-    let n = collc_runtime::transport::SLOTS;
+    let executor = comm.transport().backend().executor(collc_runtime::transport::SLOTS, comm.gpu_ordinal());
     Header {
         algorithm: comm.algorithm(job.collective),
         transport: comm.transport().name(),
-        executor: match comm.transport() {
-            Transport::Twin => format!("device interpreter's host twin (one launch per call, {n}-slot records{slots})"),
-            Transport::Cuda => format!(
-                "device interpreter on GPU {} (one cooperative launch per call and GPU, {n}-slot records{slots})",
-                comm.gpu_ordinal().unwrap_or(0)
-            ),
-            _ => format!(
-                "host {} (dataflow, tiled, {n}-slot FIFOs{slots})",
-                collc_kernels::host::VectorIsa::detected().name()
-            ),
-        },
+        executor: format!("{executor}{slots})"),
     }
 }
 
@@ -74,10 +63,10 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
 }
 
 /// Ends this process at an interrupt (SIGINT, SIGTERM) or, for a rank `collc run` spawned, when its launcher is gone
-/// (`launcher`: its pid): rank 0's report is closed with what it has, the job's `/dev/shm` files are removed
-/// (`shm_job`), and the process exits 128 + the signal. A thread of its own, so a rank busy in a collective still
+/// (`launcher`: its pid): rank 0's report is closed with what it has, what the job left on this host is removed
+/// (`job`: its transport and id), and the process exits 128 + the signal. A thread of its own, so a rank busy in a collective still
 /// stops at once.
-fn watch_interrupts(shm_job: Option<String>, launcher: Option<libc::pid_t>) {
+fn watch_interrupts(job: Option<(Transport, String)>, launcher: Option<libc::pid_t>) {
     catch_interrupts();
     let watcher = std::thread::Builder::new().name("interrupt watch".into()).spawn(move || loop {
         // SAFETY: getppid has no preconditions.
@@ -86,8 +75,8 @@ fn watch_interrupts(shm_job: Option<String>, launcher: Option<libc::pid_t>) {
         if orphaned || signal != 0 {
             let signal = if signal != 0 { signal } else { libc::SIGTERM };
             with_report(|report| report.finish(Some(signal)));
-            if let Some(job) = &shm_job {
-                Shm::remove_job(job);
+            if let Some((transport, id)) = &job {
+                transport.backend().remove_job(id);
             }
             std::process::exit(128 + signal);
         }
@@ -131,50 +120,18 @@ fn fail(error: &RuntimeError) -> u8 {
 
 /// This process is rank `launch.rank` of a job someone else started.
 pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
-    if job.transport == Transport::Tcp {
-        return run_tcp_rank(job, launch);
+    let backend = job.transport.backend();
+    if let Err(message) = backend.check_launch(launch) {
+        say_error(format_args!("rank {}: {message}", launch.rank));
+        return 2;
     }
-    if let Some(local) = launch.local_world_size {
-        if local != launch.world_size {
-            say_error(format_args!(
-                "{} says {} of the {} ranks are on this host; the {} transport needs all of them on one host",
-                launch.launcher, local, launch.world_size, job.transport
-            ));
-            return 2;
-        }
-    }
-    let launcher = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok());
-    if launch.launcher == "collc" {
-        collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
-    }
-    watch_interrupts(Some(launch.job.clone()), launcher.filter(|_| launch.launcher == "collc"));
-    let comm = match job.transport {
-        // Rank processes on GPUs share device memory through CUDA IPC; the bootstrap is the shm one.
-        Transport::Cuda => Communicator::cuda_process(&launch.job, launch.rank, launch.world_size, job.options.clone()),
-        _ => Communicator::shm(&launch.job, launch.rank, launch.world_size, job.options.clone()),
-    };
-    match comm {
-        Ok(comm) => rank_main(configure(comm, job), job),
-        Err(error) => fail(&error),
-    }
-}
-
-/// This process is rank `launch.rank` of a tcp job: the rendezvous and token come from the environment.
-fn run_tcp_rank(job: &Job, launch: &Launch) -> u8 {
-    let tcp = match TcpJob::from_env(launch.rank, launch.world_size, &launch.job) {
-        Ok(tcp) => tcp,
-        Err(message) => {
-            say_error(format_args!("rank {}: {message}", launch.rank));
-            return 2;
-        }
-    };
     collc_runtime::log::set_rank(launch.rank);
     let launcher = std::env::var(LAUNCHER_PID).ok().and_then(|p| p.parse::<libc::pid_t>().ok());
     if launch.launcher == "collc" {
         collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
     }
-    watch_interrupts(None, launcher.filter(|_| launch.launcher == "collc"));
-    match Communicator::tcp(&tcp, job.options.clone()) {
+    watch_interrupts(Some((job.transport, launch.job.clone())), launcher.filter(|_| launch.launcher == "collc"));
+    match backend.join(launch, job.options.clone()) {
         Ok(comm) => rank_main(configure(comm, job), job),
         Err(error) => fail(&error),
     }
@@ -195,12 +152,10 @@ pub fn spawn_ranks(job: &Job) -> u8 {
         Err(e) => return fail(&RuntimeError::Config(format!("cannot find the collc executable: {e}"))),
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let tcp = match job.transport {
-        Transport::Tcp => match tcp_environment() {
-            Ok(vars) => vars,
-            Err(message) => return fail(&RuntimeError::Config(message)),
-        },
-        _ => Vec::new(),
+    let backend = job.transport.backend();
+    let environment = match backend.spawn_env() {
+        Ok(vars) => vars,
+        Err(message) => return fail(&RuntimeError::Config(message)),
     };
     let mut children: Vec<Option<Child>> = Vec::new();
     let launcher = std::process::id() as libc::pid_t;
@@ -212,7 +167,7 @@ pub fn spawn_ranks(job: &Job) -> u8 {
             .env("COLLC_WORLD_SIZE", job.n_ranks.to_string())
             .env("COLLC_JOB", &id)
             .env(LAUNCHER_PID, launcher.to_string())
-            .envs(tcp.iter().map(|(k, v)| (k, v)));
+            .envs(environment.iter().map(|(k, v)| (k, v)));
         // SAFETY: between fork and exec the closure calls only async-signal-safe functions (prctl, getppid, _exit).
         unsafe {
             command.pre_exec(move || {
@@ -230,34 +185,14 @@ pub fn spawn_ranks(job: &Job) -> u8 {
             Ok(child) => children.push(Some(child)),
             Err(e) => {
                 say_error(format_args!("cannot start rank {rank}: {e}"));
-                if job.transport == Transport::Shm {
-                    let _ = collc_runtime::mark_shm_rank_failed(&id, job.n_ranks, rank);
-                }
+                let _ = backend.mark_failed(&id, job.n_ranks, rank);
                 children.push(None);
             }
         }
     }
     let code = watch(&mut children, &id, job);
-    Shm::remove_job(&id);
+    backend.remove_job(&id);
     code
-}
-
-/// The rendezvous and token of a tcp job `collc run` starts on this host: the loopback, a port free now, a fresh
-/// token (what the user set wins).
-fn tcp_environment() -> Result<Vec<(&'static str, String)>, String> {
-    let mut vars = Vec::new();
-    if std::env::var_os("COLLC_RENDEZVOUS").is_none() && std::env::var_os("MASTER_PORT").is_none() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map_err(|e| format!("no free port for the rendezvous: {e}"))?
-            .port();
-        vars.push(("MASTER_ADDR", "127.0.0.1".to_string()));
-        vars.push(("MASTER_PORT", port.to_string()));
-    }
-    if Token::from_env()?.is_none() {
-        vars.push(("COLLC_JOB_TOKEN", Token::generate()?));
-    }
-    Ok(vars)
 }
 
 /// The launcher's pid, for a spawned rank to tell that it has gone.
@@ -327,10 +262,9 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
                         if status.code().is_none() || worst == 0 {
                             say_error(format_args!("rank {rank} (pid {pid}) {how}"));
                         }
-                        // Over tcp the rendezvous sees the rank's connection close and tells the others.
-                        if job.transport == Transport::Shm {
-                            let _ = collc_runtime::mark_shm_rank_failed(job_id, job.n_ranks, rank as u32);
-                        }
+                        // Where the backend has nothing to mark (tcp), the rendezvous sees the rank's connection
+                        // close and tells the others.
+                        let _ = job.transport.backend().mark_failed(job_id, job.n_ranks, rank as u32);
                         worst = worst.max(status.code().map_or(1, |c| c.clamp(1, 255) as u8));
                         failed_since.get_or_insert_with(Instant::now);
                     }

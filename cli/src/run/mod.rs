@@ -21,7 +21,7 @@ use std::sync::Arc;
 /// `--transport`: the runtime's transports, each with its line of help.
 fn transport_parser() -> impl clap::builder::TypedValueParser<Value = Transport> {
     use clap::builder::TypedValueParser;
-    let values = Transport::ALL.map(|t| clap::builder::PossibleValue::new(t.name()).help(t.about()));
+    let values = Transport::all().map(|t| clap::builder::PossibleValue::new(t.name()).help(t.about()));
     clap::builder::PossibleValuesParser::new(values).map(|name| name.parse::<Transport>().expect("a possible value"))
 }
 
@@ -181,10 +181,10 @@ pub fn run(args: RunArgs) -> u8 {
             return code;
         }
     };
-    match (launched, job.transport) {
-        (Some(launch), _) => launch::run_one_rank(&job, &launch),
-        (None, Transport::Threads | Transport::Twin | Transport::Cuda) => launch::run_threads(&job),
-        (None, Transport::Shm | Transport::Tcp) => launch::spawn_ranks(&job),
+    match launched {
+        Some(launch) => launch::run_one_rank(&job, &launch),
+        None if job.transport.processes() => launch::spawn_ranks(&job),
+        None => launch::run_threads(&job),
     }
 }
 
@@ -240,18 +240,10 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
-    // Under a launcher the ranks are processes: over shm when they share this host, else over tcp.
-    let transport = match (launched, args.transport) {
-        (true, Transport::Twin) => {
-            return Err(usage(
-                "--transport twin runs every rank as a thread of this one process; under a launcher, run \
-                 `collc run --transport twin --ranks N` once instead"
-                    .into(),
-            ))
-        }
-        (true, Transport::Threads) if per_node < n_ranks => Transport::Tcp,
-        (true, Transport::Threads) => Transport::Shm,
-        (_, transport) => transport,
+    // Under a launcher the ranks are processes: `threads` means shm when they share this host, else tcp.
+    let transport = match launched {
+        true => args.transport.for_processes(per_node == n_ranks).map_err(usage)?,
+        false => args.transport,
     };
     let (collective, algorithms) = match fixed {
         None => select(args, (n_ranks, per_node, launched), transport, root, peer, &sizes)?,
@@ -480,7 +472,7 @@ fn select(
     };
     // Without a topology file: on one host, this host's calibration (cached on first use); across nodes, the
     // launcher's node split with the built-in constants.
-    let host = match (&file, per_node == n_ranks && transport != Transport::Tcp) {
+    let host = match (&file, per_node == n_ranks && !transport.backend().sockets()) {
         (None, true) => crate::calibrate::host_topology(args.recalibrate, !launched),
         _ => None,
     };
@@ -488,7 +480,7 @@ fn select(
         (Some((origin, path)), _) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
         (None, Some((topo, _))) => topo.clone(),
         // Over tcp every message pays the socket's costs, on one host or several.
-        (None, None) if transport == Transport::Tcp => Topology::sockets(n_ranks),
+        (None, None) if transport.backend().sockets() => Topology::sockets(n_ranks),
         (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
     let topology = match &file {

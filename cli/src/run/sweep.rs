@@ -161,7 +161,7 @@ impl Scratch {
         in_place: bool,
     ) -> Result<(), RuntimeError> {
         #[cfg(feature = "cuda")]
-        if comm.transport() == collc_runtime::Transport::Cuda {
+        if comm.gpu_ordinal().is_some() {
             let (send, recv) = self.device_buffers(comm, windows)?;
             let buffers = match in_place {
                 true => Buffers::DeviceInPlace(send.slice(0, windows.send)),
@@ -199,7 +199,7 @@ impl Scratch {
     /// Before a checked call: the host copies (filled by the caller) go to the device buffers.
     fn upload(&mut self, comm: &Communicator, windows: &check::Windows) -> Result<(), RuntimeError> {
         #[cfg(feature = "cuda")]
-        if comm.transport() == collc_runtime::Transport::Cuda {
+        if comm.gpu_ordinal().is_some() {
             let (send, recv) = (self.send[..windows.send].to_vec(), self.recv[..windows.recv].to_vec());
             let (d_send, d_recv) = self.device_buffers(comm, windows)?;
             d_send.write(0, &send)?;
@@ -212,7 +212,7 @@ impl Scratch {
     /// After a checked call: the device buffers come back into the host copies.
     fn download(&mut self, comm: &Communicator, windows: &check::Windows) -> Result<(), RuntimeError> {
         #[cfg(feature = "cuda")]
-        if comm.transport() == collc_runtime::Transport::Cuda {
+        if comm.gpu_ordinal().is_some() {
             if let Some((d_send, d_recv)) = &self.device {
                 d_send.read(0, &mut self.send[..windows.send])?;
                 d_recv.read(0, &mut self.recv[..windows.recv])?;

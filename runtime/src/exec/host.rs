@@ -6,8 +6,8 @@
 use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
 use super::{Call, Executor};
 use crate::error::RuntimeError;
+use crate::link::{CallInfo, Link, LinkFault, Stamp};
 use crate::recorder::{Current, InstrState};
-use crate::transport::{CallInfo, Link, LinkFault, Stamp};
 use crate::wait::{Backoff, Fault};
 use collc_compiler::sched::Op;
 use collc_kernels::{host, ReduceOp};
@@ -423,7 +423,7 @@ pub(crate) fn mismatch(
 fn describe_call(stamp: Stamp, info: Option<CallInfo>, source: Option<&str>) -> String {
     let mut text = format!("call #{}", stamp.seq);
     if let Some(info) = info {
-        text += &format!(": {}", crate::comm::describe_kind(info.kind, info.count, info.root));
+        text += &format!(": {}", crate::link::describe_kind(info.kind, info.count, info.root));
     }
     if let Some(source) = source {
         text += &format!(" with {source}");

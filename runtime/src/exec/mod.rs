@@ -11,15 +11,17 @@ mod plan;
 pub use device::build_host_driver;
 #[cfg(feature = "cuda")]
 pub(crate) use device::cuda;
-pub(crate) use device::TwinFabric;
+#[cfg(feature = "cuda")]
+pub(crate) use device::{encode, Launcher};
+pub(crate) use device::{twin_executor, TwinConns, TwinLaunchers};
 
 pub(crate) use host::Host;
 pub use plan::Plan;
-pub(crate) use plan::{prepare, LinkEnd, Origin, PlanInput};
+pub(crate) use plan::{prepare, Origin, PlanInput};
 
 use crate::error::RuntimeError;
+use crate::link::{Bootstrap, CallInfo};
 use crate::recorder::Recorder;
-use crate::transport::{Bootstrap, CallInfo};
 use std::cell::Cell;
 use std::time::Duration;
 

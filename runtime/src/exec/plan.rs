@@ -12,7 +12,7 @@
 
 use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
-use crate::transport::Transport;
+use crate::link::LinkEnd;
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
@@ -69,16 +69,6 @@ pub(crate) struct StepLabel {
     pub index: usize,
     pub op: Op,
     pub line: usize,
-}
-
-/// One of the rank's connections: who sends, who receives, on which channel, and the bytes its slots hold (the
-/// largest message it carries in the call, rounded up to a power of two, so calls of similar sizes share a link).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) struct LinkEnd {
-    pub from: u32,
-    pub to: u32,
-    pub channel: u8,
-    pub slot_bytes: usize,
 }
 
 pub struct Plan {
@@ -164,15 +154,15 @@ pub(crate) struct PlanInput<'a> {
     pub origin: Origin<'a>,
     /// The largest FIFO slot (`Options::slot_cap`): it sets the tile.
     pub slot_cap: usize,
-    /// The transport and the message slots per connection of its links (`Fabric::slots`).
-    pub transport: Transport,
+    /// The transport's name and the message slots per connection of its links (`Fabric::slots`).
+    pub transport: &'static str,
     pub slots: u32,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
     let PlanInput { name, name_is, rank, count, dtype, op, origin, slot_cap, transport, slots } = input;
     if sched.channel_slots() > slots {
-        let (proved, transport) = (sched.channel_slots(), transport.name());
+        let proved = sched.channel_slots();
         return Err(RuntimeError::Slots { name: name.to_string(), proved, transport, slots });
     }
     let elem = dtype.size_bytes();
@@ -476,8 +466,8 @@ mod tests {
             op: ReduceOp::Sum,
             origin: Origin::Coll(""),
             slot_cap: 128 << 10,
-            transport: Transport::Threads,
-            slots: crate::transport::SLOTS as u32,
+            transport: "threads",
+            slots: crate::link::SLOTS as u32,
         }
     }
 
@@ -490,7 +480,7 @@ mod tests {
             let limits = Limits { channel_slots, ..Limits::default() };
             compile(source, &Bindings::ranks(2), Options::default(), &limits).expect("verifies")
         };
-        let slots = crate::transport::SLOTS as u32;
+        let slots = crate::link::SLOTS as u32;
         let fingerprint = |sched: &VerifiedSchedule| prepare(sched, input(64, 0)).expect("prepares").fingerprint;
         assert_ne!(fingerprint(&with(slots)), fingerprint(&with(slots / 2)));
         assert_eq!(fingerprint(&with(slots)), fingerprint(&one_shot(2)));

@@ -1,73 +1,202 @@
 //! How the ranks of a job reach each other: the runtime's transport seam (DESIGN.md 5a).
 //!
-//! - `Transport` names the ways, one type for the runtime, the CLI and the tests.
-//! - `Link`: one end of a connection, the message slots an executor reserves and posts (sending) or peeks and
-//!   releases (receiving). Executors are generic over it, so each transport's hot loop is compiled for its link.
-//! - `Bootstrap`: what the ranks of a communicator do together outside the schedule: join, barriers, small
-//!   all-gathers, the call each rank is in and where its plans' schedules came from (mismatch reports), aborts and
-//!   failure notices naming the rank.
+//! - `Backend`: one way to run a job's ranks (threads, shm, tcp, twin, cuda): its name and help line, whether its
+//!   ranks are threads or processes, its slot policy, how ranks join as a group or one rank of a launched job, and
+//!   how a launcher marks a dead rank failed. `backends()` is the one list; `Transport` names one of its entries, and
+//!   the Communicator and the CLI look a transport's behaviour up in it rather than match on its name.
 //! - `Fabric`: opens a plan's links and returns its executor (the one dynamic call per collective call).
+//! - `Link` and `Bootstrap` (re-exported from `link.rs`, below `exec/`, so executors use them without importing
+//!   this folder): one end of a connection as an executor drives it, and what the ranks do together outside the
+//!   schedule.
 //!
-//! `shm` backs both by shared memory (the heap of one process for `threads`, `/dev/shm` for `shm`); `tcp` by
-//! sockets and a rendezvous rank 0 hosts.
+//! Adding a transport: a folder here with its links, its bootstrap (or another's), its `Fabric` and a `Backend`
+//! static, and one line in `backends()` (ARCHITECTURE.md, "Adding a transport").
 
+pub(crate) mod cuda;
 pub mod ifname;
 pub(crate) mod shm;
 pub mod tcp;
+pub(crate) mod twin;
 
+pub use crate::link::SLOTS;
+pub(crate) use crate::link::{
+    check_blob, clip_source, Bootstrap, CallInfo, Link, LinkEnd, LinkFault, Stamp, Status, BLOB_BYTES, SOURCE_BYTES,
+};
+
+use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
 use crate::exec::{Executor, Plan};
+use crate::launch::Launch;
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::str::FromStr;
-use std::time::Duration;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// Ranks are threads of one process; segments on its heap.
-    Threads,
-    /// Ranks are processes on one host; segments are files in /dev/shm that every rank maps.
-    Shm,
-    /// Ranks are processes on any hosts, connected by TCP sockets, joined through a rendezvous.
-    Tcp,
-    /// Ranks are threads whose plans run on the host twin of the CUDA interpreter (exec/device/twin.rs).
-    Twin,
-    /// Ranks are threads of one process on GPUs, each plan run by the device interpreter (feature `cuda`).
-    Cuda,
+/// Every backend, in the order `--help` lists them. Adding a transport adds its line here.
+pub fn backends() -> &'static [&'static dyn Backend] {
+    static BACKENDS: [&dyn Backend; 5] = [&shm::THREADS, &shm::SHM, &tcp::TCP, &twin::TWIN, &cuda::CUDA];
+    &BACKENDS
 }
 
+/// Whether a backend's ranks are threads of one process, processes, or either.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ranks {
+    /// Threads of one process (`collc run` starts them itself; a launcher cannot).
+    Threads,
+    /// One process per rank (`collc run` spawns them, or torchrun, mpirun, Slurm start them).
+    Processes,
+    /// Threads of one process, or one process per rank under a launcher.
+    Either,
+}
+
+/// How a backend sizes its links' slots when `COLLC_SLOT_BYTES` does not: a power of two that keeps every
+/// connection's `SLOTS` slots full near `budget` bytes in all, within `min..=max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SlotPolicy {
+    pub budget: usize,
+    pub min: usize,
+    pub max: usize,
+}
+
+impl SlotPolicy {
+    /// Shared memory: 256 MiB in all, 16 KiB to 128 KiB a slot (bench/README.md).
+    pub const SHARED_MEMORY: SlotPolicy = SlotPolicy { budget: 256 << 20, min: 16 << 10, max: 128 << 10 };
+
+    /// The largest slot for a schedule on `connections` connections.
+    pub fn slot_cap(self, connections: usize) -> usize {
+        let cap = (self.budget / (SLOTS as usize * connections).max(1)).clamp(self.min, self.max);
+        1 << cap.ilog2()
+    }
+}
+
+/// One way to run the ranks of a job. A `static` in the backend's folder, listed in `backends()`.
+pub trait Backend: Sync {
+    /// The name `--transport` takes and headers print.
+    fn name(&self) -> &'static str;
+    /// One line for `--help`.
+    fn about(&self) -> &'static str;
+    fn ranks(&self) -> Ranks;
+    /// Whether every message crosses a socket (the cost model then prices it as one, even on one host).
+    fn sockets(&self) -> bool {
+        false
+    }
+    /// Whether it runs on a machine without a GPU or a network card of its own (the runtime matrix checks these).
+    fn on_cpu(&self) -> bool {
+        true
+    }
+    fn slot_policy(&self) -> SlotPolicy {
+        SlotPolicy::SHARED_MEMORY
+    }
+    /// What runs a rank's plan, for the run header: `slots` is the slot count, `gpu` the rank's GPU.
+    fn executor(&self, slots: u64, gpu: Option<i32>) -> String {
+        let _ = gpu;
+        let isa = collc_kernels::host::VectorIsa::detected().name();
+        format!("host {isa} (dataflow, tiled, {slots}-slot FIFOs")
+    }
+    /// `n_ranks` communicators of one group, each for a rank thread of this process.
+    fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError>;
+    /// The transport a launched job's rank processes use when this one is asked for: itself (`None`), or (threads)
+    /// the process backend for where the ranks are; an error where its ranks cannot be processes.
+    fn for_processes(&self, all_on_one_host: bool) -> Result<Option<Transport>, String> {
+        let _ = all_on_one_host;
+        match self.ranks() {
+            Ranks::Threads => Err(format!(
+                "--transport {0} runs every rank as a thread of this one process; under a launcher, run `collc run \
+                 --transport {0} --ranks N` once instead",
+                self.name()
+            )),
+            _ => Ok(None),
+        }
+    }
+    /// What a rank process of this backend needs from its launcher's environment, checked before it joins (a
+    /// usage error: the run exits 2).
+    fn check_launch(&self, launch: &Launch) -> Result<(), String> {
+        let _ = launch;
+        Ok(())
+    }
+    /// This process as rank `launch.rank` of a job a launcher started; returns once every rank has joined.
+    fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError>;
+    /// Variables a launcher on this host adds to every rank's environment (tcp: a rendezvous and a job token).
+    fn spawn_env(&self) -> Result<Vec<(&'static str, String)>, String> {
+        Ok(Vec::new())
+    }
+    /// For a launcher whose rank process `rank` died: marks it failed in job `job`, so the other ranks stop with an
+    /// error naming it rather than wait for their timeout.
+    fn mark_failed(&self, job: &str, n_ranks: u32, rank: u32) -> Result<(), RuntimeError> {
+        let _ = (job, n_ranks, rank);
+        Ok(())
+    }
+    /// Removes what job `job` left on this host (a launcher's clean-up, or a rank interrupted).
+    fn remove_job(&self, job: &str) {
+        let _ = job;
+    }
+}
+
+/// A backend, by name: the value of `--transport`, what a communicator reports it runs over.
+#[derive(Clone, Copy)]
+pub struct Transport(&'static dyn Backend);
+
 impl Transport {
-    pub const ALL: [Transport; 5] =
-        [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin, Transport::Cuda];
+    /// Every transport, as `backends()` lists them.
+    pub fn all() -> impl Iterator<Item = Transport> {
+        backends().iter().map(|&backend| Transport(backend))
+    }
+
     /// The transports that run on a CPU: those the runtime matrix checks on every machine.
-    pub const HOST: [Transport; 4] = [Transport::Threads, Transport::Shm, Transport::Tcp, Transport::Twin];
+    pub fn host() -> impl Iterator<Item = Transport> {
+        Transport::all().filter(|t| t.0.on_cpu())
+    }
+
+    /// The transport called `name` (`"shm"`); panics on a name no backend has (for tests: `parse` reports).
+    pub fn named(name: &str) -> Transport {
+        name.parse().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub(crate) fn of(backend: &'static dyn Backend) -> Transport {
+        Transport(backend)
+    }
+
+    pub fn backend(self) -> &'static dyn Backend {
+        self.0
+    }
 
     /// The name `--transport` takes and headers print.
     pub fn name(self) -> &'static str {
-        match self {
-            Transport::Threads => "threads",
-            Transport::Shm => "shm",
-            Transport::Tcp => "tcp",
-            Transport::Twin => "twin",
-            Transport::Cuda => "cuda",
-        }
+        self.0.name()
     }
 
     /// One line for `--help`.
     pub fn about(self) -> &'static str {
-        match self {
-            Transport::Threads => "Ranks are threads of one process",
-            Transport::Shm => "Ranks are processes on this host; buffers in /dev/shm",
-            Transport::Tcp => "Ranks are processes on any hosts, over TCP (MASTER_ADDR:MASTER_PORT rendezvous)",
-            Transport::Twin => {
-                "Ranks are threads running the CUDA interpreter's host twin (its plan encoding and flag protocol, on the CPU)"
-            }
-            Transport::Cuda => "Ranks are threads on GPUs (device buffers; needs the cuda feature and a CUDA driver)",
-        }
+        self.0.about()
+    }
+
+    /// The transport a launched job's rank processes use when this one is asked for (`Backend::for_processes`).
+    pub fn for_processes(self, all_on_one_host: bool) -> Result<Transport, String> {
+        Ok(self.0.for_processes(all_on_one_host)?.unwrap_or(self))
     }
 
     /// Whether the ranks are separate processes (`collc run` spawns them).
     pub fn processes(self) -> bool {
-        matches!(self, Transport::Shm | Transport::Tcp)
+        self.0.ranks() == Ranks::Processes
+    }
+}
+
+impl PartialEq for Transport {
+    fn eq(&self, other: &Transport) -> bool {
+        self.name() == other.name()
+    }
+}
+
+impl Eq for Transport {}
+
+impl Hash for Transport {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.name().hash(state);
+    }
+}
+
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -81,183 +210,18 @@ impl FromStr for Transport {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Transport::ALL.into_iter().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
-            let names = Transport::ALL.map(Transport::name);
+        Transport::all().find(|t| t.name().eq_ignore_ascii_case(s)).ok_or_else(|| {
+            let names: Vec<&str> = Transport::all().map(Transport::name).collect();
             let message = format!("unknown transport `{s}`; expected one of: {}", names.join(", "));
             collc_compiler::diag::with_suggestion(message, s, &names)
         })
     }
 }
 
-/// Messages in flight per connection, on every transport (the device records too): the compiler's `CHANNEL_SLOTS`
-/// (NCCL's NCCL_STEPS), the slot count the verifier proves schedules deadlock-free with unless told otherwise. A
-/// plan is refused for a schedule proved with more (`RuntimeError::Slots`).
-pub const SLOTS: u64 = collc_compiler::CHANNEL_SLOTS as u64;
-
-/// The call a message belongs to: its sequence number and its fingerprint (`Plan::fingerprint`: the call's shape
-/// and the hash of the schedule it runs).
-/// A receiver compares it with its own before it reads the message, so mismatched calls are caught, not misread.
-#[repr(C)]
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) struct Stamp {
-    pub seq: u64,
-    pub fingerprint: u64,
-}
-
-/// One end of a connection, as an executor drives it. The sender reserves the next slot, writes the message into
-/// it and posts it; the receiver peeks at the next message, reads it in place and releases it. None of these may
-/// block: `None` means "not yet", and the executor tries another instruction. The associated functions act on all
-/// of a plan's links at once, for transports that move data in the background of these calls (sockets); shared
-/// memory needs none of them, and their defaults compile to nothing.
-pub(crate) trait Link: Send + Sized {
-    /// Sender: the data area of the next message (room for the connection's largest), once there is room.
-    fn reserve(&mut self) -> Option<*mut u8>;
-    /// Sender: publishes the first `len` bytes written into the area `reserve` returned.
-    fn post(&mut self, stamp: Stamp, len: usize);
-    /// Receiver: the next message's stamp and data, once it has arrived whole.
-    fn peek(&mut self) -> Option<(Stamp, *const u8)>;
-    /// Receiver: frees the message `peek` returned.
-    fn release(&mut self);
-    /// Receiver: the call the sender of the message `peek` returned was in, when the link carries it.
-    fn sender_call(&self) -> Option<CallInfo> {
-        None
-    }
-    /// A call starts on these links.
-    fn start(_links: &mut [Self], _call: &CallInfo) {}
-    /// Moves what is in flight; called when a round of the executor found nothing to run. `ours` is this call's
-    /// stamp, for telling a peer in another call; `block`: the executor has spun long enough, and the transport may
-    /// sleep (briefly) until something arrives.
-    fn progress(_links: &mut [Self], _ours: Stamp, _block: bool) -> Result<(), LinkFault> {
-        Ok(())
-    }
-    /// Whether everything posted has left this rank (a call returns only then).
-    fn flushed(_links: &mut [Self]) -> bool {
-        true
-    }
-}
-
-/// What went wrong on a link, found while moving data.
-#[derive(Debug)]
-pub(crate) enum LinkFault {
-    /// A peer broke the connection or broke the protocol.
-    Peer(u32, String),
-    /// A peer is in another call than this rank: its stamp and, when known, its call.
-    Mismatch { peer: u32, theirs: Stamp, call: Option<CallInfo> },
-}
-
-/// How a rank ended, as its peers see it.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u32)]
-pub(crate) enum Status {
-    Absent = 0,
-    Joined = 1,
-    Left = 2,
-    Failed = 3,
-}
-
-/// The call a rank is in, as its peers see it: for mismatch reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct CallInfo {
-    pub seq: u64,
-    pub count: u64,
-    /// collective << 24 | dtype << 16 | op << 8 | placement.
-    pub kind: u32,
-    pub root: u32,
-    /// As the call's messages are stamped: two ranks in the same call with different fingerprints run different
-    /// shapes or schedules, whether or not a message of it has arrived yet.
-    pub fingerprint: u64,
-}
-
-impl CallInfo {
-    /// No call yet.
-    pub const NONE: CallInfo = CallInfo { seq: 0, count: 0, kind: 0, root: 0, fingerprint: 0 };
-    pub const BYTES: usize = 32;
-
-    /// Its bytes, as the tcp rendezvous relays a failed rank's call.
-    pub fn to_bytes(self) -> [u8; CallInfo::BYTES] {
-        let mut b = [0u8; CallInfo::BYTES];
-        b[0..8].copy_from_slice(&self.seq.to_le_bytes());
-        b[8..16].copy_from_slice(&self.count.to_le_bytes());
-        b[16..20].copy_from_slice(&self.kind.to_le_bytes());
-        b[20..24].copy_from_slice(&self.root.to_le_bytes());
-        b[24..32].copy_from_slice(&self.fingerprint.to_le_bytes());
-        b
-    }
-
-    pub fn from_bytes(b: &[u8]) -> Option<CallInfo> {
-        let b: &[u8; CallInfo::BYTES] = b.try_into().ok()?;
-        let u64_at = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
-        let u32_at = |i: usize| u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes"));
-        Some(CallInfo { seq: u64_at(0), count: u64_at(8), kind: u32_at(16), root: u32_at(20), fingerprint: u64_at(24) })
-    }
-}
-
-/// The longest source a rank publishes for its peers' mismatch reports (`Bootstrap::publish_source`).
-pub(crate) const SOURCE_BYTES: usize = 112;
-
-/// `source` cut to `SOURCE_BYTES`, keeping its end (a path's file name and the schedule's hash).
-pub(crate) fn clip_source(source: &str) -> &str {
-    let mut start = source.len().saturating_sub(SOURCE_BYTES);
-    while !source.is_char_boundary(start) {
-        start += 1;
-    }
-    &source[start..]
-}
-
-/// What the ranks of a communicator do together outside the schedule. One per rank; `rank` is its own.
-pub(crate) trait Bootstrap: Send + Sync {
-    /// Enters the job as `rank`: fails when another process claims that rank, or the world sizes disagree.
-    fn join(&self, rank: u32) -> Result<(), RuntimeError>;
-    /// Records how `rank` ended; whether it was the last rank of the job to leave (who then removes what the job
-    /// left behind).
-    fn leave(&self, rank: u32, status: Status) -> bool;
-    /// Marks the job failed, naming `rank` as the first to fail (later calls keep the first name).
-    fn abort(&self, rank: u32);
-    /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.
-    fn health(&self, peers: &[u32]) -> Result<(), (u32, String)>;
-    /// Waits until every rank has reached barrier `generation`, failing on the timeout or a peer's failure.
-    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError>;
-    /// Every rank's `blob` (at most `BLOB_BYTES`), in rank order; a collective: every rank calls it with the same
-    /// `generation`, the next barrier's.
-    fn all_gather(
-        &self,
-        rank: u32,
-        blob: &[u8],
-        generation: u64,
-        timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>, RuntimeError>;
-    /// Tells the peers which call this rank is in.
-    fn publish_call(&self, rank: u32, call: CallInfo);
-    /// Tells the peers where this rank's plan of `fingerprint` came from (`Plan::source`, clipped to
-    /// `SOURCE_BYTES`), so that a mismatch report on another rank can name it. Called before the first call of a
-    /// plan, and whenever this rank goes back to a plan another call used since.
-    fn publish_source(&self, rank: u32, fingerprint: u64, source: &str);
-    /// Where `rank`'s plan of `fingerprint` came from, once it has published it; where that travels (tcp), it may
-    /// wait a moment for it.
-    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String>;
-    /// This rank stops because rank `peer` failed (`how`): where the bootstrap announces failures, that one is the
-    /// failure the others hear of (unless another came first), not this rank's going.
-    fn report_failure(&self, _peer: u32, _how: &str) {}
-    /// The call `rank` last published, as far as this rank knows it (`CallInfo::NONE` where it does not: over tcp,
-    /// a peer's call is known once the rendezvous has announced it failed).
-    fn call_of(&self, rank: u32) -> CallInfo;
-}
-
-/// The largest blob `Bootstrap::all_gather` carries: addresses, IPC handles, queue-pair numbers, reports.
-pub(crate) const BLOB_BYTES: usize = 256;
-
-/// Refuses a blob `Bootstrap::all_gather` cannot carry.
-pub(crate) fn check_blob(blob: &[u8]) -> Result<(), RuntimeError> {
-    if blob.len() > BLOB_BYTES {
-        return Err(RuntimeError::Config(format!("an all-gather blob of {} bytes exceeds {BLOB_BYTES}", blob.len())));
-    }
-    Ok(())
-}
-
-/// Opens the links of a plan and returns the executor that runs it over them.
 /// An all-gather of one blob per rank over a communicator's bootstrap, for `Fabric::prepare_collective`.
 pub(crate) type Gather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> + 'a;
 
+/// Opens the links of a plan and returns the executor that runs it over them.
 pub(crate) trait Fabric: Send + Sync {
     fn transport(&self) -> Transport;
     /// Ends a communicator of the job no longer needs (the last one out calls it).
@@ -282,26 +246,29 @@ pub(crate) trait Fabric: Send + Sync {
 
 #[cfg(test)]
 mod tests {
-    use super::{clip_source, CallInfo, Transport, SOURCE_BYTES};
-
-    #[test]
-    fn a_call_round_trips_through_its_bytes_and_a_long_source_keeps_its_end() {
-        let call = CallInfo { seq: 3, count: 1 << 40, kind: 0x0102_0304, root: 7, fingerprint: 0xfeed_beef };
-        assert_eq!(CallInfo::from_bytes(&call.to_bytes()), Some(call));
-        assert_eq!(CallInfo::from_bytes(&call.to_bytes()[1..]), None);
-        let long = format!("/très/{}/ring.sched (.sched file; schedule 0123456789abcdef)", "é".repeat(80));
-        let clipped = clip_source(&long);
-        assert!(clipped.len() <= SOURCE_BYTES && long.ends_with(clipped), "{clipped}");
-        assert!(clipped.ends_with("ring.sched (.sched file; schedule 0123456789abcdef)"));
-        assert_eq!(clip_source("ring.sched"), "ring.sched");
-    }
+    use super::{backends, SlotPolicy, Transport};
 
     #[test]
     fn names_round_trip_and_a_misspelt_one_gets_a_suggestion() {
-        for transport in Transport::ALL {
+        for transport in Transport::all() {
             assert_eq!(transport.name().parse::<Transport>(), Ok(transport));
         }
+        let names: Vec<&str> = backends().iter().map(|b| b.name()).collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "two backends share a name: {names:?}");
         let error = "shn".parse::<Transport>().expect_err("not a transport");
         assert!(error.contains("did you mean: shm"), "{error}");
+        assert!(Transport::host().all(|t| t.name() != "cuda"));
+    }
+
+    #[test]
+    fn a_slot_cap_is_a_power_of_two_within_the_policy() {
+        let policy = SlotPolicy::SHARED_MEMORY;
+        assert_eq!(policy.slot_cap(1), policy.max);
+        assert_eq!(policy.slot_cap(1 << 20), policy.min);
+        let cap = policy.slot_cap(300);
+        assert!(cap.is_power_of_two() && (policy.min..=policy.max).contains(&cap), "{cap}");
     }
 }

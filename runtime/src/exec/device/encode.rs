@@ -17,9 +17,9 @@ use std::collections::HashMap;
 /// The image starts with these bytes ("COLC") and the version; the interpreter refuses anything else.
 pub const MAGIC: u32 = 0x434f_4c43;
 pub const VERSION: u32 = 1;
-/// Message slots per connection record: the host links' `transport::SLOTS` (the compiler's `CHANNEL_SLOTS`); the
-/// CUDA source is compiled with it (`COLLC_SLOTS`).
-pub const SLOTS: u64 = crate::transport::SLOTS;
+// Message slots per connection record: the one `SLOTS` of every link (the compiler's `CHANNEL_SLOTS`); the CUDA
+// source is compiled with it (`COLLC_SLOTS`).
+pub use crate::link::SLOTS;
 /// Threads per block of the device interpreter (its `__launch_bounds__`).
 #[cfg(any(feature = "cuda", feature = "cuda-host", test))]
 pub const THREADS: u32 = 512;

@@ -11,7 +11,7 @@ use super::super::host::{describe, mismatch, published_mismatch, waiting_for};
 use super::super::{Call, Plan};
 use super::encode::{code, control, CONTROL_WORDS};
 use crate::error::RuntimeError;
-use crate::transport::Stamp;
+use crate::link::Stamp;
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 

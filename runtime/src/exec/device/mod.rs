@@ -10,13 +10,13 @@ pub(crate) mod encode;
 mod launch;
 pub(crate) mod twin;
 
+pub(crate) use launch::Launcher;
+
 use super::host::instr_state;
 use super::{Call, Executor, Plan};
 use crate::error::RuntimeError;
 use crate::recorder::Current;
-use crate::transport::{Fabric, Transport};
 use encode::{conn, Image, CONTROL_WORDS};
-use launch::Launcher;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -62,58 +62,49 @@ impl ConnMemory {
 }
 
 /// A connection's record: sender, receiver, channel, slot bytes, lane.
-type ConnKey = (u32, u32, u8, usize, u32);
+pub(crate) type ConnKey = (u32, u32, u8, usize, u32);
 
-/// The `twin` transport's fabric: connection records on the heap, one per (sender, receiver, channel, slot size,
-/// lane), and a launcher per call shape that runs every rank's blocks in one launch, as ranks sharing a GPU do.
-pub(crate) struct TwinFabric {
+/// The `twin` transport's connection records, one per (sender, receiver, channel, slot size, lane), on the heap.
+pub(crate) type TwinConns = Mutex<HashMap<ConnKey, Arc<ConnMemory>>>;
+/// The `twin` transport's launchers, one per call shape (fingerprint), each running every rank's blocks in one
+/// launch, as ranks sharing a GPU do.
+pub(crate) type TwinLaunchers = Mutex<HashMap<u64, Arc<Launcher<TwinTarget>>>>;
+
+/// `plan` as the host twin runs it, over the records in `conns` and the launcher of its shape in `launchers` (each
+/// made by the first of the `n_ranks` ranks that needs it).
+pub(crate) fn twin_executor(
+    plan: Plan,
     n_ranks: u32,
-    conns: Mutex<HashMap<ConnKey, Arc<ConnMemory>>>,
-    launchers: Mutex<HashMap<u64, Arc<Launcher<TwinTarget>>>>,
-}
-
-impl TwinFabric {
-    pub fn new(n_ranks: u32) -> TwinFabric {
-        TwinFabric { n_ranks, conns: Mutex::default(), launchers: Mutex::default() }
+    conns: &TwinConns,
+    launchers: &TwinLaunchers,
+) -> Result<Box<dyn Executor>, RuntimeError> {
+    let image = Arc::new(encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?);
+    let conns: Vec<Arc<ConnMemory>> = {
+        let mut registry = conns.lock().map_err(|_| RuntimeError::Poisoned)?;
+        image
+            .conns
+            .iter()
+            .map(|&(from, to, channel, slot_bytes, lane)| {
+                registry
+                    .entry((from, to, channel, slot_bytes, lane))
+                    .or_insert_with(|| Arc::new(ConnMemory::new(slot_bytes)))
+                    .clone()
+            })
+            .collect()
+    };
+    let state: Arc<[AtomicU64]> = (0..image.state_words()).map(|_| AtomicU64::new(0)).collect();
+    for (c, memory) in conns.iter().enumerate() {
+        state[image.conn_table_at() + c].store(memory.address(), Ordering::Relaxed);
     }
-}
-
-impl Fabric for TwinFabric {
-    fn transport(&self) -> Transport {
-        Transport::Twin
-    }
-
-    fn remove_all(&self) {}
-
-    fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let image = Arc::new(encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?);
-        let conns: Vec<Arc<ConnMemory>> = {
-            let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;
-            image
-                .conns
-                .iter()
-                .map(|&(from, to, channel, slot_bytes, lane)| {
-                    registry
-                        .entry((from, to, channel, slot_bytes, lane))
-                        .or_insert_with(|| Arc::new(ConnMemory::new(slot_bytes)))
-                        .clone()
-                })
-                .collect()
-        };
-        let state: Arc<[AtomicU64]> = (0..image.state_words()).map(|_| AtomicU64::new(0)).collect();
-        for (c, memory) in conns.iter().enumerate() {
-            state[image.conn_table_at() + c].store(memory.address(), Ordering::Relaxed);
-        }
-        let bases: Arc<[AtomicU64]> = (0..image.bases_words()).map(|_| AtomicU64::new(0)).collect();
-        let launcher = {
-            let mut launchers = self.launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
-            let ranks = (0..self.n_ranks).collect();
-            launchers.entry(plan.fingerprint).or_insert_with(|| Arc::new(Launcher::new(TwinTarget, ranks))).clone()
-        };
-        let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone() };
-        let token = launcher.register(plan.rank, entry);
-        Ok(Box::new(Twin { plan, image, state, bases, launcher, token, _conns: conns }))
-    }
+    let bases: Arc<[AtomicU64]> = (0..image.bases_words()).map(|_| AtomicU64::new(0)).collect();
+    let launcher = {
+        let mut launchers = launchers.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let ranks = (0..n_ranks).collect();
+        launchers.entry(plan.fingerprint).or_insert_with(|| Arc::new(Launcher::new(TwinTarget, ranks))).clone()
+    };
+    let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone() };
+    let token = launcher.register(plan.rank, entry);
+    Ok(Box::new(Twin { plan, image, state, bases, launcher, token, _conns: conns }))
 }
 
 /// One rank's part in a twin launch.

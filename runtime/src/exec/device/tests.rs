@@ -118,7 +118,7 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
                 op: shape.op,
                 origin: Origin::Coll(""),
                 slot_cap: case.slot_cap,
-                transport: crate::Transport::Twin,
+                transport: "twin",
                 slots: encode::SLOTS as u32,
             };
             prepare(sched, input).expect("a plan")

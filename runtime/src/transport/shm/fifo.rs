@@ -5,8 +5,7 @@
 
 use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
-use crate::exec::LinkEnd;
-use crate::transport::{Link, Stamp, SLOTS};
+use crate::transport::{Link, LinkEnd, Stamp, SLOTS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 const HEADER: usize = 128;

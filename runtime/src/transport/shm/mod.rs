@@ -11,11 +11,122 @@ pub use fifo::segment_bytes;
 pub use segment::Shm;
 pub(crate) use segment::{Heap, Segments};
 
+use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
 use crate::exec::{Executor, Host, Plan};
-use crate::transport::{Bootstrap, Fabric, Status, Transport};
+use crate::launch::Launch;
+use crate::transport::{Backend, Bootstrap, Fabric, Ranks, Status, Transport};
 use fifo::Fifo;
 use std::sync::Arc;
+
+pub(crate) static THREADS: Threads = Threads;
+pub(crate) static SHM: ShmBackend = ShmBackend;
+
+/// Ranks as threads of one process, their segments on its heap. Under a launcher its ranks are processes: `shm`
+/// when they share this host, else `tcp`.
+pub(crate) struct Threads;
+
+impl Backend for Threads {
+    fn name(&self) -> &'static str {
+        "threads"
+    }
+
+    fn about(&self) -> &'static str {
+        "Ranks are threads of one process"
+    }
+
+    fn ranks(&self) -> Ranks {
+        Ranks::Threads
+    }
+
+    fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        let memory = Arc::new(Memory::new(Arc::new(Heap::default())));
+        Communicator::heap_group(memory.clone(), &memory, n_ranks, options)
+    }
+
+    fn for_processes(&self, all_on_one_host: bool) -> Result<Option<Transport>, String> {
+        Ok(Some(match all_on_one_host {
+            true => Transport::of(&SHM),
+            false => Transport::of(&crate::transport::tcp::TCP),
+        }))
+    }
+
+    fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
+        let backend =
+            Transport::of(&THREADS).for_processes(launch.all_local()).map_err(RuntimeError::Config)?.backend();
+        backend.check_launch(launch).map_err(RuntimeError::Config)?;
+        backend.join(launch, options)
+    }
+}
+
+/// Ranks as processes on one host, their segments files in /dev/shm.
+pub(crate) struct ShmBackend;
+
+impl Backend for ShmBackend {
+    fn name(&self) -> &'static str {
+        "shm"
+    }
+
+    fn about(&self) -> &'static str {
+        "Ranks are processes on this host; buffers in /dev/shm"
+    }
+
+    fn ranks(&self) -> Ranks {
+        Ranks::Processes
+    }
+
+    fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        let job = group_job_id();
+        Communicator::rank_threads(n_ranks, &|rank| process(&job, rank, n_ranks, options.clone()))
+    }
+
+    fn check_launch(&self, launch: &Launch) -> Result<(), String> {
+        one_host(launch, self.name())
+    }
+
+    fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
+        process(&launch.job, launch.rank, launch.world_size, options)
+    }
+
+    fn mark_failed(&self, job: &str, n_ranks: u32, rank: u32) -> Result<(), RuntimeError> {
+        mark_rank_failed(job, n_ranks, rank)
+    }
+
+    fn remove_job(&self, job: &str) {
+        Shm::remove_job(job);
+    }
+}
+
+/// Refuses a launched job whose ranks are not all on this host, for the transports that need them there.
+pub(crate) fn one_host(launch: &Launch, transport: &str) -> Result<(), String> {
+    match launch.all_local() {
+        true => Ok(()),
+        false => Err(format!(
+            "{} says {} of the {} ranks are on this host; the {transport} transport needs all of them on one host",
+            launch.launcher,
+            launch.local_world_size.unwrap_or(0),
+            launch.world_size
+        )),
+    }
+}
+
+/// A job id no other group of this process or host uses, for a group of rank threads over a process transport.
+pub(crate) fn group_job_id() -> String {
+    static GROUPS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let id = GROUPS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("group-{}-{id}", std::process::id())
+}
+
+/// Rank `rank` of job `job` on this host, in its own process: segments and the control block in /dev/shm.
+pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
+    crate::comm::check_world(rank, n_ranks)?;
+    if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+        return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
+    }
+    let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
+    let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+    Communicator::process(memory, bootstrap, rank, n_ranks, options)
+}
 
 /// Links as FIFOs in the segments of one job.
 pub(crate) struct Memory {

@@ -94,7 +94,7 @@ impl Segments for Heap {
     }
 
     fn transport(&self) -> Transport {
-        Transport::Threads
+        Transport::of(&super::THREADS)
     }
 
     /// Heap segments go with the last communicator that holds them.
@@ -230,7 +230,7 @@ impl Segments for Shm {
     }
 
     fn transport(&self) -> Transport {
-        Transport::Shm
+        Transport::of(&super::SHM)
     }
 
     fn remove_all(&self) {

@@ -16,9 +16,11 @@ mod wire;
 pub use auth::Token;
 
 use super::ifname::{self, IfPattern};
-use super::{Bootstrap, CallInfo, Fabric, Link, LinkFault, Stamp, Transport};
+use super::{Backend, Bootstrap, CallInfo, Fabric, Link, LinkFault, Ranks, SlotPolicy, Stamp, Transport};
+use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
 use crate::exec::{Executor, Host, Plan};
+use crate::launch::Launch;
 use crate::log::{self, Subsys};
 use auth::{Hello, Purpose, Refusal};
 use std::collections::HashMap;
@@ -28,6 +30,84 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 pub(crate) use store::{prebind, Rendezvous};
 use wire::{Socket, Wire};
+
+pub(crate) static TCP: Tcp = Tcp;
+
+/// Ranks as processes on any hosts, over sockets, joined through the rendezvous rank 0 hosts.
+pub(crate) struct Tcp;
+
+impl Backend for Tcp {
+    fn name(&self) -> &'static str {
+        "tcp"
+    }
+
+    fn about(&self) -> &'static str {
+        "Ranks are processes on any hosts, over TCP (MASTER_ADDR:MASTER_PORT rendezvous)"
+    }
+
+    fn ranks(&self) -> Ranks {
+        Ranks::Processes
+    }
+
+    fn sockets(&self) -> bool {
+        true
+    }
+
+    /// Each message costs system calls: 512 MiB in all, 64 KiB to 256 KiB a slot (bench/README.md).
+    fn slot_policy(&self) -> SlotPolicy {
+        SlotPolicy { budget: 512 << 20, min: 64 << 10, max: 256 << 10 }
+    }
+
+    /// Rank threads of a job on the loopback: its rendezvous on a free port, a fresh token.
+    fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
+        crate::comm::check_world(0, n_ranks)?;
+        let port = prebind()?;
+        let token = Token::new(Token::generate().map_err(RuntimeError::Config)?).map_err(RuntimeError::Config)?;
+        let tcp = TcpJob {
+            rendezvous: format!("127.0.0.1:{port}"),
+            rank: 0,
+            n_ranks,
+            job: super::shm::group_job_id(),
+            token,
+            ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
+            sockets: 1,
+        };
+        Communicator::rank_threads(n_ranks, &|rank| process(&TcpJob { rank, ..tcp.clone() }, options.clone()))
+    }
+
+    fn check_launch(&self, launch: &Launch) -> Result<(), String> {
+        TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map(drop)
+    }
+
+    fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
+        let job = TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map_err(RuntimeError::Config)?;
+        process(&job, options)
+    }
+
+    /// A rendezvous on the loopback at a port free now and a fresh token (what the user set wins).
+    fn spawn_env(&self) -> Result<Vec<(&'static str, String)>, String> {
+        let mut vars = Vec::new();
+        if std::env::var_os("COLLC_RENDEZVOUS").is_none() && std::env::var_os("MASTER_PORT").is_none() {
+            let port = TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("no free port for the rendezvous: {e}"))?
+                .port();
+            vars.push(("MASTER_ADDR", "127.0.0.1".to_string()));
+            vars.push(("MASTER_PORT", port.to_string()));
+        }
+        if Token::from_env()?.is_none() {
+            vars.push(("COLLC_JOB_TOKEN", Token::generate()?));
+        }
+        Ok(vars)
+    }
+}
+
+/// Rank `job.rank` of a tcp job; returns once every rank has joined.
+pub(crate) fn process(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
+    crate::comm::check_world(job.rank, job.n_ranks)?;
+    let (net, rendezvous) = join(job, options.timeout)?;
+    Communicator::process(net, rendezvous, job.rank, job.n_ranks, options)
+}
 
 /// How one rank joins a tcp job.
 #[derive(Clone, Debug)]
@@ -280,7 +360,7 @@ impl Net {
 
 impl Fabric for Net {
     fn transport(&self) -> Transport {
-        Transport::Tcp
+        Transport::of(&TCP)
     }
 
     fn remove_all(&self) {}

@@ -17,8 +17,7 @@
 //! (`Link::progress`), and the rendezvous reports failures.
 
 use super::frame::{self, Frame, Kind};
-use crate::exec::LinkEnd;
-use crate::transport::{CallInfo, Stamp, SLOTS};
+use crate::transport::{CallInfo, LinkEnd, Stamp, SLOTS};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;

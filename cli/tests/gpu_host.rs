@@ -221,12 +221,15 @@ fn api_child() {
 
 /// Two rank processes sharing device memory through CUDA IPC: one killed mid-run (once rank 0 has printed a row,
 /// so both are past setup), the other stops with an error naming it (from the host's health checks while its
-/// kernel waits), well within the timeout.
+/// kernel waits), well within the timeout, and writes its flight recorder's dump with the device interpreter's
+/// state of every instruction.
 #[test]
 fn a_rank_process_that_dies_is_named_by_the_other() {
     use std::io::BufRead;
     let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     let job = format!("hostgpukill{}", std::process::id());
+    let dumps = std::env::temp_dir().join(format!("collc-gpu-host-dumps-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dumps);
     let spawn = |rank: &str| {
         Command::new(env!("CARGO_BIN_EXE_collc"))
             .args(["run", "allreduce/ring", "--transport", "cuda", "-b", "8", "-e", "64K", "-f", "2", "-n", "20000"])
@@ -234,6 +237,7 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
             .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
             .env("XDG_CACHE_HOME", cache_dir())
             .envs([("COLLC_RANK", rank), ("COLLC_WORLD_SIZE", "2"), ("COLLC_JOB", &job), ("COLLC_TIMEOUT", "120")])
+            .env("COLLC_DUMP_DIR", &dumps)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -259,6 +263,8 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
             Err(e) => panic!("no row from rank 0 in {:?}: {e}", first_row.elapsed()),
         }
     }
+    // Into the next size's timed calls (past the all-gather of its IPC handles), so the kill lands in a launch.
+    std::thread::sleep(std::time::Duration::from_millis(300));
     victim.kill().expect("rank 1 is killed");
     let _ = victim.wait();
     let started = std::time::Instant::now();
@@ -268,4 +274,11 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
     assert!(said.contains("error: rank 0:") && said.contains("rank 1 died"), "{said}");
     assert!(started.elapsed() < std::time::Duration::from_secs(30), "{:?}: {said}", started.elapsed());
     assert_eq!(leftovers(&job), Vec::<String>::new(), "the survivor removes the job's shared memory");
+    let dump = std::fs::read_to_string(dumps.join("collc-fr-rank0.json")).unwrap_or_else(|e| panic!("{e}: {said}"));
+    let _ = std::fs::remove_dir_all(&dumps);
+    let dump: serde_json::Value = serde_json::from_str(&dump).expect("a dump is JSON");
+    assert_eq!(dump["reason"], "peer failed", "{dump}");
+    let instructions = dump["current"]["instructions"].as_array().expect("the call's instructions");
+    assert!(!instructions.is_empty(), "{dump}");
+    assert!(instructions.iter().all(|i| ["done", "waiting"].contains(&i["state"].as_str().unwrap_or(""))), "{dump}");
 }

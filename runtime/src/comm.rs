@@ -464,7 +464,13 @@ impl Communicator {
                 ),
             }));
         }
-        let index = self.plan(shape, placement)?;
+        let index = self.plan(shape, placement).inspect_err(|error| {
+            // Preparing a shape waits on the peers too (device IPC handles are all-gathered): a peer that fails
+            // then is dumped as in a call, with no instruction yet.
+            if matches!(error, RuntimeError::PeerFailed { .. } | RuntimeError::Timeout { .. }) {
+                self.recorder.dump(exec::dump_reason(error), None);
+            }
+        })?;
         let executor = &mut self.plans[index];
         let plan = executor.plan_mut();
         let elem = plan.elem;
@@ -521,14 +527,10 @@ impl Communicator {
         let (bootstrap, seq, timeout, spins) = (self.bootstrap.as_ref(), self.seq, self.options.timeout, self.spins);
         let (recorder, answered) = (self.recorder.as_ref(), &self.answered);
         let call = Call { bootstrap, seq, info, timeout, spins, recorder, answered };
-        let outcome = executor.run(&call);
+        let outcome = exec::run_recorded(executor.as_mut(), &call);
         self.recorder.finish(outcome.as_ref().err());
         // A dump asked for (SIGUSR1) while the call ran, and not answered from inside it (it never waited long).
-        let requests = recorder::requests();
-        if requests != self.answered.get() {
-            self.answered.set(requests);
-            self.recorder.dump("SIGUSR1", None);
-        }
+        exec::answer_dump_request(&call, || executor.snapshot(seq));
         outcome
     }
 

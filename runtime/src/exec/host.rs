@@ -4,7 +4,7 @@
 //! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long.
 
 use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
-use super::{Call, Executor};
+use super::{answer_dump_request, Call, Executor};
 use crate::error::RuntimeError;
 use crate::link::{CallInfo, Link, LinkFault, Stamp};
 use crate::recorder::{Current, InstrState};
@@ -24,18 +24,11 @@ impl<L: Link> Executor for Host<L> {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        let outcome = run(&mut self.plan, &mut self.links, call);
-        if let Err(error) = &outcome {
-            let reason = match error {
-                RuntimeError::Timeout { .. } => "timeout",
-                RuntimeError::PeerFailed { peer, .. } if *peer == self.plan.rank => "abort",
-                RuntimeError::PeerFailed { .. } => "peer failed",
-                RuntimeError::Mismatch { .. } => "mismatch",
-                _ => "error",
-            };
-            call.recorder.dump(reason, Some(snapshot(&self.plan, call.seq)));
-        }
-        outcome
+        run(&mut self.plan, &mut self.links, call)
+    }
+
+    fn snapshot(&self, seq: u64) -> Current {
+        snapshot(&self.plan, seq)
     }
 }
 
@@ -76,15 +69,6 @@ pub(crate) fn instr_state(plan: &Plan, i: usize, state: &str, waiting: bool) -> 
         waiting_for: waiting.then(|| waiting_for(plan, i)),
         recv_from: peer(step.recv, false),
         send_to: peer(step.send, true),
-    }
-}
-
-/// Answers a dump request (SIGUSR1) that came since the last one this communicator answered.
-fn answer_dump_request(plan: &Plan, call: &Call) {
-    let requests = crate::recorder::requests();
-    if requests != call.answered.get() {
-        call.answered.set(requests);
-        call.recorder.dump("SIGUSR1", Some(snapshot(plan, call.seq)));
     }
 }
 
@@ -145,7 +129,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 }
             }
             let checked = wait.idle(|| {
-                answer_dump_request(plan, call);
+                answer_dump_request(call, || snapshot(plan, call.seq));
                 let health = call.bootstrap.health(&plan.peers);
                 // After the health check: a rank that aborted over a mismatch published its call before. While all
                 // is well, only the ranks this one waits on matter.

@@ -21,7 +21,7 @@ pub(crate) use plan::{prepare, Origin, PlanInput};
 
 use crate::error::RuntimeError;
 use crate::link::{Bootstrap, CallInfo};
-use crate::recorder::Recorder;
+use crate::recorder::{Current, Recorder};
 use std::cell::Cell;
 use std::time::Duration;
 
@@ -43,5 +43,40 @@ pub(crate) struct Call<'a> {
 pub(crate) trait Executor: Send {
     /// The plan, for setting the call's buffers (`Plan::bases`) before `run`.
     fn plan_mut(&mut self) -> &mut Plan;
+    /// Runs the call; `run_recorded` is how a communicator calls it.
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError>;
+    /// Each instruction's state in call `seq`, in progress or just ended, as the flight recorder dumps it: read from
+    /// the executor's own state (its counters, or the device interpreter's `done` words).
+    fn snapshot(&self, seq: u64) -> Current;
+}
+
+/// Runs `call` on `executor`; when it fails, the flight recorder's dump with the executor's snapshot: the one place
+/// every executor's failure is dumped.
+pub(crate) fn run_recorded(executor: &mut dyn Executor, call: &Call) -> Result<(), RuntimeError> {
+    let outcome = executor.run(call);
+    if let Err(error) = &outcome {
+        call.recorder.dump(dump_reason(error), Some(executor.snapshot(call.seq)));
+    }
+    outcome
+}
+
+/// Why a dump is written for a call that failed with `error`.
+pub(crate) fn dump_reason(error: &RuntimeError) -> &'static str {
+    match error {
+        RuntimeError::Timeout { .. } => "timeout",
+        RuntimeError::PeerFailed { peer, rank, .. } if peer == rank => "abort",
+        RuntimeError::PeerFailed { .. } => "peer failed",
+        RuntimeError::Mismatch { .. } => "mismatch",
+        _ => "error",
+    }
+}
+
+/// Answers a dump request (SIGUSR1) that came since the last one this communicator answered, with `snapshot`:
+/// what an executor calls while it waits, so a rank stuck in a call still dumps.
+pub(crate) fn answer_dump_request(call: &Call, snapshot: impl FnOnce() -> Current) {
+    let requests = crate::recorder::requests();
+    if requests != call.answered.get() {
+        call.answered.set(requests);
+        call.recorder.dump("SIGUSR1", Some(snapshot()));
+    }
 }

@@ -25,13 +25,15 @@ pub(crate) trait Target: Send + Sync {
     fn blocks(entry: &Self::Entry) -> u32;
 
     /// Runs the blocks of every entry (in rank order) as one launch of `call`, waits for it, and returns the most
-    /// telling fault report of any block (`code::OK` when none), every report cleared for the next launch.
+    /// telling fault report of any block (`code::OK` when none), every report cleared for the next launch. `answer`
+    /// answers a dump request of the launching rank, for a target that waits.
     fn run(
         &self,
         entries: &[(u32, Self::Entry)],
         cached: &mut Option<Self::Cached>,
         call: &Call,
         peers: &[u32],
+        answer: &dyn Fn(),
     ) -> Result<[u64; CONTROL_WORDS], String>;
 }
 
@@ -126,14 +128,14 @@ impl<T: Target> Launcher<T> {
     }
 
     /// `plan`'s rank arrives for `call`; returns the launch's fault report once it ran. Errors while it waits for
-    /// the others name its first instruction and `.coll` line.
-    pub fn arrive(&self, plan: &Plan, call: &Call) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
+    /// the others name its first instruction and `.coll` line; `answer` answers its dump requests meanwhile.
+    pub fn arrive(&self, plan: &Plan, call: &Call, answer: &dyn Fn()) -> Result<[u64; CONTROL_WORDS], RuntimeError> {
         let (rank, peers) = (plan.rank, &plan.peers);
         let mut round = self.inner.lock().map_err(|_| RuntimeError::Poisoned)?;
         let generation = round.generation;
         round.arrived.push((rank, call.seq));
         if round.arrived.len() == self.ranks.len() {
-            let outcome = self.launch(&mut round, call, peers);
+            let outcome = self.launch(&mut round, call, peers, answer);
             round.arrived.clear();
             round.generation += 1;
             round.outcome = Some(outcome.clone());
@@ -148,6 +150,7 @@ impl<T: Target> Launcher<T> {
             if round.generation != generation {
                 break;
             }
+            answer();
             let missing: Vec<u32> =
                 self.ranks.iter().copied().filter(|r| !round.arrived.iter().any(|(a, _)| a == r)).collect();
             let fault = self.check_missing(plan, call, &missing, started);
@@ -184,7 +187,13 @@ impl<T: Target> Launcher<T> {
         })
     }
 
-    fn launch(&self, round: &mut Round<T>, call: &Call, peers: &[u32]) -> Result<[u64; CONTROL_WORDS], String> {
+    fn launch(
+        &self,
+        round: &mut Round<T>,
+        call: &Call,
+        peers: &[u32],
+        answer: &dyn Fn(),
+    ) -> Result<[u64; CONTROL_WORDS], String> {
         if round.entries.len() != self.ranks.len() {
             return Err(format!(
                 "{} of the {} ranks of this launch prepared this call shape: mismatched calls",
@@ -201,7 +210,7 @@ impl<T: Target> Launcher<T> {
         if round.entries.iter().all(|(_, e)| T::blocks(e) == 0) {
             return Ok([0; CONTROL_WORDS]);
         }
-        self.target.run(&round.entries, &mut round.cached, call, peers)
+        self.target.run(&round.entries, &mut round.cached, call, peers, answer)
     }
 }
 

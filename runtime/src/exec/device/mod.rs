@@ -13,10 +13,10 @@ pub(crate) mod twin;
 pub(crate) use launch::Launcher;
 
 use super::host::instr_state;
-use super::{Call, Executor, Plan};
+use super::{answer_dump_request, Call, Executor, Plan};
 use crate::error::RuntimeError;
 use crate::recorder::Current;
-use encode::{conn, Image, CONTROL_WORDS};
+use encode::{conn, Image, PlanDesc, CONTROL_WORDS};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -131,6 +131,7 @@ impl launch::Target for TwinTarget {
         _cached: &mut Option<()>,
         call: &Call,
         _peers: &[u32],
+        _answer: &dyn Fn(),
     ) -> Result<[u64; CONTROL_WORDS], String> {
         let controls: Vec<Vec<AtomicU64>> =
             entries.iter().map(|_| (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect()).collect();
@@ -179,43 +180,23 @@ impl Executor for Twin {
         for (word, &base) in self.bases.iter().zip(&self.plan.bases) {
             word.store(base as u64, Ordering::Relaxed);
         }
-        answer_dump_request(&self.plan, &self.image, &self.state, call);
-        let outcome =
-            self.launcher.arrive(&self.plan, call).and_then(|words| launch::outcome(&self.plan, &words, call));
-        if let Err(error) = &outcome {
-            call.recorder.dump(dump_reason(error), Some(snapshot(&self.plan, &self.image, &self.state, call.seq)));
-        }
-        outcome
+        let answer = || answer_dump_request(call, || self.snapshot(call.seq));
+        answer();
+        let words = self.launcher.arrive(&self.plan, call, &answer)?;
+        launch::outcome(&self.plan, &words, call)
+    }
+
+    fn snapshot(&self, seq: u64) -> Current {
+        snapshot(&self.plan, &self.image.plan(0), seq, |word| self.state[word].load(Ordering::Acquire))
     }
 }
 
-fn dump_reason(error: &RuntimeError) -> &'static str {
-    match error {
-        RuntimeError::Timeout { .. } => "timeout",
-        RuntimeError::PeerFailed { .. } => "peer failed",
-        RuntimeError::Mismatch { .. } => "mismatch",
-        _ => "error",
-    }
-}
-
-fn answer_dump_request(plan: &Plan, image: &Image, state: &[AtomicU64], call: &Call) {
-    let requests = crate::recorder::requests();
-    if requests != call.answered.get() {
-        call.answered.set(requests);
-        call.recorder.dump("SIGUSR1", Some(snapshot(plan, image, state, call.seq)));
-    }
-}
-
-/// Each instruction's state from the `done` words: done in the current tile of its block, or not yet.
-fn snapshot(plan: &Plan, image: &Image, state: &[AtomicU64], seq: u64) -> Current {
-    let desc = image.plan(0);
+/// Each instruction's state from the device interpreter's `done` words (`done(word)` reads one of plan `desc`'s):
+/// done in the current tile of its block, or not yet.
+pub(crate) fn snapshot(plan: &Plan, desc: &PlanDesc, seq: u64, done_word: impl Fn(usize) -> u64) -> Current {
     // Each instruction as its slowest lane has it.
-    let done = |i: usize| {
-        (0..desc.lanes)
-            .map(|lane| state[twin::done_word(&desc, lane, i as u32)].load(Ordering::Acquire))
-            .min()
-            .unwrap_or(0)
-    };
+    let done =
+        |i: usize| (0..desc.lanes).map(|lane| done_word(twin::done_word(desc, lane, i as u32))).min().unwrap_or(0);
     // The lowest generation any instruction is at tells the tile the slowest block works on.
     let base = seq * (desc.n_tiles as u64 + 1);
     let tile = (0..plan.steps.len()).map(|i| done(i).saturating_sub(base)).min().unwrap_or(0) as usize;

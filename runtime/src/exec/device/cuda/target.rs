@@ -1,11 +1,13 @@
 //! A GPU as a launch target (the ranks of a GPU in one cooperative grid) and the executor of one rank's plan on it.
 
-use super::super::super::{Call, Executor, Plan};
+use super::super::super::host::instr_state;
+use super::super::super::{answer_dump_request, Call, Executor, Plan};
 use super::super::encode::{self, code, control, CONTROL_WORDS, THREADS};
 use super::super::launch::{self, most_telling, Launcher, Target};
 use super::memory::{is_device_memory, DeviceAlloc, Pinned};
 use super::{ok, Gpu};
 use crate::error::RuntimeError;
+use crate::recorder::Current;
 use crate::wait::Backoff;
 use cudarc::driver::sys::{self, CUdeviceptr, CUresult};
 use std::ffi::c_void;
@@ -45,6 +47,7 @@ impl Target for CudaTarget {
         cached: &mut Option<(Pinned, Pinned, u32)>,
         call: &Call,
         peers: &[u32],
+        answer: &dyn Fn(),
     ) -> Result<[u64; CONTROL_WORDS], String> {
         if cached.is_none() {
             let grid: u32 = entries.iter().map(|(_, e)| e.blocks).sum();
@@ -123,7 +126,10 @@ impl Target for CudaTarget {
             }
             // The kernel times out on its own (a block idle for the timeout); a peer's failure asks it to stop. A
             // call still running long after that is a kernel that cannot stop.
-            let health = wait.idle(|| call.bootstrap.health(peers));
+            let health = wait.idle(|| {
+                answer();
+                call.bootstrap.health(peers)
+            });
             if health.is_err() && !asked_to_stop {
                 control.set(0, call.seq);
                 asked_to_stop = true;
@@ -152,7 +158,9 @@ impl Target for CudaTarget {
 pub(crate) struct CudaExec {
     plan: Plan,
     _image: DeviceAlloc,
-    _state: DeviceAlloc,
+    /// The plan's part of the image, where the snapshot finds its `done` words in `state`.
+    desc: encode::PlanDesc,
+    state: DeviceAlloc,
     bases: Pinned,
     _scratch: Vec<DeviceAlloc>,
     /// The connection memory the transport keeps alive while this plan may run (records, mappings of a peer's).
@@ -189,7 +197,8 @@ impl CudaExec {
         Ok(Box::new(CudaExec {
             plan,
             _image: image_mem,
-            _state: state,
+            desc: image.plan(0),
+            state,
             bases,
             _scratch: scratch,
             _conns: keep,
@@ -225,7 +234,25 @@ impl Executor for CudaExec {
             }
             self.bases.set(b, addr);
         }
-        let words = self.launcher.arrive(plan, call)?;
+        let answer = || answer_dump_request(call, || self.snapshot(call.seq));
+        let words = self.launcher.arrive(plan, call, &answer)?;
         launch::outcome(plan, &words, call)
+    }
+
+    /// The `done` words read from device memory while the kernel may still run (the launch stream does not block
+    /// the copy); where they cannot be read (a wedged GPU), every instruction is `unknown`.
+    fn snapshot(&self, seq: u64) -> Current {
+        let mut bytes = vec![0u8; self.state.bytes];
+        match self.state.read(0, &mut bytes) {
+            Ok(()) => {
+                let word = |w: usize| u64::from_le_bytes(bytes[8 * w..8 * w + 8].try_into().expect("8 bytes"));
+                super::super::snapshot(&self.plan, &self.desc, seq, word)
+            }
+            Err(_) => {
+                let plan = &self.plan;
+                let instructions = (0..plan.steps.len()).map(|i| instr_state(plan, i, "unknown", false)).collect();
+                Current { seq, algorithm: plan.algorithm.clone(), tile: 0, tiles: plan.n_tiles, instructions }
+            }
+        }
     }
 }

@@ -10,8 +10,14 @@
 //
 // Compiled with NVRTC at run time (no headers: the half conversions are PTX); tests also compile it for the CPU
 // (COLLC_HOST, kernels/cuda/host.h), where the two conversions are the host compiler's _Float16.
-// dtype codes are NCCL's: int8 0, uint8 1, int32 2, uint32 3, int64 4, uint64 5, float16 6, float32 7,
-// float64 8, bfloat16 9; ops sum 0, prod 1, max 2, min 3, avg 4 (combined as sum).
+// dtype and op codes come as defines from collc_kernels::cuda::program (COLLC_DTYPE_F32, COLLC_REDOP_SUM, ...), the
+// Rust enums' own values; a code no case names traps (COLLC_TRAP), so the launch fails rather than skip the work.
+
+#ifdef COLLC_HOST
+#define COLLC_TRAP() __builtin_trap()
+#else
+#define COLLC_TRAP() __trap()
+#endif
 
 typedef signed char i8;
 typedef unsigned char u8;
@@ -76,7 +82,7 @@ template <typename F> __device__ __forceinline__ F min_ref(F a, F b) {
     return b;
 }
 
-enum { OP_SUM = 0, OP_PROD = 1, OP_MAX = 2, OP_MIN = 3, OP_AVG = 4 };
+enum { OP_SUM = COLLC_REDOP_SUM, OP_PROD = COLLC_REDOP_PROD, OP_MAX = COLLC_REDOP_MAX, OP_MIN = COLLC_REDOP_MIN, OP_AVG = COLLC_REDOP_AVG };
 
 // Integers: arithmetic in the unsigned type of the same width, so overflow wraps as Rust's wrapping_add.
 template <typename T, typename U, int OP> struct IntOp {
@@ -131,16 +137,17 @@ __device__ __forceinline__ void reduce_range(T* dst, const T* a, const T* b, u64
 template <int OP>
 __device__ __forceinline__ void reduce_op(u32 dtype, void* dst, const void* a, const void* b, u64 n, u32 tid, u32 nt) {
     switch (dtype) {
-    case 0: reduce_range<i8, IntOp<i8, u8, OP> >((i8*)dst, (const i8*)a, (const i8*)b, n, tid, nt); break;
-    case 1: reduce_range<u8, IntOp<u8, u8, OP> >((u8*)dst, (const u8*)a, (const u8*)b, n, tid, nt); break;
-    case 2: reduce_range<i32, IntOp<i32, u32, OP> >((i32*)dst, (const i32*)a, (const i32*)b, n, tid, nt); break;
-    case 3: reduce_range<u32, IntOp<u32, u32, OP> >((u32*)dst, (const u32*)a, (const u32*)b, n, tid, nt); break;
-    case 4: reduce_range<i64, IntOp<i64, u64, OP> >((i64*)dst, (const i64*)a, (const i64*)b, n, tid, nt); break;
-    case 5: reduce_range<u64, IntOp<u64, u64, OP> >((u64*)dst, (const u64*)a, (const u64*)b, n, tid, nt); break;
-    case 6: reduce_range<f16, HalfOp<f16, OP> >((f16*)dst, (const f16*)a, (const f16*)b, n, tid, nt); break;
-    case 7: reduce_range<float, FloatOp<float, OP> >((float*)dst, (const float*)a, (const float*)b, n, tid, nt); break;
-    case 8: reduce_range<double, FloatOp<double, OP> >((double*)dst, (const double*)a, (const double*)b, n, tid, nt); break;
-    case 9: reduce_range<bf16, HalfOp<bf16, OP> >((bf16*)dst, (const bf16*)a, (const bf16*)b, n, tid, nt); break;
+    case COLLC_DTYPE_I8: reduce_range<i8, IntOp<i8, u8, OP> >((i8*)dst, (const i8*)a, (const i8*)b, n, tid, nt); break;
+    case COLLC_DTYPE_U8: reduce_range<u8, IntOp<u8, u8, OP> >((u8*)dst, (const u8*)a, (const u8*)b, n, tid, nt); break;
+    case COLLC_DTYPE_I32: reduce_range<i32, IntOp<i32, u32, OP> >((i32*)dst, (const i32*)a, (const i32*)b, n, tid, nt); break;
+    case COLLC_DTYPE_U32: reduce_range<u32, IntOp<u32, u32, OP> >((u32*)dst, (const u32*)a, (const u32*)b, n, tid, nt); break;
+    case COLLC_DTYPE_I64: reduce_range<i64, IntOp<i64, u64, OP> >((i64*)dst, (const i64*)a, (const i64*)b, n, tid, nt); break;
+    case COLLC_DTYPE_U64: reduce_range<u64, IntOp<u64, u64, OP> >((u64*)dst, (const u64*)a, (const u64*)b, n, tid, nt); break;
+    case COLLC_DTYPE_F16: reduce_range<f16, HalfOp<f16, OP> >((f16*)dst, (const f16*)a, (const f16*)b, n, tid, nt); break;
+    case COLLC_DTYPE_F32: reduce_range<float, FloatOp<float, OP> >((float*)dst, (const float*)a, (const float*)b, n, tid, nt); break;
+    case COLLC_DTYPE_F64: reduce_range<double, FloatOp<double, OP> >((double*)dst, (const double*)a, (const double*)b, n, tid, nt); break;
+    case COLLC_DTYPE_BF16: reduce_range<bf16, HalfOp<bf16, OP> >((bf16*)dst, (const bf16*)a, (const bf16*)b, n, tid, nt); break;
+    default: COLLC_TRAP();
     }
 }
 
@@ -151,7 +158,9 @@ __device__ __forceinline__ void reduce_any(u32 dtype, u32 op, void* dst, const v
     case OP_PROD: reduce_op<OP_PROD>(dtype, dst, a, b, n, tid, nt); break;
     case OP_MAX: reduce_op<OP_MAX>(dtype, dst, a, b, n, tid, nt); break;
     case OP_MIN: reduce_op<OP_MIN>(dtype, dst, a, b, n, tid, nt); break;
-    default: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    case OP_SUM:
+    case OP_AVG: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    default: COLLC_TRAP();
     }
 }
 
@@ -185,16 +194,17 @@ template <typename T> __device__ __forceinline__ T divide_int(T v, u32 n) { retu
 __device__ __forceinline__ void divide_range(u32 dtype, void* buf, u64 n, u32 ranks, u32 tid, u32 nt) {
     for (u64 i = tid; i < n; i += nt) {
         switch (dtype) {
-        case 0: ((i8*)buf)[i] = (i8)((i32)((i8*)buf)[i] / (i32)ranks); break;
-        case 1: ((u8*)buf)[i] = (u8)((u32)((u8*)buf)[i] / ranks); break;
-        case 2: ((i32*)buf)[i] = (i32)((i64)((i32*)buf)[i] / (i64)ranks); break;
-        case 3: ((u32*)buf)[i] = ((u32*)buf)[i] / ranks; break;
-        case 4: ((i64*)buf)[i] = ((i64*)buf)[i] / (i64)ranks; break;
-        case 5: ((u64*)buf)[i] = ((u64*)buf)[i] / (u64)ranks; break;
-        case 6: ((f16*)buf)[i] = to_f16(to_f32(((f16*)buf)[i]) / (float)ranks); break;
-        case 7: ((float*)buf)[i] = ((float*)buf)[i] / (float)ranks; break;
-        case 8: ((double*)buf)[i] = ((double*)buf)[i] / (double)ranks; break;
-        case 9: ((bf16*)buf)[i] = to_bf16(to_f32(((bf16*)buf)[i]) / (float)ranks); break;
+        case COLLC_DTYPE_I8: ((i8*)buf)[i] = (i8)((i32)((i8*)buf)[i] / (i32)ranks); break;
+        case COLLC_DTYPE_U8: ((u8*)buf)[i] = (u8)((u32)((u8*)buf)[i] / ranks); break;
+        case COLLC_DTYPE_I32: ((i32*)buf)[i] = (i32)((i64)((i32*)buf)[i] / (i64)ranks); break;
+        case COLLC_DTYPE_U32: ((u32*)buf)[i] = ((u32*)buf)[i] / ranks; break;
+        case COLLC_DTYPE_I64: ((i64*)buf)[i] = ((i64*)buf)[i] / (i64)ranks; break;
+        case COLLC_DTYPE_U64: ((u64*)buf)[i] = ((u64*)buf)[i] / (u64)ranks; break;
+        case COLLC_DTYPE_F16: ((f16*)buf)[i] = to_f16(to_f32(((f16*)buf)[i]) / (float)ranks); break;
+        case COLLC_DTYPE_F32: ((float*)buf)[i] = ((float*)buf)[i] / (float)ranks; break;
+        case COLLC_DTYPE_F64: ((double*)buf)[i] = ((double*)buf)[i] / (double)ranks; break;
+        case COLLC_DTYPE_BF16: ((bf16*)buf)[i] = to_bf16(to_f32(((bf16*)buf)[i]) / (float)ranks); break;
+        default: COLLC_TRAP();
         }
     }
 }

@@ -228,6 +228,7 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
             break;
         case COLLC_OP_COPY: copy_range(dst, src, (n_dst < n_src ? n_dst : n_src) * elem, tid, nt); break;
         case COLLC_OP_REDUCE: reduce_any(plan->dtype, plan->op, dst, acc, src, n_dst, tid, nt); break;
+        default: COLLC_TRAP();
         }
     }
 }

@@ -3,6 +3,8 @@
 //! dynamically (cudarc's `dynamic-loading`), so the crate builds and the CLI runs on machines without CUDA; NVRTC
 //! needs no GPU, so CI compiles every kernel.
 
+use crate::{DataType, ReduceOp};
+
 /// Each source file, in the order the program concatenates them.
 pub const SOURCES: [(&str, &str); 2] = [
     ("elementwise.cu", include_str!("../cuda/elementwise.cu")),
@@ -15,11 +17,11 @@ pub const DEFAULT_ARCH: &str = "compute_90";
 /// The entry points the program defines.
 pub const ENTRIES: [&str; 5] = ["collc_interpret", "collc_copy", "collc_reduce", "collc_divide", "collc_empty"];
 
-/// The text NVRTC compiles: `defines` (the layout constants the encoder owns), then each source behind a `#line`
-/// directive, so NVRTC's log names the file and line an error is at.
+/// The text NVRTC compiles: the dtype and op codes (`code_defines`), `defines` (the layout constants the encoder
+/// owns), then each source behind a `#line` directive, so NVRTC's log names the file and line an error is at.
 pub fn program(defines: &[(String, String)]) -> String {
     let mut text = String::new();
-    for (name, value) in defines {
+    for (name, value) in code_defines().iter().chain(defines) {
         text.push_str(&format!("#define {name} {value}\n"));
     }
     for (file, source) in SOURCES {
@@ -28,6 +30,14 @@ pub fn program(defines: &[(String, String)]) -> String {
         text.push('\n');
     }
     text
+}
+
+/// `COLLC_DTYPE_F32`, `COLLC_REDOP_SUM`, ...: each `DataType` and `ReduceOp` with its value as the encoder writes it
+/// into a plan (`dtype as u32`), so the sources name codes rather than repeat numbers.
+pub fn code_defines() -> Vec<(String, String)> {
+    let dtypes = DataType::ALL.iter().map(|&d| (format!("COLLC_DTYPE_{}", d.short_name().to_uppercase()), d as u32));
+    let ops = ReduceOp::ALL.iter().map(|&o| (format!("COLLC_REDOP_{}", format!("{o:?}").to_uppercase()), o as u32));
+    dtypes.chain(ops).map(|(name, value)| (name, value.to_string())).collect()
 }
 
 /// NVRTC's version, or why it cannot be loaded.
@@ -75,5 +85,58 @@ pub fn compile(defines: &[(String, String)], arch: &'static str) -> Result<Strin
             Err(format!("NVRTC could not compile the kernels for {arch}:\n{}", log.to_string_lossy()))
         }
         Err(other) => Err(format!("NVRTC failed for {arch}: {other}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{code_defines, program, SOURCES};
+
+    /// Every switch of the sources ends in a default that traps, and none names a dtype or op by a bare number: an
+    /// unknown code fails the launch instead of skipping the work.
+    #[test]
+    fn every_switch_traps_on_a_code_it_does_not_name() {
+        for (file, source) in SOURCES {
+            assert!(!source.contains("case 0:") && !source.contains("case 7:"), "{file} names a code by its number");
+            let mut rest = source;
+            let mut switches = 0;
+            while let Some(at) = rest.find("switch (") {
+                let body = &rest[at..];
+                let open = body.find('{').expect("a switch has a body");
+                let mut depth = 0;
+                let close = body[open..]
+                    .char_indices()
+                    .find_map(|(i, c)| {
+                        depth += match c {
+                            '{' => 1,
+                            '}' => -1,
+                            _ => 0,
+                        };
+                        (depth == 0).then_some(open + i)
+                    })
+                    .expect("a switch's body closes");
+                let block = &body[..close];
+                assert!(
+                    block.contains("default: COLLC_TRAP();"),
+                    "{file}: a switch without a trapping default:\n{block}"
+                );
+                switches += 1;
+                rest = &body[close..];
+            }
+            assert!(switches > 0, "{file} has no switch");
+        }
+    }
+
+    #[test]
+    fn the_codes_are_the_enums_values_and_come_first() {
+        let defines = code_defines();
+        let value = |name: &str| defines.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(value("COLLC_DTYPE_I8"), Some("0"));
+        assert_eq!(value("COLLC_DTYPE_F32"), Some("7"));
+        assert_eq!(value("COLLC_DTYPE_BF16"), Some("9"));
+        assert_eq!(value("COLLC_REDOP_SUM"), Some("0"));
+        assert_eq!(value("COLLC_REDOP_AVG"), Some("4"));
+        let text = program(&[("COLLC_X".into(), "1".into())]);
+        assert!(text.find("#define COLLC_REDOP_MIN 3").expect("defined") < text.find("#line 1").expect("a source"));
     }
 }

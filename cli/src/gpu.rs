@@ -62,7 +62,8 @@ pub fn run(args: GpuArgs) -> u8 {
     #[cfg(not(feature = "cuda"))]
     {
         let _ = args.command;
-        eprintln!("error: this collc was built without the cuda feature: build it with `cargo build --release --features cuda`");
+        let cuda = collc_runtime::Transport::named("cuda").backend().built();
+        eprintln!("error: {}", cuda.expect_err("a build without the cuda feature lacks the cuda backend"));
         2
     }
 }

@@ -54,7 +54,7 @@ enum Command {
     /// Verify an algorithm for a list or range of rank counts, in both placements.
     #[command(after_help = EXIT_STATUS)]
     Check(check::CheckArgs),
-    /// Run an algorithm on real data and print nccl-tests' table (threads or shared-memory processes).
+    /// Run an algorithm on real data and print nccl-tests' table (ranks as threads or processes: --transport).
     #[command(after_help = EXIT_STATUS)]
     Run(run::RunArgs),
     /// Predict an algorithm's time, algbw and busbw per message size (alpha-beta-gamma model, topology file).

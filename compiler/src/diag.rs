@@ -126,9 +126,18 @@ pub fn render(error: &Error, name: &str, source: &str, plain: bool) -> String {
     out
 }
 
-/// The names close to `arg`: those one contains the other of (`ring` and `allreduce/ring`), else those within a
-/// few edits (`allreduce/rign`), closest first.
+/// The names close to `arg`: a typo's (one or two edits, `alreduce` for `allreduce`), else those one contains the
+/// other of (`ring` and `allreduce/ring`), else those within a few edits (`allreduce/rign`), closest first.
 pub fn did_you_mean<'n>(arg: &str, names: &[&'n str]) -> Vec<&'n str> {
+    let mut typos: Vec<(usize, &str)> = names
+        .iter()
+        .map(|&n| (strsim::damerau_levenshtein(arg, n), n))
+        .filter(|&(d, n)| d <= 2 && d < n.len().min(arg.len()))
+        .collect();
+    if !typos.is_empty() {
+        typos.sort_unstable();
+        return typos.into_iter().take(3).map(|(_, n)| n).collect();
+    }
     let contained: Vec<&str> = names
         .iter()
         .copied()

@@ -271,6 +271,7 @@ impl Communicator {
         options: Options,
     ) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
+        crate::recorder::catch_dump_requests();
         let compiled = Compiled::default();
         (0..n_ranks)
             .map(|rank| {
@@ -291,7 +292,8 @@ impl Communicator {
     ) -> Result<Communicator, RuntimeError> {
         check_world(rank, n_ranks)?;
         let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
-        comm.barrier()?;
+        // A rank that never joins or fails at setup is dumped too: the others' dumps say whom they waited for.
+        comm.barrier().inspect_err(|error| drop(comm.recorder.dump(exec::dump_reason(error), None)))?;
         Ok(comm)
     }
 
@@ -301,6 +303,7 @@ impl Communicator {
         make: &(dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync),
     ) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
+        crate::recorder::catch_dump_requests();
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..n_ranks).map(|rank| scope.spawn(move || make(rank))).collect();
             handles.into_iter().map(|h| h.join().map_err(|_| RuntimeError::Poisoned)?).collect()

@@ -19,7 +19,8 @@ pub enum RuntimeError {
     #[error("shared segment {name}: {reason}")]
     Segment { name: String, reason: String },
     #[error(
-        "rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (timeout; set COLLC_TIMEOUT to change)"
+        "rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (the timeout, which --timeout or \
+         COLLC_TIMEOUT sets)"
     )]
     Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String },
     #[error("rank {rank}: {what} at {at}: rank {peer} {how}")]

@@ -43,7 +43,8 @@ const CONVENTIONS: &[Convention] = &[
         rank: "RANK",
         size: "WORLD_SIZE",
         local_size: Some("LOCAL_WORLD_SIZE"),
-        job: &["TORCHELASTIC_RUN_ID", "MASTER_ADDR", "MASTER_PORT"],
+        // Not MASTER_ADDR: ranks may spell rank 0's host differently (a name on one, its address on another).
+        job: &["TORCHELASTIC_RUN_ID", "MASTER_PORT"],
     },
     Convention {
         launcher: "mpirun (Open MPI)",
@@ -205,6 +206,11 @@ mod tests {
         let b = from_vars(vars("3")).unwrap().unwrap();
         assert_eq!((a.rank, b.rank, a.world_size, a.local_world_size), (0, 3, 4, Some(4)));
         assert_eq!(a.job, b.job);
+        // Rank 0's host by name on one rank and by address on another is still one job.
+        let named = |rank: &'static str| {
+            env(&[("RANK", rank), ("WORLD_SIZE", "4"), ("MASTER_ADDR", "master0"), ("MASTER_PORT", "29500")])
+        };
+        assert_eq!(from_vars(named("1")).unwrap().unwrap().job, a.job);
         assert_eq!(a.launcher, "torchrun");
     }
 

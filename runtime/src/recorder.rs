@@ -121,7 +121,7 @@ pub(crate) fn requests() -> u64 {
 }
 
 impl Recorder {
-    /// A recorder for `rank`; with `COLLC_DUMP_DIR` set, SIGUSR1 is caught from now on.
+    /// A recorder for `rank`, answering SIGUSR1 (`catch_dump_requests`).
     pub fn new(rank: u32, n_ranks: u32) -> Shared {
         let shared = Arc::new(Recorder {
             rank,
@@ -132,15 +132,8 @@ impl Recorder {
             names: Mutex::new(Vec::new()),
             errors: Mutex::new(VecDeque::new()),
         });
-        if dump_dir().is_some() {
-            static WATCH: Once = Once::new();
-            WATCH.call_once(|| {
-                // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
-                unsafe { libc::signal(libc::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t) };
-                let _ = std::thread::Builder::new().name("collc recorder".into()).spawn(answer_requests);
-            });
-            ALL.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&shared));
-        }
+        catch_dump_requests();
+        ALL.lock().unwrap_or_else(|p| p.into_inner()).push(Arc::downgrade(&shared));
         shared
     }
 
@@ -215,7 +208,16 @@ impl Recorder {
 
     /// Writes this rank's dump into `COLLC_DUMP_DIR`, if set; the path written.
     pub fn dump(&self, reason: &str, current: Option<Current>) -> Option<PathBuf> {
-        let dir = dump_dir()?;
+        let Some(dir) = dump_dir() else {
+            if reason == "SIGUSR1" {
+                let rank = self.rank;
+                crate::log::warn(
+                    Subsys::Coll,
+                    format_args!("rank {rank}: SIGUSR1 asks for the flight recorder; set COLLC_DUMP_DIR to a folder to have it written"),
+                );
+            }
+            return None;
+        };
         let dump = Dump {
             rank: self.rank,
             n_ranks: self.n_ranks,
@@ -239,6 +241,18 @@ impl Recorder {
         );
         Some(path)
     }
+}
+
+/// Catches SIGUSR1 from now on in this process, so that it never kills a rank (in its rendezvous or later, with or
+/// without `COLLC_DUMP_DIR`): each one is a request that every rank of the process dump its recorder. Idempotent;
+/// communicators call it before they join, a launcher's rank process may call it at once.
+pub fn catch_dump_requests() {
+    static WATCH: Once = Once::new();
+    WATCH.call_once(|| {
+        // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
+        unsafe { libc::signal(libc::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t) };
+        let _ = std::thread::Builder::new().name("collc recorder".into()).spawn(answer_requests);
+    });
 }
 
 /// The recorder thread: on each SIGUSR1, dumps the recorders of ranks outside a call (those inside one dump

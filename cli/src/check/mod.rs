@@ -257,6 +257,11 @@ pub fn run(args: CheckArgs) -> u8 {
             return 1;
         }
     };
+    // A `--set` the algorithm cannot take is a usage error, said once, not a failure at every rank count and root.
+    if let Some((message, help)) = collc_compiler::lower::unbindable(&file.algorithm, &args.params.set) {
+        eprintln!("error: {message} ({help})");
+        return 2;
+    }
     let collective = file.algorithm.collective.name.parse::<Collective>().ok();
     let reduces = collective.is_some_and(Collective::reduces);
     // Roots drawn from the seed are only replayable if the seed is shown.

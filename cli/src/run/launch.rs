@@ -3,13 +3,13 @@
 //! makes the run exit non-zero.
 
 use super::sweep;
-use super::table::{Header, Report};
+use super::table::{Ending, Header, Report};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
 use collc_runtime::{Communicator, RuntimeError, Shm, Transport};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -40,11 +40,12 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
         let report = Report::start(job, &header(&comm, job));
         *REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
     }
-    let outcome = sweep::sweep(&mut comm, job, &mut |row| with_report(|report| report.row(row)));
+    let on_row = &mut |row| with_report(|report| report.row(row));
+    let outcome = sweep::sweep(&mut comm, job, on_row, &mut |stage: &str| with_report(|report| report.stage(stage)));
     let mut wrong = false;
     if rank == 0 {
         with_report(|report| {
-            report.finish(None);
+            report.finish(if outcome.is_ok() { Ending::Done } else { Ending::Failed });
             wrong = report.any_wrong();
         });
     }
@@ -74,7 +75,7 @@ fn watch_interrupts(job: Option<(Transport, String)>, launcher: Option<libc::pid
         let signal = INTERRUPTED.load(Ordering::Relaxed);
         if orphaned || signal != 0 {
             let signal = if signal != 0 { signal } else { libc::SIGTERM };
-            with_report(|report| report.finish(Some(signal)));
+            with_report(|report| report.finish(Ending::Interrupted(signal)));
             if let Some((transport, id)) = &job {
                 transport.backend().remove_job(id);
             }
@@ -141,6 +142,8 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
 /// set; for tcp also a rendezvous on this host and a fresh job token), watches them, and turns a rank that dies
 /// into an abort every other rank sees at once.
 pub fn spawn_ranks(job: &Job) -> u8 {
+    // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
+    unsafe { libc::signal(libc::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t) };
     let stale = Shm::remove_stale_jobs();
     if stale > 0 {
         eprintln!("# removed {stale} /dev/shm files of earlier collc jobs whose launcher is gone");
@@ -202,13 +205,20 @@ fn nanos_now() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
 }
 
-/// Waits for every rank; the first that dies by a signal or fails is reported and marked failed in the job.
 /// The signal (SIGINT or SIGTERM) that interrupted this process, 0 before one comes: the launcher stops its ranks
-/// and removes the job's segments, a rank removes them, and either exits 128 + the signal.
+/// and removes the job's segments, a rank removes them, and either exits 128 + the signal. The first one counts:
+/// the SIGTERM a launcher sends after a Ctrl-C does not replace the SIGINT its ranks got too.
 static INTERRUPTED: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn on_interrupt(signal: libc::c_int) {
-    INTERRUPTED.store(signal, Ordering::Relaxed);
+    let _ = INTERRUPTED.compare_exchange(0, signal, Ordering::Relaxed, Ordering::Relaxed);
+}
+
+/// SIGUSR1s the launcher has received, which it passes on to its ranks (each then dumps its flight recorder).
+static DUMP_REQUESTS: AtomicU64 = AtomicU64::new(0);
+
+extern "C" fn on_usr1(_: libc::c_int) {
+    DUMP_REQUESTS.fetch_add(1, Ordering::Relaxed);
 }
 
 fn catch_interrupts() {
@@ -218,12 +228,12 @@ fn catch_interrupts() {
     }
 }
 
-/// Stops the ranks: SIGTERM, so that rank 0 prints what it has measured, then SIGKILL for any still running a
-/// second later.
-fn stop(children: &mut [Option<Child>]) {
+/// Stops the ranks: `signal` (the one that interrupted the launcher), so that rank 0 prints what it has measured
+/// and names it, then SIGKILL for any still running a second later.
+fn stop(children: &mut [Option<Child>], signal: libc::c_int) {
     for child in children.iter().flatten() {
         // SAFETY: signalling a child this process spawned and has not yet reaped.
-        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+        unsafe { libc::kill(child.id() as libc::pid_t, signal) };
     }
     let asked = Instant::now();
     for child in children.iter_mut().flatten() {
@@ -235,16 +245,27 @@ fn stop(children: &mut [Option<Child>]) {
     }
 }
 
+/// Waits for every rank; the first that dies by a signal or fails is reported and marked failed in the job. A
+/// SIGUSR1 to the launcher goes on to every rank (the job goes on).
 fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
     let mut worst = 0u8;
     let mut failed_since: Option<Instant> = None;
+    let mut forwarded = 0;
     catch_interrupts();
     loop {
         let signal = INTERRUPTED.load(Ordering::Relaxed);
         if signal != 0 {
             say_error(format_args!("interrupted; stopping the {} rank processes", job.n_ranks));
-            stop(children);
+            stop(children, signal);
             return (128 + signal) as u8;
+        }
+        let requests = DUMP_REQUESTS.load(Ordering::Relaxed);
+        if requests != forwarded {
+            forwarded = requests;
+            for child in children.iter().flatten() {
+                // SAFETY: signalling a child this process spawned and has not yet reaped.
+                unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGUSR1) };
+            }
         }
         let mut running = 0;
         for (rank, slot) in children.iter_mut().enumerate() {

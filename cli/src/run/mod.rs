@@ -170,6 +170,10 @@ pub fn run(args: RunArgs) -> u8 {
         Ok(launched) => launched,
         Err(message) => return usage(&message),
     };
+    if launched.is_some() {
+        // A rank process answers SIGUSR1 (a flight recorder dump) from its first moment, never dies of it.
+        collc_runtime::recorder::catch_dump_requests();
+    }
     let schedule_ranks = schedule_file_ranks(&args.algorithm);
     let n_ranks = launched.as_ref().map_or(args.ranks.or(schedule_ranks).unwrap_or(2), |l| l.world_size);
     // A launcher says how many ranks share a node; ranks spawned here are all on this one.
@@ -221,7 +225,14 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
             args.algorithm
         )));
     }
-    let fixed = if selecting { None } else { Some(fixed.map_err(usage)?) };
+    let fixed = match selecting {
+        true => None,
+        // A collective's name is a valid argument too: suggest it when one is close (`alreduce`).
+        false => Some(fixed.map_err(|message| {
+            let collectives: Vec<&str> = Collective::ALL.iter().map(|c| c.name()).collect();
+            usage(collc_compiler::diag::with_suggestion(message, &args.algorithm, &collectives))
+        })?),
+    };
     let ((min, max), sizes) = sweep(args).map_err(usage)?;
     let (dtypes, ops) = types_and_ops(args).map_err(usage)?;
     if args.iters == 0 {
@@ -240,6 +251,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         }
         options.timeout = std::time::Duration::from_secs_f64(seconds);
     }
+    args.transport.backend().built().map_err(usage)?;
     // Under a launcher the ranks are processes: `threads` means shm when they share this host, else tcp.
     let transport = match launched {
         true => args.transport.for_processes(per_node == n_ranks).map_err(usage)?,
@@ -330,6 +342,8 @@ pub struct Algorithms {
     pub not_admitted: Vec<(String, String)>,
     /// For a selection: the topology the cost model selected on, where it came from and what it says.
     pub topology: Option<String>,
+    /// For a named algorithm with parameters: their values, and where those `--set` does not give came from.
+    pub parameters: Option<String>,
 }
 
 impl Algorithms {
@@ -341,6 +355,7 @@ impl Algorithms {
             compared: Vec::new(),
             not_admitted: Vec::new(),
             topology: None,
+            parameters: None,
         }
     }
 }
@@ -358,6 +373,9 @@ fn compile_fixed(
     let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
         .map_err(|e| Errors(vec![Error::from(e)]))
         .and_then(|file| {
+            if let Some((message, help)) = collc_compiler::lower::unbindable(&file.algorithm, &args.set) {
+                return Ok(Err(format!("{message} ({help})")));
+            }
             let collective = file.algorithm.collective.name.parse::<Collective>().unwrap_or(Collective::AllReduce);
             let bindings = Bindings {
                 n_ranks,
@@ -375,19 +393,38 @@ fn compile_fixed(
                 }
                 None => None,
             };
-            Ok((schedule.collective, bindings.params, schedule, in_place))
+            Ok(Ok((schedule.collective, bindings.params, schedule, in_place)))
         });
-    let (collective, params, schedule, in_place) = compiled.map_err(|errors| {
-        crate::report::print_all(&errors, &source.name, &source.text);
-        (1, format!("{} does not compile for {n_ranks} ranks", source.name))
-    })?;
+    let (collective, params, schedule, in_place) = compiled
+        .map_err(|errors| {
+            crate::report::print_all(&errors, &source.name, &source.text);
+            (1, format!("{} does not compile for {n_ranks} ranks", source.name))
+        })?
+        .map_err(|usage| (2, usage))?;
     for placed in std::iter::once(&schedule).chain(&in_place) {
         crate::args::check_deterministic(args.deterministic, &source.name, placed)?;
     }
     let connections = schedule.n_connections();
     let name = source.name.trim_end_matches(".coll").to_string();
+    let parameters = (!params.is_empty()).then(|| {
+        let values: Vec<String> = params.iter().map(|(name, value)| format!("{name}={value}")).collect();
+        let split: Vec<&str> = params
+            .iter()
+            .filter(|(name, _)| !args.set.iter().any(|(set, _)| set == name))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        match split.is_empty() {
+            true => values.join(" "),
+            false => format!(
+                "{} ({} from the job's node split, {per_node} ranks per node; --set {}=N to choose)",
+                values.join(" "),
+                split.join(", "),
+                split[0]
+            ),
+        }
+    });
     let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None, connections };
-    Ok((collective, Algorithms::fixed(choice)))
+    Ok((collective, Algorithms { parameters, ..Algorithms::fixed(choice) }))
 }
 
 /// The rank count in a schedule file's header, if `algorithm` names one (the file's rank count is the run's
@@ -535,7 +572,14 @@ fn select(
     let not_admitted = field.not_admitted;
     Ok((
         collective,
-        Algorithms { choices: selection, selected: true, compared, not_admitted, topology: Some(topology) },
+        Algorithms {
+            choices: selection,
+            selected: true,
+            compared,
+            not_admitted,
+            topology: Some(topology),
+            parameters: None,
+        },
     ))
 }
 

@@ -86,8 +86,8 @@ pub fn check(job: &Job, local_ranks: u32) -> Result<(), String> {
     };
     Err(format!(
         "this run needs about {} ({} of buffers per rank at the largest size x {local_ranks} ranks{fifos}), but this \
-         machine has {} available; choose fewer ranks, a smaller -e, or -c 0 (no check copy); COLLC_SLOT_BYTES (from 64) caps \
-         the FIFO slot size",
+         machine has {} available; choose fewer ranks, a smaller -e, or -c 0 (no check copy); COLLC_SLOT_BYTES (64 bytes to \
+         1 GiB) caps the FIFO slot size, and so the FIFOs",
         human(needs.total),
         human(needs.buffers),
         human(available)

@@ -47,12 +47,18 @@ fn use_algorithm(comm: &mut Communicator, job: &Job, choice: &Choice) {
     }
 }
 
-/// Runs the whole sweep on this rank; on rank 0 `on_row` gets each row as soon as it is measured.
-pub fn sweep(comm: &mut Communicator, job: &Job, on_row: &mut dyn FnMut(Row)) -> Result<(), RuntimeError> {
+/// Runs the whole sweep on this rank; on rank 0 `on_row` gets each row as soon as it is measured, and `on_stage`
+/// what the sweep does before its first row (the warm-up calls, which set the buffers up).
+pub fn sweep(
+    comm: &mut Communicator,
+    job: &Job,
+    on_row: &mut dyn FnMut(Row),
+    on_stage: &mut dyn FnMut(&str),
+) -> Result<(), RuntimeError> {
     let ops: Vec<Option<ReduceOp>> =
         if job.collective.reduces() { job.ops.iter().copied().map(Some).collect() } else { vec![None] };
     let mut buffers = Scratch::default();
-    warm_up(comm, job, &mut buffers)?;
+    warm_up(comm, job, &mut buffers, on_stage)?;
     for &dtype in &job.dtypes {
         for &op in &ops {
             for &bytes in &job.sizes {
@@ -110,19 +116,24 @@ fn measure_row(
 
 /// As nccl-tests does before its sweep: `-w` calls at the largest size, then at the smallest, so the first row does
 /// not pay for first touches of the buffers and the FIFOs, nor for the ranks settling on their cores.
-fn warm_up(comm: &mut Communicator, job: &Job, scratch: &mut Scratch) -> Result<(), RuntimeError> {
+fn warm_up(
+    comm: &mut Communicator,
+    job: &Job,
+    scratch: &mut Scratch,
+    on_stage: &mut dyn FnMut(&str),
+) -> Result<(), RuntimeError> {
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
         for choice in job.timed_at(bytes) {
             use_algorithm(comm, job, choice);
-            warm_up_at(comm, job, bytes, dtype, op, scratch)?;
+            warm_up_at(comm, job, bytes, dtype, op, scratch, on_stage)?;
         }
     }
     Ok(())
 }
 
 /// `-w` untimed calls of `bytes` out of place (in place where the job runs only that) with the algorithm that runs
-/// now.
+/// now, each announced to `on_stage` on rank 0 (the first one at a size sets its buffers up).
 fn warm_up_at(
     comm: &mut Communicator,
     job: &Job,
@@ -130,12 +141,16 @@ fn warm_up_at(
     dtype: DataType,
     op: ReduceOp,
     scratch: &mut Scratch,
+    on_stage: &mut dyn FnMut(&str),
 ) -> Result<(), RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
     let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
     let in_place = !job.runs(Placement::OutOfPlace);
     let windows = check::windows(&shape, job.n_ranks, comm.rank(), in_place);
-    for _ in 0..job.warmup {
+    for call in 0..job.warmup {
+        if comm.rank() == 0 {
+            on_stage(&format!("warm-up at {bytes} B: call {} of {}", call + 1, job.warmup));
+        }
         scratch.call(comm, &shape, &windows, in_place)?;
     }
     Ok(())

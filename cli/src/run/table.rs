@@ -42,6 +42,18 @@ pub struct Report {
     cells: usize,
     wrong_total: u64,
     finished: bool,
+    /// When the report last printed (the header, a row, a stage line).
+    quiet_since: std::time::Instant,
+}
+
+/// How a run ended, as its footer says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    Done,
+    /// Cut short by this signal.
+    Interrupted(i32),
+    /// A rank stopped with an error (each says which on stderr).
+    Failed,
 }
 
 impl Report {
@@ -55,6 +67,7 @@ impl Report {
                     "collective": job.collective.name(), "ranks": job.n_ranks,
                     "transport": header.transport, "executor": header.executor,
                     "iters": job.iters, "warmup": job.warmup, "check": job.check, "topology": job.algorithms.topology,
+                    "parameters": job.algorithms.parameters,
                 });
                 let head = serde_json::to_string(&head).expect("JSON values serialise");
                 println!("{},\"rows\":[", head.trim_end_matches('}'));
@@ -64,13 +77,12 @@ impl Report {
         let per_size = job.algorithms.compared.len().max(1);
         let total = (job.sizes.len() * job.dtypes.len() * ops * per_size) as u64;
         let progress = indicatif::ProgressBar::with_draw_target(Some(total), indicatif::ProgressDrawTarget::stderr());
-        if let Ok(style) =
-            indicatif::ProgressStyle::with_template("# {bar:30} {pos}/{len} rows, last {msg} [{elapsed}]")
-        {
+        if let Ok(style) = indicatif::ProgressStyle::with_template("# {bar:30} {pos}/{len} rows, {msg} [{elapsed}]") {
             progress.set_style(style);
         }
         let (job, rows) = (job.clone(), Vec::new());
-        Report { job, progress, rows, busbw_sum: 0.0, cells: 0, wrong_total: 0, finished: false }
+        let quiet_since = std::time::Instant::now();
+        Report { job, progress, rows, busbw_sum: 0.0, cells: 0, wrong_total: 0, finished: false, quiet_since }
     }
 
     pub fn row(&mut self, row: Row) {
@@ -104,23 +116,43 @@ impl Report {
                 println!("{comma}{}", row_json(job, &row));
             }
         });
-        self.progress.set_message(format!("{} B {}", row.bytes, row.dtype));
+        self.progress.set_message(format!("last {} B {}", row.bytes, row.dtype));
         self.progress.inc(1);
+        self.quiet_since = std::time::Instant::now();
         self.rows.push(row);
     }
 
-    /// The footer (once); `interrupted` is the signal that cut the run short, if one did.
-    pub fn finish(&mut self, interrupted: Option<i32>) {
+    /// What the sweep is doing before its next row (a long warm-up, the buffers being set up): the bar's message
+    /// on a terminal; elsewhere, once nothing has been printed for a second, a `#` line on stderr.
+    pub fn stage(&mut self, what: &str) {
+        self.progress.set_message(what.to_string());
+        self.progress.tick();
+        if self.progress.is_hidden() && self.quiet_since.elapsed() > std::time::Duration::from_secs(1) {
+            eprintln!("# {what}");
+            self.quiet_since = std::time::Instant::now();
+        }
+    }
+
+    /// The footer (once), saying how the run ended.
+    pub fn finish(&mut self, ending: Ending) {
         if std::mem::replace(&mut self.finished, true) {
             return;
         }
         self.progress.finish_and_clear();
+        let interrupted = match ending {
+            Ending::Interrupted(signal) => Some(signal),
+            _ => None,
+        };
         match self.job.format {
             Format::Table => {
                 if let Some(signal) = interrupted {
                     println!("# interrupted by signal {signal} after {} rows", self.rows.len());
                 }
-                let verdict = if self.wrong_total == 0 { "OK" } else { "FAILED" };
+                let verdict = match ending {
+                    Ending::Failed => format!("FAILED (the run stopped with an error after {} rows)", self.rows.len()),
+                    _ if self.wrong_total == 0 => "OK".to_string(),
+                    _ => "FAILED".to_string(),
+                };
                 println!("# Out of bounds values : {} {verdict}", self.wrong_total);
                 println!("# Avg bus bandwidth    : {:.3}", self.busbw_sum / self.cells.max(1) as f64);
                 println!("#");
@@ -128,9 +160,11 @@ impl Report {
                     print_comparison(&self.job, &self.rows);
                 }
             }
-            Format::Json => {
-                println!("],\"interrupted\":{}}}", interrupted.map_or("null".to_string(), |s| s.to_string()))
-            }
+            Format::Json => println!(
+                "],\"interrupted\":{},\"failed\":{}}}",
+                interrupted.map_or("null".to_string(), |s| s.to_string()),
+                ending == Ending::Failed
+            ),
         }
         use std::io::Write;
         let _ = std::io::stdout().flush();
@@ -160,6 +194,9 @@ fn print_header(job: &Job, header: &Header) {
     }
     for (name, why) in &job.algorithms.not_admitted {
         println!("#   not a candidate: {}/{name} ({why})", job.collective);
+    }
+    if let Some(parameters) = &job.algorithms.parameters {
+        println!("#   parameters: {parameters}");
     }
     if let Some(topology) = &job.algorithms.topology {
         println!("#   cost model on {topology}");

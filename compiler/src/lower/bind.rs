@@ -34,6 +34,39 @@ impl Bindings {
     }
 }
 
+/// The first `--set` name `algo` cannot take (what is wrong, and how to fix it), or `None`: a `param` or a `nodes`
+/// / `local` name binds; the rank count, root and peer do not, nor a name the algorithm does not declare. The CLI
+/// checks this once, as a usage error, before it compiles for any rank count or root.
+pub fn unbindable(algo: &Algorithm, params: &[(String, i64)]) -> Option<(String, String)> {
+    let (names, _, _) = declared(algo);
+    let fixed: Vec<&str> = algo
+        .items
+        .iter()
+        .filter_map(|i| match i {
+            Item::Ranks { var, .. } | Item::Root { var, .. } | Item::Peer { var, .. } => Some(var.name.as_str()),
+            _ => None,
+        })
+        .collect();
+    params.iter().find_map(|(name, _)| {
+        if fixed.contains(&name.as_str()) {
+            return Some((
+                format!("--set {name}=...: `{name}` is the rank count, root or peer"),
+                "bind it with --ranks, --root or --peer".to_string(),
+            ));
+        }
+        let known: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).filter(|n| !fixed.contains(n)).collect();
+        (!names.iter().any(|(n, _)| n == name)).then(|| {
+            let help = match known.is_empty() {
+                true => format!("`{}` has no parameters to set", algo.name.name),
+                false => {
+                    crate::diag::with_suggestion(format!("its parameters are: {}", known.join(", ")), name, &known)
+                }
+            };
+            (format!("--set {name}=...: the algorithm has no parameter `{name}`"), help)
+        })
+    })
+}
+
 /// The names of an algorithm's `nodes n local g` declaration, if it has one.
 pub fn node_split(algo: &Algorithm) -> Option<(&str, &str)> {
     algo.items.iter().find_map(|item| match item {
@@ -103,34 +136,8 @@ pub(crate) fn bind(algo: &Algorithm, collective: Collective, b: &Bindings, limit
     }
     let (names, root_span, peer_span) = declared(algo);
     check_declarations(algo, collective, &names, root_span)?;
-    let fixed: Vec<&str> = algo
-        .items
-        .iter()
-        .filter_map(|i| match i {
-            Item::Ranks { var, .. } | Item::Root { var, .. } | Item::Peer { var, .. } => Some(var.name.as_str()),
-            _ => None,
-        })
-        .collect();
-    for (name, _) in &b.params {
-        if fixed.contains(&name.as_str()) {
-            return Err(Error::new(
-                "collc::lower::param",
-                format!("--set {name}=...: `{name}` is the rank count, root or peer"),
-                "bind it with --ranks, --root or --peer",
-            )
-            .at(algo.name.span, "in this algorithm")
-            .into());
-        }
-        if !names.iter().any(|(n, _)| n == name) {
-            let known: Vec<&str> = names.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(Error::new(
-                "collc::lower::param",
-                format!("--set {name}=...: the algorithm has no parameter `{name}`"),
-                format!("its parameters are: {}", known.join(", ")),
-            )
-            .at(algo.name.span, "in this algorithm")
-            .into());
-        }
+    if let Some((message, help)) = unbindable(algo, &b.params) {
+        return Err(Error::new("collc::lower::param", message, help).at(algo.name.span, "in this algorithm").into());
     }
     let globals: Vec<String> = names.iter().map(|(n, _)| n.clone()).collect();
     let scratch_names: Vec<String> = algo

@@ -11,7 +11,7 @@ use crate::ir::Program;
 use crate::Limits;
 use collc_grammar::ast;
 
-pub use bind::{node_split, Bindings, MAX_SLICES};
+pub use bind::{node_split, unbindable, Bindings, MAX_SLICES};
 
 /// Lowers a parsed algorithm for one binding of its parameters.
 pub fn lower(file: &ast::File, bindings: &Bindings, limits: &Limits) -> Result<Program, Errors> {

@@ -75,6 +75,11 @@ pub trait Backend: Sync {
     /// One line for `--help`.
     fn about(&self) -> &'static str;
     fn ranks(&self) -> Ranks;
+    /// Whether this build has the backend (`Err`: what to rebuild with). A run that asks for one it lacks is a usage
+    /// error (exit 2), as every command of a feature the build lacks is.
+    fn built(&self) -> Result<(), String> {
+        Ok(())
+    }
     /// Whether every message crosses a socket (the cost model then prices it as one, even on one host).
     fn sockets(&self) -> bool {
         false

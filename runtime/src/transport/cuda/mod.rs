@@ -30,6 +30,13 @@ impl Backend for Cuda {
         Ranks::Either
     }
 
+    fn built(&self) -> Result<(), String> {
+        match cfg!(feature = "cuda") {
+            true => Ok(()),
+            false => Err(NOT_BUILT.into()),
+        }
+    }
+
     fn on_cpu(&self) -> bool {
         false
     }
@@ -67,11 +74,12 @@ impl Backend for Cuda {
 }
 
 /// What every way into the transport says in a build without the feature.
+const NOT_BUILT: &str =
+    "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`";
+
 #[cfg(not(feature = "cuda"))]
 fn not_built() -> RuntimeError {
-    RuntimeError::Config(
-        "this collc was built without the cuda feature: build it with `cargo build --release --features cuda`".into(),
-    )
+    RuntimeError::Config(NOT_BUILT.into())
 }
 
 /// `n_ranks` rank threads on the first `gpus` GPUs (all of them when `None`): rank r on GPU r mod G.
@@ -95,6 +103,7 @@ pub(crate) fn group_on(n_ranks: u32, gpus: Option<u32>, options: Options) -> Res
 /// through CUDA IPC, the bootstrap in /dev/shm.
 pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
     crate::comm::check_world(rank, n_ranks)?;
+    crate::recorder::catch_dump_requests();
     #[cfg(feature = "cuda")]
     {
         use super::shm::{Memory, Shm};

@@ -61,6 +61,19 @@ pub(crate) struct Control {
 }
 
 impl Control {
+    /// The ranks that have not reached barrier `generation`, for a timeout's message: `rank 2 (it never joined the
+    /// job), rank 3`.
+    fn missing(&self, generation: u64) -> String {
+        let named: Vec<String> = (0..self.n_ranks)
+            .filter(|&peer| self.state(peer).barrier.load(Ordering::Acquire) < generation)
+            .map(|peer| match self.state(peer).status.load(Ordering::Acquire) == Status::Absent as u32 {
+                true => format!("rank {peer} (it never joined the job: is it running, with this job's id?)"),
+                false => format!("rank {peer}"),
+            })
+            .collect();
+        named.join(", ")
+    }
+
     pub fn open(segments: &dyn Segments, n_ranks: u32) -> Result<Control, RuntimeError> {
         let states = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
         let len = states + std::mem::size_of::<Blob>() * 2 * n_ranks as usize;
@@ -248,7 +261,7 @@ impl Bootstrap for Control {
         for peer in 0..self.n_ranks {
             while self.state(peer).barrier.load(Ordering::Acquire) < generation {
                 wait.idle(|| self.health(&everyone))
-                    .map_err(|fault| fault.into_error(rank, "barrier".into(), at.into(), format!("rank {peer}")))?;
+                    .map_err(|fault| fault.into_error(rank, "barrier".into(), at.into(), self.missing(generation)))?;
             }
             wait.reset();
         }

@@ -120,6 +120,7 @@ pub(crate) fn group_job_id() -> String {
 /// Rank `rank` of job `job` on this host, in its own process: segments and the control block in /dev/shm.
 pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {
     crate::comm::check_world(rank, n_ranks)?;
+    crate::recorder::catch_dump_requests();
     if job.is_empty() || !job.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
         return Err(RuntimeError::Config(format!("job id `{job}` must be non-empty [A-Za-z0-9_-]")));
     }

@@ -296,14 +296,26 @@ where
 {
     let (expect, accepted) = (Arc::new(expect), Arc::new(accepted));
     let running = Arc::new(AtomicUsize::new(0));
+    // Failed accepts in a row (EMFILE, ENOBUFS, ...): each waits longer, up to a second, and the first is logged.
+    let mut failing = 0u32;
     while !stop.load(Ordering::Relaxed) {
         let (mut stream, from) = match listener.accept() {
-            Ok(connection) => connection,
+            Ok(connection) => {
+                failing = 0;
+                connection
+            }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_millis(2));
                 continue;
             }
-            Err(_) => continue,
+            Err(e) => {
+                if failing == 0 {
+                    log::warn(Subsys::Net, format_args!("{what}: accept failed ({e}); backing off"));
+                }
+                failing = failing.saturating_add(1);
+                std::thread::sleep(accept_backoff(failing));
+                continue;
+            }
         };
         if running.load(Ordering::Relaxed) >= MAX_HANDSHAKES {
             log::warn(Subsys::Net, format_args!("{what}: refused {from}: {MAX_HANDSHAKES} handshakes under way"));
@@ -325,6 +337,12 @@ where
             log::warn(Subsys::Net, format_args!("{what}: no thread to authenticate {from}; refused"));
         }
     }
+}
+
+/// How long the acceptor waits after `failing` failed accepts in a row: 10 ms doubling to a second, so a listener
+/// out of file descriptors neither spins nor stops serving once some are free again.
+fn accept_backoff(failing: u32) -> Duration {
+    Duration::from_millis((10u64 << failing.saturating_sub(1).min(7)).min(1000))
 }
 
 /// The connecting end: answers the challenge as `hello` and checks that the acceptor holds the token too.
@@ -359,6 +377,13 @@ pub fn connect(stream: &mut TcpStream, token: &Token, hello: &Hello, timeout: Du
 mod tests {
     use super::*;
     use std::net::TcpListener;
+
+    #[test]
+    fn failed_accepts_back_off_to_a_second() {
+        let waits: Vec<u128> = (1..=10).map(|n| super::accept_backoff(n).as_millis()).collect();
+        assert_eq!(waits[..4], [10, 20, 40, 80]);
+        assert!(waits.windows(2).all(|w| w[0] <= w[1]) && waits[9] == 1000, "{waits:?}");
+    }
 
     fn token(text: &str) -> Token {
         Token::new(text).expect("long enough")

@@ -105,7 +105,14 @@ impl Backend for Tcp {
 /// Rank `job.rank` of a tcp job; returns once every rank has joined.
 pub(crate) fn process(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
     crate::comm::check_world(job.rank, job.n_ranks)?;
-    let (net, rendezvous) = join(job, options.timeout)?;
+    crate::recorder::catch_dump_requests();
+    let (net, rendezvous) = join(job, options.timeout).inspect_err(|error| {
+        // Setup waits on the peers too (their addresses are all-gathered): a rank that fails there is dumped, with
+        // no call yet, so the dumps of a job that never started say whom it waited for.
+        if matches!(error, RuntimeError::PeerFailed { .. } | RuntimeError::Timeout { .. }) {
+            let _ = crate::recorder::Recorder::new(job.rank, job.n_ranks).dump(crate::exec::dump_reason(error), None);
+        }
+    })?;
     Communicator::process(net, rendezvous, job.rank, job.n_ranks, options)
 }
 
@@ -156,10 +163,14 @@ impl TcpJob {
 /// digits (the convention of PyTorch Lightning's Slurm environment), so every rank of the job derives the same.
 fn rendezvous_from(var: impl Fn(&str) -> Option<String>) -> Result<String, String> {
     if let Some(addr) = var("COLLC_RENDEZVOUS") {
+        let port = addr.rsplit_once(':').map(|(_, port)| port).unwrap_or_default();
+        check_port(port, &format!("COLLC_RENDEZVOUS=`{addr}`"))?;
         return Ok(addr);
     }
     if let Some(addr) = var("MASTER_ADDR") {
-        return Ok(format!("{addr}:{}", var("MASTER_PORT").unwrap_or_else(|| "29500".into())));
+        let port = var("MASTER_PORT").unwrap_or_else(|| "29500".into());
+        check_port(&port, &format!("MASTER_PORT=`{port}`"))?;
+        return Ok(format!("{addr}:{port}"));
     }
     if let (Some(list), Some(id)) = (var("SLURM_JOB_NODELIST").or_else(|| var("SLURM_NODELIST")), var("SLURM_JOB_ID")) {
         let host = first_node(&list).ok_or(format!("SLURM_JOB_NODELIST=`{list}` names no host"))?;
@@ -170,6 +181,14 @@ fn rendezvous_from(var: impl Fn(&str) -> Option<String>) -> Result<String, Strin
     Err("the tcp transport needs the rendezvous: set MASTER_ADDR and MASTER_PORT (rank 0's host and a free port; \
          with mpirun, `-x MASTER_ADDR=... -x MASTER_PORT=...`), or COLLC_RENDEZVOUS=host:port"
         .into())
+}
+
+/// Refuses a rendezvous port that is not one (`what` names where it came from), before any rank tries to reach it.
+fn check_port(port: &str, what: &str) -> Result<(), String> {
+    match port.trim().parse::<u16>() {
+        Ok(1..) => Ok(()),
+        _ => Err(format!("{what}: the rendezvous port must be a number from 1 to 65535 (host:port)")),
+    }
 }
 
 /// The first host of a Slurm node list: `gpu[003-010,012],cpu07` -> `gpu003`, `rack[1-2]-n[01-04]` -> `rack1-n01`.
@@ -461,6 +480,9 @@ mod tests {
         assert_eq!(rendezvous_from(env(&all)).unwrap(), "a:1");
         assert_eq!(rendezvous_from(env(&all[1..])).unwrap(), "b:29500");
         assert_eq!(rendezvous_from(env(&[("MASTER_ADDR", "b"), ("MASTER_PORT", "7")])).unwrap(), "b:7");
+        let err = rendezvous_from(env(&[("MASTER_ADDR", "b"), ("MASTER_PORT", "70000")])).unwrap_err();
+        assert!(err.starts_with("MASTER_PORT=`70000`: the rendezvous port must be"), "{err}");
+        assert!(rendezvous_from(env(&[("COLLC_RENDEZVOUS", "a")])).is_err());
         let slurm = [("SLURM_JOB_NODELIST", "gpu[003-010,012],cpu07"), ("SLURM_JOB_ID", "4123456")];
         assert_eq!(rendezvous_from(env(&slurm)).unwrap(), "gpu003:18456");
         let err = rendezvous_from(env(&[("PMI_RANK", "0")])).unwrap_err();

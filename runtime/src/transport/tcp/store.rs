@@ -35,6 +35,12 @@ const HOST_LEFT: u8 = 14;
 const SOURCE_OF: u8 = 15;
 /// The call a rank was in when it aborted: `[rank u32][CallInfo]`, sent before the failure it causes.
 const CALLED: u8 = 16;
+/// A rank that timed out at a barrier asks who has not reached it: `[generation u64]`.
+const WHO_WAITS: u8 = 6;
+/// The hub's answer to `WHO_WAITS`: `[generation u64]`, then per rank not at it `[rank u32][joined u8]`.
+const MISSING: u8 = 17;
+/// How long a timed-out rank waits for the hub to say who is missing.
+const MISSING_WAIT: Duration = Duration::from_secs(1);
 /// Sources kept per peer: the plans of its most recent call shapes.
 const SOURCES_KEPT: usize = 64;
 /// How long a mismatch report waits for a peer's source to come through the rendezvous.
@@ -268,6 +274,20 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
                     hub.broadcast(RELEASE, &blobs_body(generation, &blobs));
                 }
             }
+            WHO_WAITS if body.len() == 8 => {
+                let generation = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+                let arrived = hub.gathers.get(&generation);
+                let mut answer = body.clone();
+                for peer in 0..hub.n_ranks {
+                    if !arrived.is_some_and(|blobs| blobs[peer as usize].is_some()) {
+                        answer.extend_from_slice(&peer.to_le_bytes());
+                        answer.push(hub.ever_joined[peer as usize] as u8);
+                    }
+                }
+                if let Some(w) = hub.writers[rank as usize].as_mut() {
+                    let _ = write_message(w, MISSING, &answer);
+                }
+            }
             ABORT => {
                 if body.len() == CallInfo::BYTES {
                     let mut called = rank.to_le_bytes().to_vec();
@@ -322,6 +342,8 @@ struct Heard {
     sources: HashMap<u32, Vec<(u64, String)>>,
     failure: Option<(u32, String)>,
     refused: Option<String>,
+    /// Per barrier generation, the ranks the hub says have not reached it, each with whether it ever joined.
+    missing: HashMap<u64, Vec<(u32, bool)>>,
     /// Rank 0 has left: the hub's going is expected.
     host_left: bool,
 }
@@ -489,6 +511,15 @@ fn listen(
                     h.calls.insert(rank, call);
                 }
             }
+            Ok((MISSING, body)) if body.len() >= 8 && (body.len() - 8) % 5 == 0 => {
+                let generation = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
+                let ranks = body[8..]
+                    .chunks_exact(5)
+                    .map(|r| (u32::from_le_bytes(r[..4].try_into().expect("4 bytes")), r[4] != 0))
+                    .filter(|&(rank, _)| rank < n_ranks)
+                    .collect();
+                h.missing.insert(generation, ranks);
+            }
             Ok((REFUSED, body)) => {
                 h.refused = Some(String::from_utf8_lossy(&body).into_owned());
                 failed.store(true, Ordering::Release);
@@ -498,7 +529,8 @@ fn listen(
                 failed.store(true, Ordering::Release);
             }
             Err(e) => {
-                if !leaving.load(Ordering::Acquire) && !h.host_left {
+                // A refused rank's connection is closed by the hub after it says why: that is the news.
+                if !leaving.load(Ordering::Acquire) && !h.host_left && h.refused.is_none() {
                     let how = format!("(the rendezvous host) closed its connection ({e}): its process is gone?");
                     h.failure.get_or_insert((0, how));
                     failed.store(true, Ordering::Release);
@@ -547,9 +579,9 @@ impl Bootstrap for Rendezvous {
             return Ok(());
         }
         let heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
-        match (&heard.failure, &heard.refused) {
-            (Some(failure), _) => Err(failure.clone()),
-            (None, Some(refused)) => Err((self.rank, format!("was refused by the rendezvous: {refused}"))),
+        match (&heard.refused, &heard.failure) {
+            (Some(refused), _) => Err((self.rank, format!("was refused by the rendezvous: {refused}"))),
+            (None, Some(failure)) => Err(failure.clone()),
             (None, None) => Ok(()),
         }
     }
@@ -608,6 +640,44 @@ impl Bootstrap for Rendezvous {
 }
 
 impl Rendezvous {
+    /// Who the hub says has not reached barrier `generation`, for a timeout's message (`rank 2 (it never joined the
+    /// job), rank 3`, or every rank when the hub does not answer in time), and the first of them with whether it
+    /// ever joined.
+    fn missing_at(&self, generation: u64) -> (String, Option<(u32, bool)>) {
+        let unanswered = || ("every rank to reach it (the rendezvous did not answer who is missing)".into(), None);
+        if self.send(WHO_WAITS, &generation.to_le_bytes()).is_err() {
+            return unanswered();
+        }
+        let (lock, changed) = &*self.heard;
+        let deadline = Instant::now() + MISSING_WAIT;
+        let mut heard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(missing) = heard.missing.remove(&generation) {
+                let named: Vec<String> = missing
+                    .iter()
+                    .map(|&(peer, joined)| match joined {
+                        true => format!("rank {peer}"),
+                        false => format!(
+                            "rank {peer} (it never joined the job: is it running, with this job's \
+                                          MASTER_ADDR, MASTER_PORT and token?)"
+                        ),
+                    })
+                    .collect();
+                let text = match named.is_empty() {
+                    true => "the rendezvous to release it (every rank has reached it)".into(),
+                    false => named.join(", "),
+                };
+                let first = missing.iter().find(|(_, joined)| !joined).or(missing.first()).copied();
+                return (text, first);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return unanswered();
+            }
+            heard = changed.wait_timeout(heard, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
     fn gather(
         &self,
         rank: u32,
@@ -629,21 +699,26 @@ impl Rendezvous {
                 return Ok(blobs);
             }
             let what = "barrier".to_string();
-            if let Some((peer, how)) = heard.failure.clone() {
-                return Err(RuntimeError::PeerFailed { rank, what, at: at.into(), peer, how });
-            }
             if let Some(refused) = &heard.refused {
                 return Err(RuntimeError::Config(format!("rank {rank}: the rendezvous refused it: {refused}")));
             }
+            if let Some((peer, how)) = heard.failure.clone() {
+                return Err(RuntimeError::PeerFailed { rank, what, at: at.into(), peer, how });
+            }
             let waited = started.elapsed();
             if waited > timeout {
-                return Err(RuntimeError::Timeout {
-                    rank,
-                    what,
-                    at: at.into(),
-                    seconds: waited.as_secs_f64(),
-                    waiting_for: "every rank to reach it (through the rendezvous)".into(),
-                });
+                drop(heard);
+                let (waiting_for, first) = self.missing_at(generation);
+                // The others hear of the rank they all wait for, not of this one's going.
+                if let Some((peer, joined)) = first {
+                    let how = match joined {
+                        true => "did not reach the barrier within the timeout (stopped, hung or cut off?)",
+                        false => "never joined the job (is it running, with this job's rendezvous and token?)",
+                    };
+                    self.report_failure(peer, how);
+                }
+                let seconds = waited.as_secs_f64();
+                return Err(RuntimeError::Timeout { rank, what, at: at.into(), seconds, waiting_for });
             }
             heard = changed.wait_timeout(heard, Duration::from_millis(100)).map_err(|_| RuntimeError::Poisoned)?.0;
         }

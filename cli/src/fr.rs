@@ -35,7 +35,10 @@ pub fn run(args: FrArgs) -> u8 {
     0
 }
 
-/// Every dump in `dir`, by rank.
+/// The most ranks a dump may claim: the compiler's own limit on a job (`Limits::max_ranks`, not raised by hand).
+const MAX_RANKS: u32 = 1 << 20;
+
+/// Every dump in `dir`, by rank: all of one job, each checked.
 fn read(dir: &std::path::Path) -> Result<BTreeMap<u32, Dump>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let mut dumps = BTreeMap::new();
@@ -48,7 +51,30 @@ fn read(dir: &std::path::Path) -> Result<BTreeMap<u32, Dump>, String> {
         let text = std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
         let dump: Dump =
             serde_json::from_str(&text).map_err(|e| format!("{}: not a flight-recorder dump: {e}", path.display()))?;
+        // A dump is input like any other: its numbers are checked before anything is sized by them.
+        if dump.n_ranks == 0 || dump.n_ranks > MAX_RANKS || dump.rank >= dump.n_ranks {
+            return Err(format!(
+                "{}: rank {} of {} ranks is not a job collc runs (1 to {MAX_RANKS} ranks): a damaged or foreign dump",
+                path.display(),
+                dump.rank,
+                dump.n_ranks
+            ));
+        }
         dumps.insert(dump.rank, dump);
+    }
+    let mut jobs: BTreeMap<(&str, u32), Vec<u32>> = BTreeMap::new();
+    for dump in dumps.values() {
+        jobs.entry((dump.job.as_str(), dump.n_ranks)).or_default().push(dump.rank);
+    }
+    if jobs.len() > 1 {
+        let each: Vec<String> =
+            jobs.iter().map(|((job, n), ranks)| format!("job `{job}` of {n} ranks: ranks {ranks:?}")).collect();
+        return Err(format!(
+            "{} holds the dumps of {} jobs ({}): give each job a COLLC_DUMP_DIR of its own, or remove the stale dumps",
+            dir.display(),
+            jobs.len(),
+            each.join("; ")
+        ));
     }
     if dumps.is_empty() {
         return Err(format!(
@@ -188,6 +214,7 @@ mod tests {
         Dump {
             rank,
             n_ranks: 4,
+            job: "test".into(),
             host: "h".into(),
             pid: 1,
             reason: "timeout".into(),

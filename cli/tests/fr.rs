@@ -95,3 +95,32 @@ fn sigusr1_dumps_a_running_job_that_then_finishes() {
     assert!(report.contains("[SIGUSR1]"), "{report}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn analyze_refuses_damaged_dumps_and_a_stale_job_mixed_in() {
+    let dir = dump_dir("hostile");
+    std::fs::create_dir_all(&dir).expect("a directory");
+    let dump = |rank: u32, n_ranks: u64, job: &str| {
+        format!(
+            r#"{{"rank":{rank},"n_ranks":{n_ranks},"job":"{job}","host":"h","pid":1,"reason":"timeout","calls":[],"current":null}}"#
+        )
+    };
+    let analyze_err = |dir: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_collc")).args(["fr", "analyze"]).arg(dir).output().expect("runs");
+        assert_eq!(out.status.code(), Some(1), "{}", String::from_utf8_lossy(&out.stdout));
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    std::fs::write(dir.join("collc-fr-rank0.json"), dump(0, 4294967295, "a")).expect("written");
+    let error = analyze_err(&dir);
+    assert!(error.contains("rank 0 of 4294967295 ranks is not a job collc runs"), "{error}");
+    std::fs::write(dir.join("collc-fr-rank0.json"), dump(0, 2, "new")).expect("written");
+    std::fs::write(dir.join("collc-fr-rank1.json"), dump(1, 2, "old")).expect("written");
+    let error = analyze_err(&dir);
+    assert!(
+        error.contains("holds the dumps of 2 jobs") && error.contains("job `old` of 2 ranks: ranks [1]"),
+        "{error}"
+    );
+    std::fs::write(dir.join("collc-fr-rank1.json"), dump(1, 2, "new")).expect("written");
+    assert!(analyze(&dir).contains("2 of 2 ranks dumped"));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -511,3 +511,44 @@ fn ctrl_c_on_a_process_job_is_reported_as_sigint() {
     assert_eq!(run.wait().expect("the run ends").code(), Some(130), "{rest:?}");
     assert!(rest.iter().any(|l| l.starts_with("# interrupted by signal 2 ")), "{rest:?}");
 }
+
+/// The `COLLC_RANK` a spawned rank process was started with.
+fn rank_of(pid: u32) -> Option<u32> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let var = environ.split(|&b| b == 0).find_map(|v| v.strip_prefix(b"COLLC_RANK=".as_slice()))?;
+    std::str::from_utf8(var).ok()?.parse().ok()
+}
+
+#[test]
+fn a_stopped_rank_is_the_one_every_survivor_names() {
+    for victim in [1u32, 2] {
+        let run = Command::new(env!("CARGO_BIN_EXE_collc"))
+            .args(["run", "allreduce/ring", "--ranks", "4", "--transport", "shm", "-b", "1M", "-e", "1M"])
+            .args(["-n", "1000000", "-w", "0", "-c", "0", "--timeout", "3"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("collc runs");
+        let started = Instant::now();
+        let pid = loop {
+            let ranks = children(run.id());
+            if let Some(&pid) = ranks.iter().find(|&&pid| rank_of(pid) == Some(victim)) {
+                if ranks.len() == 4 {
+                    break pid;
+                }
+            }
+            assert!(started.elapsed() < Duration::from_secs(10), "the rank processes did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        // Inside the timed loop, then stopped as a debugger or the OOM killer's freezer would.
+        std::thread::sleep(Duration::from_millis(1500));
+        // SAFETY: stopping a child process of the run we started; the launcher kills it once the others fail.
+        unsafe { libc::kill(pid as i32, libc::SIGSTOP) };
+        let out = run.wait_with_output().expect("the run ends");
+        let stderr = text(&out.stderr);
+        assert_ne!(out.status.code(), Some(0), "{stderr}");
+        let naming = stderr.lines().filter(|l| l.contains(&format!("rank {victim} did not go on within the timeout")));
+        // Every survivor but the one that timed out first (it names whom it waited for) hears of the stopped rank.
+        assert!(naming.count() >= 2, "rank {victim} was stopped:\n{stderr}");
+    }
+}

@@ -273,25 +273,27 @@ impl Communicator {
         check_world(0, n_ranks)?;
         crate::recorder::catch_dump_requests();
         let compiled = Compiled::default();
+        let job = crate::transport::shm::group_job_id();
         (0..n_ranks)
             .map(|rank| {
                 let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-                Communicator::join(fabric.clone(), bootstrap, compiled.clone(), rank, n_ranks, options.clone())
+                let world = (rank, n_ranks);
+                Communicator::join(fabric.clone(), bootstrap, compiled.clone(), world, &job, options.clone())
             })
             .collect()
     }
 
-    /// Rank `rank` of a job whose ranks are processes, over `fabric` and `bootstrap`; returns once every rank has
-    /// joined.
+    /// Rank `rank` of job `job` whose ranks are processes, over `fabric` and `bootstrap`; returns once every rank
+    /// has joined.
     pub(crate) fn process(
         fabric: Arc<dyn Fabric>,
         bootstrap: Arc<dyn Bootstrap>,
-        rank: u32,
-        n_ranks: u32,
+        (rank, n_ranks): (u32, u32),
+        job: &str,
         options: Options,
     ) -> Result<Communicator, RuntimeError> {
         check_world(rank, n_ranks)?;
-        let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), rank, n_ranks, options)?;
+        let mut comm = Communicator::join(fabric, bootstrap, Compiled::default(), (rank, n_ranks), job, options)?;
         // A rank that never joins or fails at setup is dumped too: the others' dumps say whom they waited for.
         comm.barrier().inspect_err(|error| drop(comm.recorder.dump(exec::dump_reason(error), None)))?;
         Ok(comm)
@@ -314,8 +316,8 @@ impl Communicator {
         fabric: Arc<dyn Fabric>,
         bootstrap: Arc<dyn Bootstrap>,
         compiled: Compiled,
-        rank: u32,
-        n_ranks: u32,
+        (rank, n_ranks): (u32, u32),
+        job: &str,
         options: Options,
     ) -> Result<Self, RuntimeError> {
         bootstrap.join(rank)?;
@@ -334,7 +336,7 @@ impl Communicator {
             seq: 0,
             barriers: 0,
             spins: spins_for(n_ranks),
-            recorder: Recorder::new(rank, n_ranks),
+            recorder: Recorder::new(rank, n_ranks, job),
             answered: std::cell::Cell::new(crate::recorder::requests()),
             published_source: 0,
         })
@@ -442,13 +444,33 @@ impl Communicator {
             Buffers::InPlace(_) | Buffers::DeviceInPlace(_) => Placement::InPlace,
         };
         self.seq += 1;
-        let outcome = self.run_call(shape, placement, buffers);
-        if let Err(error) = &outcome {
-            if !matches!(error, RuntimeError::PeerFailed { .. }) {
+        match self.run_call(shape, placement, buffers) {
+            Ok(()) => Ok(()),
+            Err(error @ RuntimeError::PeerFailed { .. }) => Err(error),
+            Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for, waits_on }) => {
+                // A timeout is news of the rank the job stopped at, not of this one: every rank names that one.
+                if let Some(peer) = self.bootstrap.stalled(waits_on).filter(|&peer| peer != rank) {
+                    let how = format!(
+                        "did not go on within the timeout: rank {rank} waited {seconds:.1} s for {waiting_for}, and \
+                         rank {peer} no longer checks in (stopped, hung, or busy outside collc?)"
+                    );
+                    self.bootstrap.report_failure(peer, &how);
+                    return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
+                }
+                match waits_on.filter(|&peer| peer != rank) {
+                    Some(peer) => self.bootstrap.report_failure(
+                        peer,
+                        &format!("did not go on within the timeout (rank {rank} waited {seconds:.1} s for it)"),
+                    ),
+                    None => self.bootstrap.abort(rank),
+                }
+                Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for, waits_on })
+            }
+            Err(error) => {
                 self.bootstrap.abort(self.rank);
+                Err(error)
             }
         }
-        outcome
     }
 
     fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {

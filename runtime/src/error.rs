@@ -22,7 +22,8 @@ pub enum RuntimeError {
         "rank {rank}: {what} at {at}: waited {seconds:.1} s for {waiting_for} (the timeout, which --timeout or \
          COLLC_TIMEOUT sets)"
     )]
-    Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String },
+    /// `waits_on`: the rank this one waited for, where one rank is the one (a message from it, room towards it).
+    Timeout { rank: u32, what: String, at: String, seconds: f64, waiting_for: String, waits_on: Option<u32> },
     #[error("rank {rank}: {what} at {at}: rank {peer} {how}")]
     PeerFailed { rank: u32, what: String, at: String, peer: u32, how: String },
     /// Two ranks in one call with different fingerprints: another shape, or another schedule (`ours` and `theirs`

@@ -172,6 +172,12 @@ pub(crate) trait Bootstrap: Send + Sync {
     /// This rank stops because rank `peer` failed (`how`): where the bootstrap announces failures, that one is the
     /// failure the others hear of (unless another came first), not this rank's going.
     fn report_failure(&self, _peer: u32, _how: &str) {}
+    /// After this rank timed out: the rank the job stopped at, which every rank waits for in the end (one that no
+    /// longer checks in: stopped, hung, or busy outside its calls), where the bootstrap can tell (`waits_on`, the
+    /// rank this one waited for, is preferred among several).
+    fn stalled(&self, _waits_on: Option<u32>) -> Option<u32> {
+        None
+    }
     /// The call `rank` last published, as far as this rank knows it (`CallInfo::NONE` where it does not: over tcp,
     /// a peer's call is known once the rendezvous has announced it failed).
     fn call_of(&self, rank: u32) -> CallInfo;

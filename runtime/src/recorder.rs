@@ -61,6 +61,9 @@ pub struct Current {
 pub struct Dump {
     pub rank: u32,
     pub n_ranks: u32,
+    /// The job's id, the same in every rank's dump (empty in dumps of collc builds that wrote none).
+    #[serde(default)]
+    pub job: String,
     pub host: String,
     pub pid: u32,
     /// Why it was written: `timeout`, `peer failed`, `mismatch`, `abort`, `SIGUSR1`.
@@ -89,6 +92,8 @@ struct Slot {
 pub(crate) struct Recorder {
     rank: u32,
     n_ranks: u32,
+    /// The job's id, the same on every rank: `collc fr analyze` keeps one job's dumps apart from a stale run's.
+    job: String,
     slots: Vec<Slot>,
     /// Calls started so far.
     started: AtomicU64,
@@ -122,10 +127,11 @@ pub(crate) fn requests() -> u64 {
 
 impl Recorder {
     /// A recorder for `rank`, answering SIGUSR1 (`catch_dump_requests`).
-    pub fn new(rank: u32, n_ranks: u32) -> Shared {
+    pub fn new(rank: u32, n_ranks: u32, job: &str) -> Shared {
         let shared = Arc::new(Recorder {
             rank,
             n_ranks,
+            job: job.to_string(),
             slots: (0..CALLS).map(|_| Slot::default()).collect(),
             started: AtomicU64::new(0),
             in_call: AtomicBool::new(false),
@@ -221,6 +227,7 @@ impl Recorder {
         let dump = Dump {
             rank: self.rank,
             n_ranks: self.n_ranks,
+            job: self.job.clone(),
             host: crate::log::host().to_string(),
             pid: std::process::id(),
             reason: reason.to_string(),

@@ -34,7 +34,7 @@ impl Fault {
     pub fn into_error(self, rank: u32, what: String, at: String, waiting_for: String) -> RuntimeError {
         match self {
             Fault::Timeout(waited) => {
-                RuntimeError::Timeout { rank, what, at, seconds: waited.as_secs_f64(), waiting_for }
+                RuntimeError::Timeout { rank, what, at, seconds: waited.as_secs_f64(), waiting_for, waits_on: None }
             }
             Fault::Peer((peer, how)) => RuntimeError::PeerFailed { rank, what, at, peer, how },
         }

@@ -148,7 +148,8 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 Err(Fault::Timeout(waited)) => {
                     let (rank, what, at, seconds) =
                         (plan.rank, describe(plan, i), format!("tile {t}"), waited.as_secs_f64());
-                    return Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for: waiting_for(plan, i) });
+                    let (waiting_for, waits_on) = (waiting_for(plan, i), waits_on(plan, i));
+                    return Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for, waits_on });
                 }
             }
         }
@@ -199,6 +200,16 @@ pub(crate) fn describe(plan: &Plan, i: usize) -> String {
         return format!("its part of {} (no instructions)", plan.algorithm);
     };
     format!("instruction #{} {} ({} line {})", label.index, label.op.name(), plan.algorithm, label.line)
+}
+
+/// The rank instruction `i` waits for: the sender of what it receives, else the receiver it sends to.
+pub(crate) fn waits_on(plan: &Plan, i: usize) -> Option<u32> {
+    let step = plan.steps.get(i)?;
+    match (step.recv, step.send) {
+        (NONE, NONE) => None,
+        (NONE, send) => Some(plan.links[send as usize].to),
+        (recv, _) => Some(plan.links[recv as usize].from),
+    }
 }
 
 pub(crate) fn waiting_for(plan: &Plan, i: usize) -> String {

@@ -7,7 +7,7 @@
 //!
 //! The launcher is the same for the GPU and the twin (`Target`), so the twin checks it on a CPU.
 
-use super::super::host::{describe, mismatch, published_mismatch, waiting_for};
+use super::super::host::{describe, mismatch, published_mismatch, waiting_for, waits_on};
 use super::super::{Call, Plan};
 use super::encode::{code, control, CONTROL_WORDS};
 use crate::error::RuntimeError;
@@ -184,6 +184,7 @@ impl<T: Target> Launcher<T> {
             at: at(),
             seconds: started.elapsed().as_secs_f64(),
             waiting_for: format!("the ranks it launches with to make the same call (not arrived: {missing:?})"),
+            waits_on: missing.first().copied(),
         })
     }
 
@@ -245,6 +246,7 @@ pub(crate) fn outcome(plan: &Plan, words: &[u64; CONTROL_WORDS], call: &Call) ->
             at,
             seconds: call.timeout.as_secs_f64(),
             waiting_for: waiting_for(plan, i),
+            waits_on: waits_on(plan, i),
         },
         code::ABORTED => match call.bootstrap.health(&plan.peers) {
             Err((peer, how)) => RuntimeError::PeerFailed { rank: plan.rank, what: describe(plan, i), at, peer, how },

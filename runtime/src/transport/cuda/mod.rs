@@ -113,7 +113,7 @@ pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> R
         let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
         let fabric = ipc::IpcFabric::new(rank, n_ranks, gpus, memory.clone()).map_err(RuntimeError::Config)?;
         let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-        Communicator::process(Arc::new(fabric), bootstrap, rank, n_ranks, options)
+        Communicator::process(Arc::new(fabric), bootstrap, (rank, n_ranks), job, options)
     }
     #[cfg(not(feature = "cuda"))]
     {

@@ -9,6 +9,8 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const MAGIC: u64 = 0x636f_6c6c_635f_6374; // "collc_ct"
+/// How long `stalled` watches the ranks' health checks: a waiting rank checks in every few milliseconds.
+const STALL_WINDOW: Duration = Duration::from_millis(300);
 /// A rank's `call_seq` while it publishes a call.
 const WRITING: u64 = u64::MAX;
 
@@ -16,8 +18,9 @@ const WRITING: u64 = u64::MAX;
 struct Header {
     magic: AtomicU64,
     n_ranks: AtomicU32,
-    /// 0 while all is well; otherwise 1 + the rank that failed first.
-    abort: AtomicU32,
+    /// 0 while all is well; otherwise 1 + the rank that failed first, and in the high half 1 + the rank that timed
+    /// out waiting for it when that one named it (`report_failure`), 0 when it failed itself.
+    abort: AtomicU64,
     /// Ranks that have left; the last one out removes the job's segments.
     departed: AtomicU32,
 }
@@ -27,6 +30,9 @@ struct Header {
 struct RankState {
     status: AtomicU32,
     pid: AtomicU32,
+    /// Counts the rank's health checks: a rank inside a call checks in while it waits, so one whose count stands
+    /// still while others wait is the one they wait for (stopped, hung, or busy outside its calls).
+    beat: AtomicU64,
     barrier: AtomicU64,
     /// The call's sequence number (0 before the first); `WRITING` while the call's other words are being written
     /// (a sequence lock, so a peer never pairs one call's number with another's fingerprint).
@@ -58,6 +64,8 @@ pub(crate) struct Control {
     states: usize,
     /// Whether peers are separate processes whose death `kill(pid, 0)` can see.
     processes: bool,
+    /// The rank this control block's handle joined as (`u32::MAX` before it joins).
+    me: AtomicU32,
 }
 
 impl Control {
@@ -78,7 +86,8 @@ impl Control {
         let states = std::mem::size_of::<RankState>() * (n_ranks as usize + 1);
         let len = states + std::mem::size_of::<Blob>() * 2 * n_ranks as usize;
         let segment = segments.open("control", len)?;
-        let control = Control { segment, n_ranks, states, processes: segments.transport().processes() };
+        let processes = segments.transport().processes();
+        let control = Control { segment, n_ranks, states, processes, me: AtomicU32::new(u32::MAX) };
         let header = control.header();
         match header.magic.compare_exchange(0, MAGIC, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => header.n_ranks.store(n_ranks, Ordering::Release),
@@ -104,6 +113,10 @@ impl Control {
         Ok(control)
     }
 
+    fn me(&self) -> Option<u32> {
+        Some(self.me.load(Ordering::Relaxed)).filter(|&me| me < self.n_ranks)
+    }
+
     fn header(&self) -> &Header {
         // SAFETY: the segment holds a header followed by n_ranks states, zero-initialised, alive with `self`.
         unsafe { &*(self.segment.as_ptr() as *const Header) }
@@ -126,6 +139,7 @@ impl Control {
 
 impl Bootstrap for Control {
     fn join(&self, rank: u32) -> Result<(), RuntimeError> {
+        self.me.store(rank, Ordering::Relaxed);
         let state = self.state(rank);
         let previous = state.status.swap(Status::Joined as u32, Ordering::AcqRel);
         if previous != Status::Absent as u32 && self.processes {
@@ -164,7 +178,7 @@ impl Bootstrap for Control {
 
     /// Marks the job failed, naming the first rank that failed; later calls keep the first name.
     fn abort(&self, rank: u32) {
-        let _ = self.header().abort.compare_exchange(0, rank + 1, Ordering::AcqRel, Ordering::Acquire);
+        let _ = self.header().abort.compare_exchange(0, rank as u64 + 1, Ordering::AcqRel, Ordering::Acquire);
     }
 
     fn publish_call(&self, rank: u32, call: CallInfo) {
@@ -176,6 +190,42 @@ impl Bootstrap for Control {
         state.call_root.store(call.root, Ordering::Relaxed);
         state.call_fingerprint.store(call.fingerprint, Ordering::Relaxed);
         state.call_seq.store(call.seq, Ordering::Release);
+    }
+
+    /// The failure every rank hears of is `peer`'s, named by this rank (which timed out waiting for it); `how` is
+    /// the text the reports give, which the block cannot hold.
+    fn report_failure(&self, peer: u32, _how: &str) {
+        let reporter = self.me().map_or(0, |me| me as u64 + 1);
+        let word = (peer as u64 + 1) | (reporter << 32);
+        let _ = self.header().abort.compare_exchange(0, word, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The rank whose health checks stand still over `STALL_WINDOW` while this one keeps checking in (`waits_on` when
+    /// it is one of them, else the lowest): every rank waiting in a call, or timed out and looking as this one is,
+    /// checks in, so that one is not in a call at all.
+    fn stalled(&self, waits_on: Option<u32>) -> Option<u32> {
+        let me = self.me();
+        let live = |rank: u32| {
+            let state = self.state(rank);
+            let pid = state.pid.load(Ordering::Acquire);
+            state.status.load(Ordering::Acquire) == Status::Joined as u32
+                && !(self.processes && pid != 0 && process_gone(pid))
+        };
+        let beats = || (0..self.n_ranks).map(|r| self.state(r).beat.load(Ordering::Acquire)).collect::<Vec<_>>();
+        let before = beats();
+        let started = Instant::now();
+        while started.elapsed() < STALL_WINDOW {
+            let _ = self.health(&[]);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let after = beats();
+        let still: Vec<u32> = (0..self.n_ranks)
+            .filter(|&r| Some(r) != me && live(r) && before[r as usize] == after[r as usize])
+            .collect();
+        match waits_on {
+            Some(peer) if still.contains(&peer) => Some(peer),
+            _ => still.first().copied(),
+        }
     }
 
     fn call_of(&self, rank: u32) -> CallInfo {
@@ -233,9 +283,22 @@ impl Bootstrap for Control {
 
     /// Whether the job can go on from this rank's point of view: `Err((peer, how))` names who failed and how.
     fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
+        if let Some(me) = self.me() {
+            self.state(me).beat.fetch_add(1, Ordering::Relaxed);
+        }
         let abort = self.header().abort.load(Ordering::Acquire);
         if abort != 0 {
-            return Err((abort - 1, "failed (see its error); this rank stops too".into()));
+            let (failed, reporter) = ((abort & 0xffff_ffff) as u32 - 1, (abort >> 32) as u32);
+            return Err(match reporter {
+                0 => (failed, "failed (see its error); this rank stops too".into()),
+                r => (
+                    failed,
+                    format!(
+                        "did not go on within the timeout (rank {} timed out waiting for it: stopped or hung?)",
+                        r - 1
+                    ),
+                ),
+            });
         }
         for &peer in peers {
             let state = self.state(peer);

@@ -126,7 +126,7 @@ pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> R
     }
     let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
     let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
-    Communicator::process(memory, bootstrap, rank, n_ranks, options)
+    Communicator::process(memory, bootstrap, (rank, n_ranks), job, options)
 }
 
 /// Links as FIFOs in the segments of one job.

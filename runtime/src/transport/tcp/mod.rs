@@ -110,10 +110,11 @@ pub(crate) fn process(job: &TcpJob, options: Options) -> Result<Communicator, Ru
         // Setup waits on the peers too (their addresses are all-gathered): a rank that fails there is dumped, with
         // no call yet, so the dumps of a job that never started say whom it waited for.
         if matches!(error, RuntimeError::PeerFailed { .. } | RuntimeError::Timeout { .. }) {
-            let _ = crate::recorder::Recorder::new(job.rank, job.n_ranks).dump(crate::exec::dump_reason(error), None);
+            let recorder = crate::recorder::Recorder::new(job.rank, job.n_ranks, &job.job);
+            let _ = recorder.dump(crate::exec::dump_reason(error), None);
         }
     })?;
-    Communicator::process(net, rendezvous, job.rank, job.n_ranks, options)
+    Communicator::process(net, rendezvous, (job.rank, job.n_ranks), &job.job, options)
 }
 
 /// How one rank joins a tcp job.
@@ -365,6 +366,7 @@ impl Net {
                     at,
                     seconds: started.elapsed().as_secs_f64(),
                     waiting_for: format!("rank {peer}'s connection to this rank's data port"),
+                    waits_on: Some(peer),
                 });
             }
             streams = self

@@ -717,8 +717,8 @@ impl Rendezvous {
                     };
                     self.report_failure(peer, how);
                 }
-                let seconds = waited.as_secs_f64();
-                return Err(RuntimeError::Timeout { rank, what, at: at.into(), seconds, waiting_for });
+                let (seconds, waits_on) = (waited.as_secs_f64(), first.map(|(peer, _)| peer));
+                return Err(RuntimeError::Timeout { rank, what, at: at.into(), seconds, waiting_for, waits_on });
             }
             heard = changed.wait_timeout(heard, Duration::from_millis(100)).map_err(|_| RuntimeError::Poisoned)?.0;
         }

@@ -117,7 +117,7 @@ fn profile_schedule(
         )]));
     }
     let profile = collc_compiler::cost::analyse_schedule(&verified, limits, topo)?;
-    Ok(Costed { collective: verified.collective, profile, slices: 1 })
+    Ok(Costed { collective: verified.collective, profile, params: Vec::new(), schedule: verified, slices: 1 })
 }
 
 /// Algorithm bandwidth and nccl-tests' bus bandwidth, GB/s.
@@ -154,7 +154,7 @@ pub fn run(args: CostArgs) -> u8 {
         true => profile_schedule(&source, &limits, n_ranks, &topo),
         false => profile(&source.text, &args.bind, &limits, n_ranks, &topo),
     };
-    let Costed { collective, profile, slices } = match costed {
+    let Costed { collective, profile, slices, .. } = match costed {
         Ok(found) => found,
         Err(errors) => {
             report::print_all(&errors, &source.name, &source.text);

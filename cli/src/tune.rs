@@ -60,17 +60,21 @@ pub fn field(
     bind: &BindArgs,
     limits: &Limits,
 ) -> Result<Field, (u8, String)> {
-    collc_compiler::cost::field(collective, filter, &bind.bindings(n_ranks), limits, topo).map_err(
-        |error| match error {
-            FieldError::Filter(message) => (2, message),
-            FieldError::Invalid { name, errors } => {
-                let text = collc_compiler::library::get(&name).unwrap_or_default();
-                report::print_all(&errors, &format!("{name}.coll"), text);
-                (1, format!("{name} does not verify for {n_ranks} ranks"))
-            }
-            FieldError::NoneAdmits(message) => (1, message),
-        },
-    )
+    collc_compiler::cost::field(collective, filter, &bind.bindings(n_ranks), limits, topo)
+        .map_err(|error| field_error(error, n_ranks))
+}
+
+/// A field that could not be made, as an exit code and a message (a candidate's diagnostics printed first).
+pub fn field_error(error: FieldError, n_ranks: u32) -> (u8, String) {
+    match error {
+        FieldError::Filter(message) => (2, message),
+        FieldError::Invalid { name, errors } => {
+            let text = collc_compiler::library::get(&name).unwrap_or_default();
+            report::print_all(&errors, &format!("{name}.coll"), text);
+            (1, format!("{name} does not verify for {n_ranks} ranks"))
+        }
+        FieldError::NoneAdmits(message) => (1, message),
+    }
 }
 
 fn collectives(arg: Option<&str>) -> Result<Vec<Collective>, String> {

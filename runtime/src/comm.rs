@@ -5,6 +5,7 @@
 use crate::error::RuntimeError;
 use crate::exec::{self, Call, Executor, Origin, PlanInput};
 use crate::recorder::{self, Recorder};
+use crate::select::Selection;
 use crate::transport::shm::Memory;
 use crate::transport::tcp::TcpJob;
 use crate::transport::{Backend, Bootstrap, CallInfo, Fabric, Status};
@@ -101,6 +102,8 @@ struct Algorithm {
     /// A schedule read from a `.sched` file and verified (`set_schedule`), with its instructions' lines there: it
     /// runs as it is, for its placement, root and peer only.
     fixed: Option<Arc<(VerifiedSchedule, SchedLines)>>,
+    /// Chosen by a selection: the schedule it was costed on, run as it is by the calls it fits.
+    costed: Option<Arc<VerifiedSchedule>>,
 }
 
 impl Algorithm {
@@ -127,10 +130,15 @@ struct CompileKey {
     call: ScheduleKey,
 }
 
-/// Schedules compiled for the communicators of one process: rank threads share them, so a schedule is compiled,
-/// verified and held once per process, not once per rank (at p = 128 the ring's per-rank copies were most of a run's
-/// memory, and grew as p^3).
-type Compiled = Arc<Mutex<HashMap<CompileKey, Arc<Shared>>>>;
+/// Schedules compiled and selections costed for the communicators of one process: rank threads share them, so a
+/// schedule is compiled, verified and held once per process, not once per rank (at p = 128 the ring's per-rank
+/// copies were most of a run's memory, and grew as p^3), and a collective's candidates are costed once.
+#[derive(Default)]
+struct Caches {
+    schedules: Mutex<HashMap<CompileKey, Arc<Shared>>>,
+    selections: Mutex<HashMap<Collective, Arc<Selection>>>,
+}
+type Compiled = Arc<Caches>;
 
 /// A compiled schedule as the rank threads share it, with the connections it sends on (they set its FIFOs' slot
 /// cap), counted once: counting them per rank went over every rank's program p times.
@@ -165,7 +173,12 @@ pub struct Communicator {
     bootstrap: Arc<dyn Bootstrap>,
     /// Algorithm per collective: (name, source, parameter bindings).
     algorithms: HashMap<Collective, Algorithm>,
-    schedules: HashMap<ScheduleKey, Arc<Shared>>,
+    /// By algorithm name and call.
+    schedules: HashMap<(String, ScheduleKey), Arc<Shared>>,
+    /// Selections set for this communicator (`set_selection`), over the shared ones it makes for itself.
+    selections: HashMap<Collective, Arc<Selection>>,
+    /// The size classes (collective, log2 of the bytes) whose choice this rank has logged.
+    logged: std::collections::HashSet<(Collective, u32)>,
     compiled: Compiled,
     plans: Vec<Box<dyn Executor>>,
     plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
@@ -329,6 +342,8 @@ impl Communicator {
             bootstrap,
             algorithms: HashMap::new(),
             schedules: HashMap::new(),
+            selections: HashMap::new(),
+            logged: Default::default(),
             compiled,
             plans: Vec::new(),
             plan_index: HashMap::default(),
@@ -357,8 +372,19 @@ impl Communicator {
     /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with
     /// `params` bound (`--set`). Every rank must choose the same algorithm.
     pub fn set_algorithm(&mut self, collective: Collective, name: &str, source: &str, params: Vec<(String, i64)>) {
-        let algorithm = Algorithm { name: name.to_string(), source: source.to_string(), params, fixed: None };
+        let algorithm =
+            Algorithm { name: name.to_string(), source: source.to_string(), params, fixed: None, costed: None };
         self.install(collective, algorithm);
+    }
+
+    /// Chooses `collective`'s algorithm per call through `selection` from now on (what a communicator does by itself
+    /// when no algorithm is set, with a selection of its own): the predicted-fastest candidate for each call's
+    /// size. Every rank must set the same selection (the same filter, topology, root and peer).
+    pub fn set_selection(&mut self, selection: Arc<Selection>) {
+        let collective = selection.collective;
+        self.algorithms.remove(&collective);
+        self.selections.insert(collective, selection);
+        self.forget(collective);
     }
 
     /// Runs `collective` with a verified schedule (read from the `.sched` file `name`, whose instructions stand at
@@ -366,23 +392,43 @@ impl Communicator {
     /// Every rank must set the same schedule.
     pub fn set_schedule(&mut self, name: &str, schedule: Arc<(VerifiedSchedule, SchedLines)>) {
         let collective = schedule.0.collective;
-        let algorithm =
-            Algorithm { name: name.to_string(), source: String::new(), params: Vec::new(), fixed: Some(schedule) };
+        let algorithm = Algorithm {
+            name: name.to_string(),
+            source: String::new(),
+            params: Vec::new(),
+            fixed: Some(schedule),
+            costed: None,
+        };
         self.install(collective, algorithm);
     }
 
     fn install(&mut self, collective: Collective, algorithm: Algorithm) {
         self.algorithms.insert(collective, algorithm);
-        self.schedules.retain(|key, _| key.0 != collective);
+        self.selections.remove(&collective);
+        self.forget(collective);
+    }
+
+    /// Drops what was made for `collective`'s calls before its algorithm changed.
+    fn forget(&mut self, collective: Collective) {
+        self.schedules.retain(|key, _| key.1 .0 != collective);
         // Plans are cheap to prepare again; dropping them all keeps the index simple.
         self.plans.clear();
         self.plan_index.clear();
         self.last_plan = None;
     }
 
-    /// The algorithm `collective` runs with.
+    /// The algorithm a call of `shape` runs (the one set for its collective, or the one its selection chooses for
+    /// the call's size).
+    pub fn algorithm_of(&mut self, shape: &CallShape) -> Result<String, RuntimeError> {
+        self.algorithm_for(shape).map(|algorithm| algorithm.name)
+    }
+
+    /// The algorithm `collective` runs with: the one set, else `selected per size`.
     pub fn algorithm(&self, collective: Collective) -> String {
-        self.algorithm_for(collective).name
+        match self.algorithms.get(&collective) {
+            Some(algorithm) => algorithm.name.clone(),
+            None => "selected per size".into(),
+        }
     }
 
     /// Waits until every rank has called `barrier` as often as this one.
@@ -571,8 +617,8 @@ impl Communicator {
             }
         }
         if !self.plan_index.contains_key(&key) {
-            let shared = self.schedule_for(shape, placement)?;
-            let algorithm = self.algorithm_for(shape.collective);
+            let algorithm = self.algorithm_for(&shape)?;
+            let shared = self.schedule_for(&algorithm, shape, placement)?;
             let plan = exec::prepare(
                 &shared.sched,
                 PlanInput {
@@ -608,27 +654,32 @@ impl Communicator {
         Ok(index)
     }
 
-    /// The verified schedule of a call shape in a placement, compiled once per collective, placement, root and peer.
-    fn schedule_for(&mut self, shape: CallShape, placement: Placement) -> Result<Arc<Shared>, RuntimeError> {
+    /// The verified schedule of a call shape in a placement with `algorithm`, compiled once per algorithm,
+    /// collective, placement, root and peer.
+    fn schedule_for(
+        &mut self,
+        algorithm: &Algorithm,
+        shape: CallShape,
+        placement: Placement,
+    ) -> Result<Arc<Shared>, RuntimeError> {
         let root = if shape.collective.rooted() { shape.root } else { 0 };
         let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
-        let key = (shape.collective, placement, root, peer);
+        let key = (algorithm.name.clone(), (shape.collective, placement, root, peer));
         if !self.schedules.contains_key(&key) {
-            let algorithm = self.algorithm_for(shape.collective);
             let mut source = collc_compiler::fxhash::FxHasher::default();
             std::hash::Hash::hash(&algorithm.source, &mut source);
             let shared_key = CompileKey {
-                name: algorithm.name,
+                name: algorithm.name.clone(),
                 source: std::hash::Hasher::finish(&source),
-                params: algorithm.params,
-                call: key,
+                params: algorithm.params.clone(),
+                call: key.1,
             };
             // Held while compiling: the other rank threads want the same schedule, and wait for it.
-            let mut compiled = self.compiled.lock().map_err(|_| RuntimeError::Poisoned)?;
+            let mut compiled = self.compiled.schedules.lock().map_err(|_| RuntimeError::Poisoned)?;
             let schedule = match compiled.get(&shared_key) {
                 Some(schedule) => schedule.clone(),
                 None => {
-                    let sched = self.compile(shape.collective, placement, root, peer)?;
+                    let sched = self.compile(algorithm, shape.collective, placement, root, peer)?;
                     let channels =
                         1 + sched.ranks.iter().flat_map(|r| &r.instrs).map(|i| i.channel as u32).max().unwrap_or(0);
                     let schedule = Arc::new(Shared { connections: sched.n_connections(), channels, sched });
@@ -637,28 +688,100 @@ impl Communicator {
                 }
             };
             drop(compiled);
-            self.schedules.insert(key, schedule);
+            self.schedules.insert(key.clone(), schedule);
         }
         Ok(self.schedules[&key].clone())
     }
 
-    /// The algorithm `collective` runs: the one set with `set_algorithm`, else the library's default.
-    fn algorithm_for(&self, collective: Collective) -> Algorithm {
-        self.algorithms.get(&collective).cloned().unwrap_or_else(|| {
+    /// The algorithm a call runs: the one set for its collective (`set_algorithm`, `set_schedule`), else the
+    /// predicted-fastest for its size in the collective's selection (`set_selection`, or one made on its first
+    /// call: `Selection::from_env`; where none can be made, the library's default, with a warning).
+    fn algorithm_for(&mut self, shape: &CallShape) -> Result<Algorithm, RuntimeError> {
+        let collective = shape.collective;
+        if let Some(algorithm) = self.algorithms.get(&collective) {
+            return Ok(algorithm.clone());
+        }
+        let selection = match self.selections.get(&collective) {
+            Some(selection) => Some(selection.clone()),
+            None => self.shared_selection(collective)?,
+        };
+        let Some(selection) = selection else {
             let name = library::default_for(collective);
             let source = library::get(name).unwrap_or_default().to_string();
-            Algorithm { name: name.to_string(), source, params: Vec::new(), fixed: None }
+            return Ok(Algorithm { name: name.to_string(), source, params: Vec::new(), fixed: None, costed: None });
+        };
+        let bytes = crate::select::call_bytes(collective, shape.count, shape.dtype.size_bytes(), self.n_ranks);
+        let chosen = selection.choose(bytes);
+        let candidate = &selection.candidates[chosen.index];
+        let class = usize::BITS - bytes.leading_zeros();
+        if self.rank == 0 && self.logged.insert((collective, class)) {
+            let (low, high) = ((1u128 << class) >> 1, (1u128 << class) - 1);
+            let runner_up = chosen.runner_up.map_or(String::from("no runner-up"), |(i, t)| {
+                format!("runner-up {} {:.1} us", selection.candidates[i].name, t * 1e6)
+            });
+            crate::log::info(
+                crate::log::Subsys::Coll,
+                format_args!(
+                    "{collective} of {bytes} B (sizes {low}..={high} B): {} predicted {:.1} us, {runner_up}; cost \
+                     model on {}",
+                    candidate.name,
+                    chosen.predicted * 1e6,
+                    selection.topology
+                ),
+            );
+        }
+        let root = if collective.rooted() { shape.root } else { 0 };
+        let peer = if collective == Collective::SendRecv { shape.peer } else { 0 };
+        let fits = |placement| selection.costed_schedule(chosen.index, placement, root, peer).cloned();
+        Ok(Algorithm {
+            name: candidate.name.clone(),
+            source: candidate.source.clone(),
+            params: candidate.params.clone(),
+            fixed: None,
+            costed: fits(Placement::OutOfPlace).or_else(|| fits(Placement::InPlace)),
         })
+    }
+
+    /// The selection the rank threads of this process share for `collective`, made by the first that needs it;
+    /// `None` (after a warning) where none can be made.
+    fn shared_selection(&mut self, collective: Collective) -> Result<Option<Arc<Selection>>, RuntimeError> {
+        let mut selections = self.compiled.selections.lock().map_err(|_| RuntimeError::Poisoned)?;
+        if let Some(selection) = selections.get(&collective) {
+            return Ok(Some(selection.clone()));
+        }
+        let sockets = self.fabric.transport().backend().sockets();
+        match Selection::from_env(collective, (self.n_ranks, self.n_ranks), sockets) {
+            Ok(selection) => {
+                let selection = Arc::new(selection);
+                selections.insert(collective, selection.clone());
+                Ok(Some(selection))
+            }
+            // A filter that leaves nothing is the user's to fix; anything else falls back, said aloud.
+            Err(error @ RuntimeError::Config(_)) if std::env::var_os("COLLC_ALGO").is_some() => Err(error),
+            Err(error) => {
+                let default = library::default_for(collective);
+                crate::log::warn(
+                    crate::log::Subsys::Coll,
+                    format_args!("{collective}: no selection ({error}); running the library's default, {default}"),
+                );
+                Ok(None)
+            }
+        }
     }
 
     fn compile(
         &self,
+        algorithm: &Algorithm,
         collective: Collective,
         placement: Placement,
         root: u32,
         peer: u32,
     ) -> Result<VerifiedSchedule, RuntimeError> {
-        let Algorithm { name, source, params, fixed } = self.algorithm_for(collective);
+        let Algorithm { name, source, params, fixed, costed } = algorithm.clone();
+        // The schedule a selection costed, when this call can run it as it is: not built again.
+        if let Some(costed) = costed.filter(|s| (s.placement, s.root, s.peer) == (placement, root, peer)) {
+            return Ok(VerifiedSchedule::clone(&costed));
+        }
         if let Some(fixed) = fixed {
             let sched = &fixed.0;
             let wanted = (sched.placement, sched.root, sched.peer, sched.n_ranks);

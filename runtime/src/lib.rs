@@ -25,6 +25,7 @@ mod link;
 pub mod log;
 pub mod recorder;
 pub mod reference;
+pub mod select;
 pub mod transport;
 mod wait;
 

@@ -126,7 +126,7 @@ fn candidates(collective: Collective, topo: &Topology, n_ranks: u32) -> Vec<Cand
             let bindings = Bindings::ranks(n_ranks).with_default_split(&file.algorithm, topo.per_node(n_ranks));
             let program = lower(&file, &bindings, &Limits::default()).expect("lowers");
             let profile = analyse(&program, source, Options::default(), &Limits::default(), topo).expect("verifies");
-            Candidate { name: name.to_string(), profile }
+            Candidate { name: name.to_string(), profile, params: bindings.params.clone(), schedule: None }
         })
         .collect()
 }

@@ -344,6 +344,9 @@ pub struct Algorithms {
     pub topology: Option<String>,
     /// For a named algorithm with parameters: their values, and where those `--set` does not give came from.
     pub parameters: Option<String>,
+    /// For a selection: the candidates as costed, which every rank's communicator chooses through per call (and
+    /// whose costed schedules it runs without compiling them again).
+    pub selection: Option<Arc<collc_runtime::select::Selection>>,
 }
 
 impl Algorithms {
@@ -356,6 +359,7 @@ impl Algorithms {
             not_admitted: Vec::new(),
             topology: None,
             parameters: None,
+            selection: None,
         }
     }
 }
@@ -546,45 +550,56 @@ fn select(
             pipeline: None,
         },
     };
-    let field = crate::tune::field(collective, &filter, n_ranks, &topo, &bind, &Limits::default())?;
-    let choice = |candidate: &collc_compiler::cost::Candidate, max_bytes: usize| {
-        let name = format!("{collective}/{}", candidate.name);
-        let source = collc_compiler::library::get(&name).expect("candidates come from the library");
-        let file = collc_grammar::parse(source, &Limits::default().syntax).expect("the library parses");
-        let params = collc_compiler::cost::bindings_on(&file, &bind.bindings(n_ranks), &topo).params;
+    let selection = collc_runtime::select::Selection::new(
+        collective,
+        &filter,
+        &bind.bindings(n_ranks),
+        (&topo, topology.clone()),
+        &Limits::default(),
+    )
+    .map_err(|error| crate::tune::field_error(error, n_ranks))?;
+    let choice = |candidate: &collc_runtime::select::Candidate, max_bytes: usize| Choice {
+        max_bytes,
+        name: candidate.name.clone(),
+        source: candidate.source.clone(),
+        params: candidate.params.clone(),
+        schedule: None,
         // The costed schedule's connections size the run's FIFOs.
-        let connections = candidate.profile.connections;
-        Choice { max_bytes, name, source: source.to_string(), params, schedule: None, connections }
+        connections: candidate.costed.profile.connections,
     };
-    let mut selection: Vec<Choice> = Vec::new();
+    let mut choices: Vec<Choice> = Vec::new();
     for &bytes in sizes {
-        let fastest = collc_compiler::cost::fastest(&field.candidates, bytes as f64).expect("field is not empty");
-        let best = &field.candidates[fastest];
-        match selection.last_mut() {
-            Some(last) if last.name == format!("{collective}/{}", best.name) => last.max_bytes = bytes,
-            _ => selection.push(choice(best, bytes)),
+        let best = &selection.candidates[selection.choose(bytes).index];
+        match choices.last_mut() {
+            Some(last) if last.name == best.name => last.max_bytes = bytes,
+            _ => choices.push(choice(best, bytes)),
         }
     }
     let compared = match args.compare {
-        true => field.candidates.iter().map(|c| choice(c, usize::MAX)).collect(),
+        true => selection.candidates.iter().map(|c| choice(c, usize::MAX)).collect(),
         false => Vec::new(),
     };
-    let not_admitted = field.not_admitted;
+    let not_admitted = selection.not_admitted.clone();
     Ok((
         collective,
         Algorithms {
-            choices: selection,
+            choices,
             selected: true,
             compared,
             not_admitted,
             topology: Some(topology),
             parameters: None,
+            selection: Some(Arc::new(selection)),
         },
     ))
 }
 
 /// A communicator set up with the job's algorithm.
 pub fn configure(mut comm: Communicator, job: &Job) -> Communicator {
+    if let Some(selection) = &job.algorithms.selection {
+        comm.set_selection(selection.clone());
+        return comm;
+    }
     let first = &job.algorithms.choices[0];
     match &first.schedule {
         Some(schedule) => comm.set_schedule(&first.name, schedule.clone()),

@@ -34,10 +34,7 @@ pub struct Row {
 /// Elements of one call's `count` per byte of the size column: nccl-tests' S is count*size for allreduce,
 /// broadcast, reduce and sendrecv, and count*size*nranks for the others.
 pub fn size_factor(collective: Collective, n_ranks: u32) -> usize {
-    match collective {
-        Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1,
-        _ => n_ranks as usize,
-    }
+    collc_runtime::select::call_bytes(collective, 1, 1, n_ranks)
 }
 
 /// Switches to `choice` unless it already runs (a fixed algorithm always does).
@@ -64,9 +61,13 @@ pub fn sweep(
             for &bytes in &job.sizes {
                 let model_choice = &job.algorithm_for(bytes).name;
                 for choice in job.timed_at(bytes) {
-                    use_algorithm(comm, job, choice);
-                    let predicted = job.algorithms.selected.then(|| choice.name == *model_choice);
-                    let row = measure_row(comm, job, bytes, (dtype, op), (&choice.name, predicted), &mut buffers)?;
+                    // A selection runs what the communicator chooses for each call; --compare sets each in turn.
+                    let comparing = !job.algorithms.compared.is_empty();
+                    if comparing || !job.algorithms.selected {
+                        use_algorithm(comm, job, choice);
+                    }
+                    let predicted = job.algorithms.selected.then(|| !comparing || choice.name == *model_choice);
+                    let row = measure_row(comm, job, bytes, (dtype, op), predicted, &mut buffers)?;
                     row.into_iter().for_each(&mut *on_row);
                 }
             }
@@ -75,14 +76,14 @@ pub fn sweep(
     Ok(())
 }
 
-/// One row: `bytes` of `dtype` timed out of place and in place with `algorithm`, which runs now and which the cost
-/// model `predicted` or not (rank 0 gets the row, the other ranks `None`).
+/// One row: `bytes` of `dtype` timed out of place and in place with the algorithm the communicator runs for it,
+/// which the cost model `predicted` or not (rank 0 gets the row, the other ranks `None`).
 fn measure_row(
     comm: &mut Communicator,
     job: &Job,
     bytes: usize,
     (dtype, op): (DataType, Option<ReduceOp>),
-    (algorithm, predicted): (&str, Option<bool>),
+    predicted: Option<bool>,
     buffers: &mut Scratch,
 ) -> Result<Option<Row>, RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
@@ -94,6 +95,7 @@ fn measure_row(
         root: job.root,
         peer: job.peer,
     };
+    let algorithm = comm.algorithm_of(&shape)?;
     let mut cells = [None, None];
     for (cell, placement) in cells.iter_mut().zip(Placement::BOTH) {
         if job.runs(placement) {
@@ -125,7 +127,9 @@ fn warm_up(
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
         for choice in job.timed_at(bytes) {
-            use_algorithm(comm, job, choice);
+            if !job.algorithms.compared.is_empty() || !job.algorithms.selected {
+                use_algorithm(comm, job, choice);
+            }
             warm_up_at(comm, job, bytes, dtype, op, scratch, on_stage)?;
         }
     }

@@ -28,12 +28,24 @@ pub fn analyse(
     limits: &Limits,
     topo: &Topology,
 ) -> Result<Profile, Errors> {
+    analyse_keeping(program, source, options, limits, topo).map(|(profile, _)| profile)
+}
+
+/// `analyse`, keeping the verified schedule it costed: the one `compile` makes for the same program and options,
+/// which a caller that runs the candidate it chose need not build again.
+pub fn analyse_keeping(
+    program: &ir::Program,
+    source: &str,
+    options: Options,
+    limits: &Limits,
+    topo: &Topology,
+) -> Result<(Profile, crate::VerifiedSchedule), Errors> {
     topo.check_ranks(program.n_ranks).map_err(|e| {
         Error::new("collc::cost::topology", e.to_string(), "describe as many ranks as --ranks in the topology file")
     })?;
     let program = pipelined(program, options, limits)?;
     let verified = compile_program(&program, source, Options { pipeline: Some(1), ..options }, limits)?;
-    Ok(model::profile(&program, &verified, topo, limits.channel_slots))
+    Ok((model::profile(&program, &verified, topo, limits.channel_slots), verified))
 }
 
 /// The cost profile of a verified schedule that comes without its program (a `.sched` file) on `topo`: its

@@ -6,7 +6,7 @@
 //! the message size) at the binding's rank count, as `replicas::analyse` finds on their verified schedules.
 
 use super::model::Profile;
-use super::{analyse, Topology};
+use super::{analyse_keeping, Topology};
 use crate::diag::{Error, Errors};
 use crate::library::LIBRARY;
 use crate::replicas::{self, Determinism};
@@ -146,11 +146,15 @@ fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String
     Ok(Rule { exclude, names })
 }
 
-/// One algorithm's cost profile, ready to compare.
+/// One algorithm's cost profile, ready to compare, and the schedule it was costed on (out of place, for the
+/// field's bindings), which a runtime that chooses it runs without compiling it again.
 #[derive(Clone, Debug)]
 pub struct Candidate {
     pub name: String,
     pub profile: Profile,
+    /// The parameters it was costed with: the field's, and the node split of the topology where it declares one.
+    pub params: Vec<(String, i64)>,
+    pub schedule: Option<std::sync::Arc<crate::VerifiedSchedule>>,
 }
 
 /// The index of the predicted-fastest candidate for a call of `bytes` (the first one on a tie).
@@ -184,10 +188,13 @@ pub fn bindings_on(file: &collc_grammar::ast::File, bindings: &Bindings, topo: &
     bindings.clone().with_default_split(&file.algorithm, topo.per_node(bindings.n_ranks))
 }
 
-/// An algorithm costed for one binding.
+/// An algorithm costed for one binding, with the schedule it was costed on.
 pub struct Costed {
     pub collective: Collective,
     pub profile: Profile,
+    /// The bindings' parameters as costed (`bindings_on`).
+    pub params: Vec<(String, i64)>,
+    pub schedule: crate::VerifiedSchedule,
     /// Slices per chunk of the pipelining pass: `options.pipeline`, else the algorithm's `pipeline` (1: none).
     pub slices: u32,
 }
@@ -201,10 +208,12 @@ pub fn profile(
     topo: &Topology,
 ) -> Result<Costed, Errors> {
     let file = collc_grammar::parse(source, &limits.syntax).map_err(Error::from)?;
-    let program = lower(&file, &bindings_on(&file, bindings, topo), limits)?;
+    let bound = bindings_on(&file, bindings, topo);
+    let program = lower(&file, &bound, limits)?;
     let options = Options { pipeline, ..Options::placed(Placement::OutOfPlace) };
-    let profile = analyse(&program, source, options, limits, topo)?;
-    Ok(Costed { collective: program.collective, profile, slices: options.slices(&program) })
+    let (profile, schedule) = analyse_keeping(&program, source, options, limits, topo)?;
+    let (collective, slices, params) = (program.collective, options.slices(&program), bound.params);
+    Ok(Costed { collective, profile, params, schedule, slices })
 }
 
 /// The costed candidates of one collective, and the ones its `where` or node split does not admit (with why).
@@ -242,7 +251,12 @@ pub fn field(
         };
         match refusal.and_then(|refusal| profile(source, bindings, None, limits, topo).map(|c| (refusal, c))) {
             Ok((Some(why), _)) => field.not_admitted.push((name.to_string(), why)),
-            Ok((None, costed)) => field.candidates.push(Candidate { name: name.to_string(), profile: costed.profile }),
+            Ok((None, costed)) => field.candidates.push(Candidate {
+                name: name.to_string(),
+                profile: costed.profile,
+                params: costed.params,
+                schedule: Some(std::sync::Arc::new(costed.schedule)),
+            }),
             Err(errors) if errors.not_admitted() => {
                 field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
             }
@@ -299,6 +313,25 @@ mod tests {
         assert_eq!(stricter.requiring(Determinism::Replicas).deterministic(), Some(Determinism::Strict));
         for bad in ["deterministic;deterministic", "deterministic=often", "ring,deterministic"] {
             assert!(AlgoFilter::parse(bad).is_err(), "`{bad}` must be rejected");
+        }
+    }
+
+    /// The schedule a candidate was costed on is the one `compile` makes for its source and bindings, hash for hash:
+    /// a runtime that runs the costed one and a rank that compiles its own agree on every call's fingerprint.
+    #[test]
+    fn a_costed_schedule_is_the_compiled_one() {
+        let (limits, topo) = (Limits::default(), Topology::uniform_nodes(8, 4));
+        for collective in [Collective::AllReduce, Collective::AllGather, Collective::Broadcast] {
+            let bindings = Bindings { root: collective.rooted().then_some(3), ..Bindings::ranks(8) };
+            let field = field(collective, &AlgoFilter::default(), &bindings, &limits, &topo);
+            let field = field.unwrap_or_else(|_| panic!("{collective}: a field"));
+            for candidate in &field.candidates {
+                let source = crate::library::get(&format!("{collective}/{}", candidate.name)).expect("listed");
+                let bound = Bindings { params: candidate.params.clone(), ..bindings.clone() };
+                let compiled = crate::compile(source, &bound, crate::Options::default(), &limits).expect("verifies");
+                let costed = candidate.schedule.as_ref().expect("kept");
+                assert_eq!(costed.hash(), compiled.hash(), "{collective}/{}", candidate.name);
+            }
         }
     }
 

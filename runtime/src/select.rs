@@ -1,0 +1,230 @@
+//! The choice of algorithm inside the runtime (DESIGN.md 5a). A `Selection` holds, for one collective on a
+//! communicator's ranks, the library candidates an `AlgoFilter` leaves, each costed on a topology, and answers
+//! which one is predicted fastest for a call of so many bytes (and the runner-up). Each candidate keeps the
+//! verified schedule it was costed on (out of place, for the selection's root and peer), so the one chosen runs
+//! without being compiled again.
+//!
+//! A `Communicator` whose collective has no algorithm set chooses per call through one: set with
+//! `Communicator::set_selection` (what `collc run COLLECTIVE` does after printing it), or made on the collective's
+//! first call from `COLLC_ALGO` (NCCL_ALGO's grammar) and the topology `topology_for` finds. With `COLLC_DEBUG=INFO`
+//! each choice is logged once per collective and size class (a power of two of bytes): the algorithm, its
+//! predicted time and the runner-up's.
+
+use crate::error::RuntimeError;
+use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
+use collc_compiler::{Bindings, Collective, Limits, VerifiedSchedule};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// One candidate of a selection: its library name (`allreduce/ring`), source and parameter bindings (the node split
+/// of the topology where it declares one), and its cost profile and costed schedule.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub name: String,
+    pub source: String,
+    pub params: Vec<(String, i64)>,
+    pub costed: cost::Candidate,
+}
+
+/// What `Selection::choose` answers for a call size.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Chosen {
+    pub index: usize,
+    /// Predicted seconds of the chosen candidate, and of the runner-up where there is one.
+    pub predicted: f64,
+    pub runner_up: Option<(usize, f64)>,
+}
+
+/// The costed candidates of one collective on a communicator's ranks.
+#[derive(Debug)]
+pub struct Selection {
+    pub collective: Collective,
+    pub n_ranks: u32,
+    /// The root and peer the candidates were costed (and their schedules verified) for.
+    pub root: u32,
+    pub peer: u32,
+    pub candidates: Vec<Candidate>,
+    /// Library algorithms the filter left but the rank count or node split does not admit, with why.
+    pub not_admitted: Vec<(String, String)>,
+    /// The topology costed on: where it came from and what it says.
+    pub topology: String,
+}
+
+impl Selection {
+    /// Costs every library algorithm of `collective` that `filter` leaves, for `bindings` on `topo` (described by
+    /// `topology`): the field the choice is made in.
+    pub fn new(
+        collective: Collective,
+        filter: &AlgoFilter,
+        bindings: &Bindings,
+        (topo, topology): (&Topology, String),
+        limits: &Limits,
+    ) -> Result<Selection, FieldError> {
+        let field = cost::field(collective, filter, bindings, limits, topo)?;
+        let candidates = field
+            .candidates
+            .into_iter()
+            .map(|costed| {
+                let name = format!("{collective}/{}", costed.name);
+                let source = collc_compiler::library::get(&name).expect("candidates come from the library");
+                Candidate { name, source: source.to_string(), params: costed.params.clone(), costed }
+            })
+            .collect();
+        Ok(Selection {
+            collective,
+            n_ranks: bindings.n_ranks,
+            root: bindings.root.unwrap_or(0),
+            peer: bindings.peer.unwrap_or(0),
+            candidates,
+            not_admitted: field.not_admitted,
+            topology,
+        })
+    }
+
+    /// The predicted-fastest candidate for a call of `bytes` (the first on a tie), and the runner-up.
+    pub fn choose(&self, bytes: usize) -> Chosen {
+        let mut times: Vec<(usize, f64)> =
+            self.candidates.iter().enumerate().map(|(i, c)| (i, c.costed.profile.seconds(bytes as f64))).collect();
+        times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+        let (index, predicted) = times[0];
+        Chosen { index, predicted, runner_up: times.get(1).copied() }
+    }
+
+    /// The schedule candidate `index` was costed on, when a call in `placement` with `root` and `peer` can run it
+    /// as it is.
+    pub(crate) fn costed_schedule(
+        &self,
+        index: usize,
+        placement: collc_compiler::Placement,
+        root: u32,
+        peer: u32,
+    ) -> Option<&Arc<VerifiedSchedule>> {
+        let schedule = self.candidates[index].costed.schedule.as_ref()?;
+        (schedule.placement == placement && schedule.root == root && schedule.peer == peer).then_some(schedule)
+    }
+
+    /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter, the
+    /// topology `topology_for` finds, root 0 and peer 1 (the schedules of other roots are compiled when called).
+    pub(crate) fn from_env(
+        collective: Collective,
+        (n_ranks, per_node): (u32, u32),
+        sockets: bool,
+    ) -> Result<Selection, RuntimeError> {
+        let filter = match std::env::var("COLLC_ALGO") {
+            Ok(text) => AlgoFilter::parse(&text).map_err(|e| RuntimeError::Config(format!("COLLC_ALGO: {e}")))?,
+            Err(_) => AlgoFilter::default(),
+        };
+        let bindings = Bindings {
+            n_ranks,
+            root: collective.rooted().then_some(0),
+            peer: (collective == Collective::SendRecv).then_some(1 % n_ranks),
+            params: Vec::new(),
+        };
+        let (topo, topology) = topology_for(n_ranks, per_node, sockets)?;
+        Selection::new(collective, &filter, &bindings, (&topo, topology), &Limits::default()).map_err(|e| match e {
+            FieldError::Filter(message) | FieldError::NoneAdmits(message) => RuntimeError::Config(message),
+            FieldError::Invalid { name, errors } => RuntimeError::Compile(format!(
+                "{name} does not verify for {n_ranks} ranks: {}",
+                errors.0.first().map_or(String::new(), |e| e.message.clone())
+            )),
+        })
+    }
+}
+
+/// A call's size as nccl-tests counts it and the cost model prices it: `count` elements of `elem` bytes for
+/// allreduce, broadcast, reduce and sendrecv, and `count` per block for the others (every rank's block).
+pub fn call_bytes(collective: Collective, count: usize, elem: usize, n_ranks: u32) -> usize {
+    let blocks = match collective {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1,
+        _ => n_ranks as usize,
+    };
+    count.saturating_mul(elem).saturating_mul(blocks)
+}
+
+/// The topology a selection is costed on without one given: the file `COLLC_TOPO` names; with every rank on this
+/// host and no sockets between them, this host's calibration where one is cached (`collc cost --calibrate`, or the
+/// first `collc run COLLECTIVE`; a communicator never measures by itself, so every rank selects alike); else the
+/// built-in constants for the ranks' node split (sockets: the built-in socket costs).
+pub fn topology_for(n_ranks: u32, per_node: u32, sockets: bool) -> Result<(Topology, String), RuntimeError> {
+    if let Some(path) = std::env::var("COLLC_TOPO").ok().filter(|p| !p.is_empty()) {
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| RuntimeError::Config(format!("COLLC_TOPO={path}: {e}")))?;
+        let topo = Topology::from_json(&text).map_err(|e| RuntimeError::Config(format!("COLLC_TOPO={path}: {e}")))?;
+        topo.check_ranks(n_ranks).map_err(|e| RuntimeError::Config(format!("COLLC_TOPO={path}: {e}")))?;
+        let line = format!("COLLC_TOPO={path}: {}", topo.describe());
+        return Ok((topo, line));
+    }
+    if per_node == n_ranks && !sockets {
+        if let Some(topo) = cached_host_topology() {
+            let line =
+                format!("this host's calibration, cached in {}", host_cache_path().unwrap_or_default().display());
+            return Ok((topo, line));
+        }
+    }
+    let topo = match sockets {
+        true => Topology::sockets(n_ranks),
+        false => Topology::uniform_nodes(n_ranks, per_node),
+    };
+    let line = format!("the built-in topology ({})", topo.describe());
+    Ok((topo, line))
+}
+
+/// Where this host's calibration is cached: `$XDG_CACHE_HOME/collc` (else `~/.cache/collc`), one file per host name
+/// and CPU model, so a home directory shared between machines keeps one per kind of machine.
+pub fn host_cache_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let host: String =
+        host.trim().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).unwrap_or("unknown CPU");
+    let mut hash = collc_compiler::fxhash::FxHasher::default();
+    std::hash::Hash::hash(model, &mut hash);
+    let cpu = std::hash::Hasher::finish(&hash);
+    Some(base.join("collc").join(format!("host-{host}-{cpu:016x}.json")))
+}
+
+/// This host's cached calibration, if there is one that reads.
+pub fn cached_host_topology() -> Option<Topology> {
+    let text = std::fs::read_to_string(host_cache_path()?).ok()?;
+    Topology::from_json(&text).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Selection;
+    use collc_compiler::cost::{AlgoFilter, Topology};
+    use collc_compiler::{Bindings, Collective, Limits};
+
+    /// The choice is the profiles' minimum, the runner-up the next; small calls go to a latency algorithm and
+    /// large ones to a bandwidth one on the built-in topology.
+    #[test]
+    fn the_choice_is_the_predicted_fastest_and_names_the_runner_up() {
+        let topo = Topology::uniform(4);
+        let filter = AlgoFilter::parse("ring,one_shot,recursive_doubling").expect("valid");
+        let selection = Selection::new(
+            Collective::AllReduce,
+            &filter,
+            &Bindings::ranks(4),
+            (&topo, "built-in".into()),
+            &Limits::default(),
+        )
+        .unwrap_or_else(|_| panic!("a field of three candidates"));
+        for bytes in [8, 1 << 20, 256 << 20] {
+            let chosen = selection.choose(bytes);
+            let times: Vec<f64> = selection.candidates.iter().map(|c| c.costed.profile.seconds(bytes as f64)).collect();
+            let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+            assert_eq!(chosen.predicted, best, "{bytes} B: {times:?}");
+            let (runner, second) = chosen.runner_up.expect("three candidates");
+            assert!(runner != chosen.index && second >= best, "{bytes} B");
+        }
+        let small = &selection.candidates[selection.choose(8).index].name;
+        let large = &selection.candidates[selection.choose(256 << 20).index].name;
+        assert_ne!(small, large, "one algorithm for 8 B and 256 MiB on 4 ranks");
+        assert_eq!(large, "allreduce/ring");
+        assert!(selection.candidates.iter().all(|c| c.costed.schedule.is_some()));
+    }
+}

@@ -247,30 +247,12 @@ pub fn run(args: &CalibrateArgs) -> u8 {
 /// Runs per measurement of the calibration `collc run` makes on first use: about 2 s, against 5.6 s for five.
 const QUICK_RUNS: u32 = 2;
 
-/// Where this host's calibration is cached: `$XDG_CACHE_HOME/collc` (else `~/.cache/collc`), one file per host name
-/// and CPU model, so a home directory shared between machines keeps one per kind of machine.
-fn cache_path() -> Option<std::path::PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|d| !d.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let host: String =
-        host.trim().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect();
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo.lines().find(|l| l.starts_with("model name")).unwrap_or("unknown CPU");
-    let mut hash = collc_compiler::fxhash::FxHasher::default();
-    std::hash::Hash::hash(model, &mut hash);
-    let cpu = std::hash::Hasher::finish(&hash);
-    Some(base.join("collc").join(format!("host-{host}-{cpu:016x}.json")))
-}
-
 /// This host's measured topology for `collc run COLLECTIVE` without a topology file, and the header line that says
 /// where it came from: the cached calibration, or a quick one made now (and cached) when there is none or
 /// `recalibrate` asks. `may_measure` is false in a rank a launcher started: it reads the cache only, so that ranks
 /// never measure at once (and every rank selects alike); `None` then without a cache.
 pub fn host_topology(recalibrate: bool, may_measure: bool) -> Option<(Topology, String)> {
-    let path = cache_path()?;
+    let path = collc_runtime::select::host_cache_path()?;
     if !recalibrate || !may_measure {
         if let Some(topo) = std::fs::read_to_string(&path).ok().and_then(|t| Topology::from_json(&t).ok()) {
             let line = format!("this host's calibration, cached in {} (--recalibrate measures again)", path.display());

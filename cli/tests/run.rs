@@ -552,3 +552,33 @@ fn a_stopped_rank_is_the_one_every_survivor_names() {
         assert!(naming.count() >= 2, "rank {victim} was stopped:\n{stderr}");
     }
 }
+
+#[test]
+fn a_second_process_claiming_a_rank_is_told_it_has_already_joined() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a port").port();
+    let rank = |rank: &str| {
+        Command::new(env!("CARGO_BIN_EXE_collc"))
+            .args(["run", "allreduce/ring", "--transport", "tcp", "-b", "8", "-e", "8", "-n", "100000000"])
+            .args(["-w", "0", "-c", "0", "--timeout", "5"])
+            .envs([("RANK", rank), ("WORLD_SIZE", "2"), ("MASTER_ADDR", "127.0.0.1")])
+            .env("MASTER_PORT", port.to_string())
+            .env("COLLC_JOB_TOKEN", "0123456789abcdef0123456789abcdef")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("collc runs")
+    };
+    let first = [rank("0"), rank("1")];
+    std::thread::sleep(Duration::from_millis(500));
+    let second = rank("1").wait_with_output().expect("the duplicate ends");
+    let stderr = text(&second.stderr);
+    assert_ne!(second.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("rank 1 has already joined this job"), "{stderr}");
+    assert!(!stderr.contains("its process is gone"), "{stderr}");
+    // The job itself goes on: the duplicate was turned away at the door.
+    for mut child in first {
+        assert!(child.try_wait().expect("try_wait").is_none(), "a rank of the job ended");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}

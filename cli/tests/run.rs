@@ -253,6 +253,10 @@ fn rows_stream_as_measured_and_an_interrupt_prints_what_was_measured() {
     // The progress bar is for a terminal's stderr: piped, stderr holds nothing of it.
     let piped = collc(&["run", "allreduce/ring", "--ranks", "2", "-e", "1K", "-n", "2", "-w", "1"]);
     assert!(piped.stderr.is_empty(), "{}", text(&piped.stderr));
+    // A size whose buffers take long to set up is announced before its first call, piped or not.
+    let large =
+        collc(&["run", "allreduce/ring", "--ranks", "2", "-b", "64M", "-e", "64M", "-n", "1", "-w", "1", "-c", "0"]);
+    assert!(text(&large.stderr).starts_with("# warm-up at 67108864 B: call 1 of 1\n"), "{}", text(&large.stderr));
     // JSON: a document closed properly, with the rows measured and the signal.
     let (mut run, seen, rest) = sweep_until_rows("threads", "json", 2);
     // SAFETY: as above.

@@ -41,7 +41,8 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
         *REPORT.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = Some(report);
     }
     let on_row = &mut |row| with_report(|report| report.row(row));
-    let outcome = sweep::sweep(&mut comm, job, on_row, &mut |stage: &str| with_report(|report| report.stage(stage)));
+    let on_stage = &mut |stage: &str, slow: bool| with_report(|report| report.stage(stage, slow));
+    let outcome = sweep::sweep(&mut comm, job, on_row, on_stage);
     let mut wrong = false;
     if rank == 0 {
         with_report(|report| {

@@ -50,7 +50,7 @@ pub fn sweep(
     comm: &mut Communicator,
     job: &Job,
     on_row: &mut dyn FnMut(Row),
-    on_stage: &mut dyn FnMut(&str),
+    on_stage: &mut dyn FnMut(&str, bool),
 ) -> Result<(), RuntimeError> {
     let ops: Vec<Option<ReduceOp>> =
         if job.collective.reduces() { job.ops.iter().copied().map(Some).collect() } else { vec![None] };
@@ -122,7 +122,7 @@ fn warm_up(
     comm: &mut Communicator,
     job: &Job,
     scratch: &mut Scratch,
-    on_stage: &mut dyn FnMut(&str),
+    on_stage: &mut dyn FnMut(&str, bool),
 ) -> Result<(), RuntimeError> {
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
@@ -136,6 +136,9 @@ fn warm_up(
     Ok(())
 }
 
+/// Sizes from which a row's first call (its buffers' first touch) takes long enough to be announced.
+const SLOW_SETUP_BYTES: usize = 64 << 20;
+
 /// `-w` untimed calls of `bytes` out of place (in place where the job runs only that) with the algorithm that runs
 /// now, each announced to `on_stage` on rank 0 (the first one at a size sets its buffers up).
 fn warm_up_at(
@@ -145,7 +148,7 @@ fn warm_up_at(
     dtype: DataType,
     op: ReduceOp,
     scratch: &mut Scratch,
-    on_stage: &mut dyn FnMut(&str),
+    on_stage: &mut dyn FnMut(&str, bool),
 ) -> Result<(), RuntimeError> {
     let count = bytes / (dtype.size_bytes() * size_factor(job.collective, job.n_ranks));
     let shape = CallShape { collective: job.collective, count, dtype, op, root: job.root, peer: job.peer };
@@ -153,7 +156,9 @@ fn warm_up_at(
     let windows = check::windows(&shape, job.n_ranks, comm.rank(), in_place);
     for call in 0..job.warmup {
         if comm.rank() == 0 {
-            on_stage(&format!("warm-up at {bytes} B: call {} of {}", call + 1, job.warmup));
+            // The first call at a size of many megabytes sets its buffers up, which takes seconds: said at once.
+            let slow = call == 0 && bytes >= SLOW_SETUP_BYTES;
+            on_stage(&format!("warm-up at {bytes} B: call {} of {}", call + 1, job.warmup), slow);
         }
         scratch.call(comm, &shape, &windows, in_place)?;
     }

@@ -123,11 +123,13 @@ impl Report {
     }
 
     /// What the sweep is doing before its next row (a long warm-up, the buffers being set up): the bar's message
-    /// on a terminal; elsewhere, once nothing has been printed for a second, a `#` line on stderr.
-    pub fn stage(&mut self, what: &str) {
+    /// on a terminal; elsewhere a `#` line on stderr, when the stage is `slow` (large buffers to set up) or nothing
+    /// has been printed for a second.
+    pub fn stage(&mut self, what: &str, slow: bool) {
         self.progress.set_message(what.to_string());
         self.progress.tick();
-        if self.progress.is_hidden() && self.quiet_since.elapsed() > std::time::Duration::from_secs(1) {
+        let quiet = self.quiet_since.elapsed() > std::time::Duration::from_secs(1);
+        if self.progress.is_hidden() && (slow || quiet) {
             eprintln!("# {what}");
             self.quiet_since = std::time::Instant::now();
         }

@@ -10,6 +10,9 @@ use collc_compiler::{Collective, Placement, Schedule};
 use collc_grammar::ast::Span;
 use std::collections::HashMap;
 
+/// A forward through a middle rank: the rank, its instruction, the values it sends on, and where it keeps a copy.
+type Forward = (u32, Instr, Vec<Option<Multiset>>, Option<Loc>);
+
 const COLLECTIVES: [Collective; 9] = [
     Collective::AllReduce,
     Collective::ReduceScatter,
@@ -353,7 +356,7 @@ impl Builder {
         let hop_channel = e.channel;
         // Through a middle rank, forwarding with or without a reduction of its own.
         let middles: Vec<u32> = (0..self.sched.n_ranks).filter(|&m| m != q && m != r).collect();
-        let mut forward: Option<(u32, Instr, Vec<Option<Multiset>>, Option<Loc>)> = None;
+        let mut forward: Option<Forward> = None;
         if !middles.is_empty() && rng.chance(30) {
             let m = rng.pick(&middles);
             let want_room = |b: &Builder, k: u32, extra: &Multiset| -> bool {

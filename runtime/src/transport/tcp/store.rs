@@ -279,7 +279,7 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
                 let arrived = hub.gathers.get(&generation);
                 let mut answer = body.clone();
                 for peer in 0..hub.n_ranks {
-                    if !arrived.is_some_and(|blobs| blobs[peer as usize].is_some()) {
+                    if arrived.is_none_or(|blobs| blobs[peer as usize].is_none()) {
                         answer.extend_from_slice(&peer.to_le_bytes());
                         answer.push(hub.ever_joined[peer as usize] as u8);
                     }

@@ -252,10 +252,19 @@ impl Recorder {
 
 /// Catches SIGUSR1 from now on in this process, so that it never kills a rank (in its rendezvous or later, with or
 /// without `COLLC_DUMP_DIR`): each one is a request that every rank of the process dump its recorder. Idempotent;
-/// communicators call it before they join, a launcher's rank process may call it at once.
+/// communicators call it before they join, a launcher's rank process may call it at once. A program that handles
+/// (or ignores) SIGUSR1 itself keeps its handler: only the default disposition, which would kill, is replaced.
 pub fn catch_dump_requests() {
     static WATCH: Once = Once::new();
     WATCH.call_once(|| {
+        // SAFETY: `sigaction` is plain data, for which all zeroes is a valid value.
+        let mut current: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: with a null new action, sigaction only reads the current one into `current`.
+        let read = unsafe { libc::sigaction(libc::SIGUSR1, std::ptr::null(), &mut current) };
+        if read != 0 || current.sa_sigaction != libc::SIG_DFL {
+            crate::log::info(Subsys::Init, format_args!("SIGUSR1 has a handler of this program's: no dumps on it"));
+            return;
+        }
         // SAFETY: the handler only adds to an atomic, which is async-signal-safe.
         unsafe { libc::signal(libc::SIGUSR1, on_usr1 as extern "C" fn(libc::c_int) as libc::sighandler_t) };
         let _ = std::thread::Builder::new().name("collc recorder".into()).spawn(answer_requests);

@@ -392,6 +392,11 @@ fn gpu_ptx_compiles_the_kernels_without_a_gpu() {
 
 #[test]
 fn misspelt_algorithms_and_parameters_are_usage_errors_said_once() {
+    let help = text(&collc(&["run", "--help"]).stdout);
+    for transport in ["threads:", "shm:", "tcp:", "twin:", "cuda:"] {
+        assert!(help.contains(transport), "{transport} missing from run --help:\n{help}");
+    }
+    assert!(!help.contains("shared-memory processes"), "{help}");
     let out = collc(&["run", "alreduce", "--ranks", "2"]);
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("did you mean: allreduce"), "{}", text(&out.stderr));

@@ -39,7 +39,8 @@ pub struct RunArgs {
     /// Number of ranks [default: 2, or a schedule file's] (a launcher's environment sets the world size instead).
     #[arg(long)]
     pub ranks: Option<u32>,
-    /// How the ranks run: threads of this process, or one process per rank with buffers in /dev/shm.
+    /// How the ranks run and reach each other (one of the backends below; under a launcher, `threads` means shm on
+    /// one host and tcp across hosts).
     #[arg(long, default_value = "threads", value_parser = transport_parser())]
     pub transport: Transport,
     /// Smallest message size in bytes (K, M, G suffixes are powers of 1024), as nccl-tests' -b.

@@ -431,6 +431,8 @@ fn rank_of_three(transport: &str, rank: &str, job: &str, port: u16, dumps: &std:
         .env("TORCHELASTIC_RUN_ID", job)
         .env("COLLC_JOB_TOKEN", "0123456789abcdef0123456789abcdef")
         .env("COLLC_DUMP_DIR", dumps)
+        // collc's own job id (what the shm segments are named by), over torchrun's.
+        .envs([("COLLC_RANK", rank), ("COLLC_WORLD_SIZE", "3"), ("COLLC_JOB", job)])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -457,6 +459,12 @@ fn a_rank_that_never_joins_is_named_and_the_others_dump() {
             assert!(dump.exists(), "{transport}: no dump of rank {rank} in {}", dumps.display());
         }
         let _ = std::fs::remove_dir_all(&dumps);
+        // The job failed: the last rank out removes its shared memory, the rank that never came notwithstanding.
+        let prefix = format!("collc-{job}-");
+        let left: Vec<String> = std::fs::read_dir("/dev/shm")
+            .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        assert!(!left.iter().any(|f| f.starts_with(&prefix)), "{transport}: {prefix}* left in /dev/shm");
     }
 }
 

@@ -165,14 +165,18 @@ impl Bootstrap for Control {
         if self.header().departed.fetch_add(1, Ordering::AcqRel) + 1 == self.n_ranks {
             return true;
         }
-        // A rank process that died never leaves: the last one alive removes what the job left. (Two leaving at
-        // once may both remove it, which is harmless.)
+        // A rank process that died never leaves, nor does one that never joined a job that failed: the last one
+        // alive removes what the job left. (Two leaving at once may both remove it, which is harmless.)
+        let failed = self.header().abort.load(Ordering::Acquire) != 0;
         self.processes
             && (0..self.n_ranks).filter(|&r| r != rank).all(|r| {
                 let state = self.state(r);
                 let status = state.status.load(Ordering::Acquire);
                 let pid = state.pid.load(Ordering::Acquire);
-                status == Status::Left as u32 || status == Status::Failed as u32 || (pid != 0 && process_gone(pid))
+                status == Status::Left as u32
+                    || status == Status::Failed as u32
+                    || (pid != 0 && process_gone(pid))
+                    || (failed && status == Status::Absent as u32)
             })
     }
 
@@ -291,6 +295,9 @@ impl Bootstrap for Control {
             let (failed, reporter) = ((abort & 0xffff_ffff) as u32 - 1, (abort >> 32) as u32);
             return Err(match reporter {
                 0 => (failed, "failed (see its error); this rank stops too".into()),
+                r if self.state(failed).status.load(Ordering::Acquire) == Status::Absent as u32 => {
+                    (failed, format!("never joined the job (rank {} timed out waiting for it)", r - 1))
+                }
                 r => (
                     failed,
                     format!(
@@ -323,8 +330,13 @@ impl Bootstrap for Control {
         let mut wait = crate::wait::Backoff::new(timeout, crate::wait::SPINS);
         for peer in 0..self.n_ranks {
             while self.state(peer).barrier.load(Ordering::Acquire) < generation {
-                wait.idle(|| self.health(&everyone))
-                    .map_err(|fault| fault.into_error(rank, "barrier".into(), at.into(), self.missing(generation)))?;
+                wait.idle(|| self.health(&everyone)).map_err(|fault| {
+                    let mut error = fault.into_error(rank, "barrier".into(), at.into(), self.missing(generation));
+                    if let RuntimeError::Timeout { waits_on, .. } = &mut error {
+                        *waits_on = Some(peer);
+                    }
+                    error
+                })?;
             }
             wait.reset();
         }

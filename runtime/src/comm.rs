@@ -474,7 +474,10 @@ impl Communicator {
 
     /// Marks this rank failed so every peer stops with an error naming it (for a launcher or a caller that gives up).
     pub fn fail(&self) {
-        let _ = self.bootstrap.leave(self.rank, Status::Failed);
+        // The last rank out removes what the job left (its shared memory), failed or not.
+        if self.bootstrap.leave(self.rank, Status::Failed) {
+            self.fabric.remove_all();
+        }
     }
 
     /// Gives up after `error`: when it names another rank's failure, that rank is the failure every peer hears of

@@ -4,10 +4,12 @@
 //! - `Communicator` (`comm.rs`): one rank's handle, NCCL-shaped calls; a `Plan` (`exec/plan.rs`) prepared once per
 //!   call shape and run by an executor (`exec/`) over the links of a transport (`transport/`), whose bootstrap
 //!   does joins, barriers, call fingerprints and aborts.
-//! - Transports: `threads` (heap segments shared by rank threads) and `shm` (`/dev/shm` files mapped by rank
-//!   processes), both `transport/shm/`; `tcp` (`transport/tcp/`); `twin` and `cuda` (`exec/device/`: the device
-//!   interpreter's encoding, its host twin, and with the `cuda` feature the GPU executor); `launch.rs` reads
-//!   torchrun / mpirun / Slurm environments.
+//! - Transports, one `Backend` each in `transport::backends()`: `threads` (heap segments shared by rank threads) and
+//!   `shm` (`/dev/shm` files mapped by rank processes), both `transport/shm/`; `tcp` (`transport/tcp/`); `twin` and
+//!   `cuda` (`transport/twin/`, `transport/cuda/`: where their connection records live; their executors, the device
+//!   interpreter's encoding, its host twin and with the `cuda` feature the GPU executor, in `exec/device/`);
+//!   `link.rs`, what executors and transports share; `launch.rs` reads torchrun / mpirun / Slurm environments.
+//! - `select`: the choice of algorithm per call for a collective no algorithm is set for.
 //!
 //! Architecture invariant: nothing here accepts an unverified `Schedule`; a `Plan` is made from a
 //! `VerifiedSchedule` only.

@@ -102,7 +102,8 @@ struct Algorithm {
     /// A schedule read from a `.sched` file and verified (`set_schedule`), with its instructions' lines there: it
     /// runs as it is, for its placement, root and peer only.
     fixed: Option<Arc<(VerifiedSchedule, SchedLines)>>,
-    /// Chosen by a selection: the schedule it was costed on, run as it is by the calls it fits.
+    /// Chosen by a selection: the schedule it was costed on, run as it is by the calls it fits (its placement, root
+    /// and peer).
     costed: Option<Arc<VerifiedSchedule>>,
 }
 
@@ -284,7 +285,6 @@ impl Communicator {
         options: Options,
     ) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
-        crate::recorder::catch_dump_requests();
         let compiled = Compiled::default();
         let job = crate::transport::shm::group_job_id();
         (0..n_ranks)
@@ -324,7 +324,6 @@ impl Communicator {
         make: &(dyn Fn(u32) -> Result<Communicator, RuntimeError> + Sync),
     ) -> Result<Vec<Communicator>, RuntimeError> {
         check_world(0, n_ranks)?;
-        crate::recorder::catch_dump_requests();
         std::thread::scope(|scope| {
             let handles: Vec<_> = (0..n_ranks).map(|rank| scope.spawn(move || make(rank))).collect();
             handles.into_iter().map(|h| h.join().map_err(|_| RuntimeError::Poisoned)?).collect()
@@ -739,15 +738,12 @@ impl Communicator {
                 ),
             );
         }
-        let root = if collective.rooted() { shape.root } else { 0 };
-        let peer = if collective == Collective::SendRecv { shape.peer } else { 0 };
-        let fits = |placement| selection.costed_schedule(chosen.index, placement, root, peer).cloned();
         Ok(Algorithm {
             name: candidate.name.clone(),
             source: candidate.source.clone(),
             params: candidate.params.clone(),
             fixed: None,
-            costed: fits(Placement::OutOfPlace).or_else(|| fits(Placement::InPlace)),
+            costed: candidate.costed.schedule.clone(),
         })
     }
 

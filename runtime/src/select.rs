@@ -12,9 +12,8 @@
 
 use crate::error::RuntimeError;
 use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
-use collc_compiler::{Bindings, Collective, Limits, VerifiedSchedule};
+use collc_compiler::{Bindings, Collective, Limits};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 /// One candidate of a selection: its library name (`allreduce/ring`), source and parameter bindings (the node split
 /// of the topology where it declares one), and its cost profile and costed schedule.
@@ -88,19 +87,6 @@ impl Selection {
         times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let (index, predicted) = times[0];
         Chosen { index, predicted, runner_up: times.get(1).copied() }
-    }
-
-    /// The schedule candidate `index` was costed on, when a call in `placement` with `root` and `peer` can run it
-    /// as it is.
-    pub(crate) fn costed_schedule(
-        &self,
-        index: usize,
-        placement: collc_compiler::Placement,
-        root: u32,
-        peer: u32,
-    ) -> Option<&Arc<VerifiedSchedule>> {
-        let schedule = self.candidates[index].costed.schedule.as_ref()?;
-        (schedule.placement == placement && schedule.root == root && schedule.peer == peer).then_some(schedule)
     }
 
     /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter, the

@@ -375,37 +375,34 @@ fn compile_fixed(
     root: u32,
     peer: u32,
 ) -> Result<(Collective, Algorithms), (u8, String)> {
-    let compiled = collc_grammar::parse(&source.text, &Limits::default().syntax)
-        .map_err(|e| Errors(vec![Error::from(e)]))
-        .and_then(|file| {
-            if let Some((message, help)) = collc_compiler::lower::unbindable(&file.algorithm, &args.set) {
-                return Ok(Err(format!("{message} ({help})")));
-            }
-            let collective = file.algorithm.collective.name.parse::<Collective>().unwrap_or(Collective::AllReduce);
-            let bindings = Bindings {
-                n_ranks,
-                root: collective.rooted().then_some(root),
-                peer: (collective == Collective::SendRecv).then_some(peer),
-                params: args.set.clone(),
-            }
-            .with_default_split(&file.algorithm, per_node);
-            let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default())?;
-            // A deterministic run holds both placements to it: the in-place schedule may reduce in other trees.
-            let in_place = match args.deterministic {
-                Some(_) => {
-                    let options = CompileOptions { placement: Placement::InPlace, ..CompileOptions::default() };
-                    Some(compile(&source.text, &bindings, options, &Limits::default())?)
-                }
-                None => None,
-            };
-            Ok(Ok((schedule.collective, bindings.params, schedule, in_place)))
-        });
-    let (collective, params, schedule, in_place) = compiled
-        .map_err(|errors| {
-            crate::report::print_all(&errors, &source.name, &source.text);
-            (1, format!("{} does not compile for {n_ranks} ranks", source.name))
-        })?
-        .map_err(|usage| (2, usage))?;
+    let failed = |errors: Errors| {
+        crate::report::print_all(&errors, &source.name, &source.text);
+        (1, format!("{} does not compile for {n_ranks} ranks", source.name))
+    };
+    let file = collc_grammar::parse(&source.text, &Limits::default().syntax)
+        .map_err(|e| failed(Errors(vec![Error::from(e)])))?;
+    // A `--set` the algorithm cannot take is a usage error, not a failure to compile.
+    if let Some((message, help)) = collc_compiler::lower::unbindable(&file.algorithm, &args.set) {
+        return Err((2, format!("{message} ({help})")));
+    }
+    let collective = file.algorithm.collective.name.parse::<Collective>().unwrap_or(Collective::AllReduce);
+    let bindings = Bindings {
+        n_ranks,
+        root: collective.rooted().then_some(root),
+        peer: (collective == Collective::SendRecv).then_some(peer),
+        params: args.set.clone(),
+    }
+    .with_default_split(&file.algorithm, per_node);
+    let schedule = compile(&source.text, &bindings, CompileOptions::default(), &Limits::default()).map_err(failed)?;
+    // A deterministic run holds both placements to it: the in-place schedule may reduce in other trees.
+    let in_place = match args.deterministic {
+        Some(_) => {
+            let options = CompileOptions { placement: Placement::InPlace, ..CompileOptions::default() };
+            Some(compile(&source.text, &bindings, options, &Limits::default()).map_err(failed)?)
+        }
+        None => None,
+    };
+    let (collective, params) = (schedule.collective, bindings.params);
     for placed in std::iter::once(&schedule).chain(&in_place) {
         crate::args::check_deterministic(args.deterministic, &source.name, placed)?;
     }

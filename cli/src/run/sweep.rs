@@ -37,9 +37,11 @@ pub fn size_factor(collective: Collective, n_ranks: u32) -> usize {
     collc_runtime::select::call_bytes(collective, 1, 1, n_ranks)
 }
 
-/// Switches to `choice` unless it already runs (a fixed algorithm always does).
+/// Switches to `choice` unless it already runs (a fixed algorithm always does) or the communicator chooses by
+/// itself (a selection, which runs what it chooses for each call; `--compare` sets each candidate in turn).
 fn use_algorithm(comm: &mut Communicator, job: &Job, choice: &Choice) {
-    if comm.algorithm(job.collective) != choice.name {
+    let choosing = job.algorithms.selected && job.algorithms.compared.is_empty();
+    if !choosing && comm.algorithm(job.collective) != choice.name {
         comm.set_algorithm(job.collective, &choice.name, &choice.source, choice.params.clone());
     }
 }
@@ -61,11 +63,8 @@ pub fn sweep(
             for &bytes in &job.sizes {
                 let model_choice = &job.algorithm_for(bytes).name;
                 for choice in job.timed_at(bytes) {
-                    // A selection runs what the communicator chooses for each call; --compare sets each in turn.
+                    use_algorithm(comm, job, choice);
                     let comparing = !job.algorithms.compared.is_empty();
-                    if comparing || !job.algorithms.selected {
-                        use_algorithm(comm, job, choice);
-                    }
                     let predicted = job.algorithms.selected.then(|| !comparing || choice.name == *model_choice);
                     let row = measure_row(comm, job, bytes, (dtype, op), predicted, &mut buffers)?;
                     row.into_iter().for_each(&mut *on_row);
@@ -127,9 +126,7 @@ fn warm_up(
     let (Some(&dtype), Some(&op)) = (job.dtypes.first(), job.ops.first()) else { return Ok(()) };
     for &bytes in [job.sizes.last(), job.sizes.first()].into_iter().flatten() {
         for choice in job.timed_at(bytes) {
-            if !job.algorithms.compared.is_empty() || !job.algorithms.selected {
-                use_algorithm(comm, job, choice);
-            }
+            use_algorithm(comm, job, choice);
             warm_up_at(comm, job, bytes, dtype, op, scratch, on_stage)?;
         }
     }

@@ -35,7 +35,8 @@ pub fn run(args: FrArgs) -> u8 {
     0
 }
 
-/// The most ranks a dump may claim: the compiler's own limit on a job (`Limits::max_ranks`, not raised by hand).
+/// The most ranks a dump may claim: sixteen times the compiler's default limit on a job (`Limits::max_ranks`, 65536,
+/// which `--max-ranks` raises), so a real job's dump always reads and a damaged one cannot size an allocation.
 const MAX_RANKS: u32 = 1 << 20;
 
 /// Every dump in `dir`, by rank: all of one job, each checked.

@@ -31,10 +31,16 @@ pub(crate) enum Fault<E = (u32, String)> {
 }
 
 impl Fault {
-    pub fn into_error(self, rank: u32, what: String, at: String, waiting_for: String) -> RuntimeError {
+    /// The error of a wait by `rank` at `what` (`at`) for `waiting_for` (`waits_on`: the rank that is, where one is).
+    pub fn into_error(
+        self,
+        (rank, what, at): (u32, String, String),
+        waiting_for: String,
+        waits_on: Option<u32>,
+    ) -> RuntimeError {
         match self {
             Fault::Timeout(waited) => {
-                RuntimeError::Timeout { rank, what, at, seconds: waited.as_secs_f64(), waiting_for, waits_on: None }
+                RuntimeError::Timeout { rank, what, at, seconds: waited.as_secs_f64(), waiting_for, waits_on }
             }
             Fault::Peer((peer, how)) => RuntimeError::PeerFailed { rank, what, at, peer, how },
         }

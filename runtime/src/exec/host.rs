@@ -160,7 +160,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
             // Every instruction ran; the last one's messages are still on their way out.
             let what = format!("{}, the end of call #{}", describe(plan, plan.steps.len().saturating_sub(1)), call.seq);
             let waiting_for = "its last messages to leave this rank".to_string();
-            return Err(fault.into_error(plan.rank, what, "the last tile".into(), waiting_for));
+            return Err(fault.into_error((plan.rank, what, "the last tile".into()), waiting_for, None));
         }
     }
     if plan.op == ReduceOp::Avg && plan.collective.reduces() {

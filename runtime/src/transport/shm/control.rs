@@ -331,9 +331,11 @@ impl Bootstrap for Control {
         for peer in 0..self.n_ranks {
             while self.state(peer).barrier.load(Ordering::Acquire) < generation {
                 wait.idle(|| self.health(&everyone)).map_err(|fault| {
-                    let mut error = fault.into_error(rank, "barrier".into(), at.into(), self.missing(generation));
-                    if let RuntimeError::Timeout { waits_on, .. } = &mut error {
-                        *waits_on = Some(peer);
+                    let error =
+                        fault.into_error((rank, "barrier".into(), at.into()), self.missing(generation), Some(peer));
+                    // The others hear of the rank they all wait for, not of this one's going (as over tcp).
+                    if matches!(error, RuntimeError::Timeout { .. }) {
+                        self.report_failure(peer, "");
                     }
                     error
                 })?;

@@ -1,8 +1,51 @@
-//! How a NAME|FILE argument resolves to source text: the embedded library first, then a file.
+//! The algorithms a NAME|FILE argument, `--algo`, `--compare`, `tune` and `list` know: the embedded library and
+//! users' own `.coll` files from `--library DIR` and `COLLC_ALGO_PATH` (`collc_runtime::algo_path`), loaded once
+//! before a subcommand runs; then a file.
 
+use collc_compiler::library::Library;
 use std::path::Path;
+use std::sync::{Arc, OnceLock};
 
-pub use collc_compiler::library::LIBRARY;
+static LOADED: OnceLock<Arc<Library>> = OnceLock::new();
+
+/// Puts `--library` folders before `COLLC_ALGO_PATH`'s (the variable is set for the ranks this process starts, and
+/// for the runtime's own selections), then reads them all. A folder that is not there is a usage error (2); a file
+/// that does not parse or takes a taken name is printed with its diagnostic (1). Call before any thread starts.
+pub fn load(folders: &[String]) -> Result<(), u8> {
+    use collc_runtime::algo_path::{self, LoadError};
+    if !folders.is_empty() {
+        let mut path = folders.to_vec();
+        path.extend(std::env::var(algo_path::VAR).ok().filter(|p| !p.is_empty()));
+        std::env::set_var(algo_path::VAR, path.join(":"));
+    }
+    let origin = match folders.is_empty() {
+        true => algo_path::VAR.to_string(),
+        false => format!("--library / {}", algo_path::VAR),
+    };
+    match algo_path::library() {
+        Ok(library) => {
+            LOADED.get_or_init(|| library);
+            Ok(())
+        }
+        Err(LoadError::Io(message)) => {
+            eprintln!("error: {origin}: {message}");
+            Err(2)
+        }
+        Err(LoadError::Files(errors)) => {
+            for error in &errors {
+                let errors = collc_compiler::Errors(vec![error.error.clone()]);
+                crate::report::print_all(&errors, &error.file, &error.source);
+            }
+            eprintln!("error: {origin}: {} file(s) cannot join the algorithm library (above)", errors.len());
+            Err(1)
+        }
+    }
+}
+
+/// The library: the embedded one and the users' algorithms `load` read.
+pub fn library() -> &'static Library {
+    LOADED.get().map_or(Library::embedded(), |library| library)
+}
 
 /// A `.coll` source and the name it is shown under.
 pub struct Source {
@@ -10,17 +53,17 @@ pub struct Source {
     pub text: String,
 }
 
-/// Resolves `allreduce/ring` to the embedded library, anything else that exists to a file.
+/// Resolves `allreduce/ring` (or a user's `allreduce/my_ring`) to the library, anything else that exists to a file.
 pub fn resolve(arg: &str) -> Result<Source, String> {
-    if let Some((name, text)) = LIBRARY.iter().find(|(name, _)| *name == arg) {
-        return Ok(Source { name: format!("{name}.coll"), text: text.to_string() });
+    if let Some(entry) = library().get(arg) {
+        return Ok(Source { name: entry.shown_as(), text: entry.source.to_string() });
     }
     let path = Path::new(arg);
     if path.exists() {
         let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read `{arg}`: {e}"))?;
         return Ok(Source { name: arg.to_string(), text });
     }
-    let names: Vec<&str> = LIBRARY.iter().map(|(n, _)| *n).collect();
+    let names: Vec<&str> = library().entries().iter().map(|e| e.name.as_str()).collect();
     let close = collc_compiler::diag::did_you_mean(arg, &names);
     let hint = if close.is_empty() {
         format!("library algorithms: {}", names.join(", "))

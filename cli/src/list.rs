@@ -1,7 +1,7 @@
-//! `collc list`: the embedded library with each algorithm's collective, name, determinism (what
-//! `collc_compiler::replicas` finds at `LIBRARY_RANKS`), cost formula and doc line.
+//! `collc list`: the library (embedded, then users' own algorithms, each with its file) with each algorithm's
+//! collective, name, determinism (what `collc_compiler::replicas` finds at `LIBRARY_RANKS`), cost formula and doc
+//! line.
 
-use crate::library::LIBRARY;
 use clap::Args;
 use collc_compiler::replicas::{self, Replicas, LIBRARY_RANKS};
 use collc_compiler::{Collective, Limits};
@@ -37,9 +37,11 @@ fn determinism(collective: &str, source: &str) -> (&'static str, Option<Replicas
 }
 
 /// One algorithm as listed.
-struct Row {
-    collective: &'static str,
-    algo: &'static str,
+struct Row<'a> {
+    collective: &'a str,
+    algo: &'a str,
+    /// The file of a user's algorithm.
+    file: Option<&'a str>,
     determinism: &'static str,
     replicas: Option<Replicas>,
     cost: String,
@@ -47,13 +49,14 @@ struct Row {
 }
 
 pub fn run(args: ListArgs) -> u8 {
-    let rows: Vec<Row> = LIBRARY
+    let rows: Vec<Row> = crate::library::library()
+        .entries()
         .iter()
-        .map(|(name, source)| {
-            let (collective, algo) = name.split_once('/').unwrap_or(("", name));
-            let (doc, cost) = describe(source);
-            let (determinism, replicas) = determinism(collective, source);
-            Row { collective, algo, determinism, replicas, cost, doc }
+        .map(|entry| {
+            let (collective, algo) = entry.name.split_once('/').unwrap_or(("", &entry.name));
+            let (doc, cost) = describe(&entry.source);
+            let (determinism, replicas) = determinism(collective, &entry.source);
+            Row { collective, algo, file: entry.file.as_deref(), determinism, replicas, cost, doc }
         })
         .collect();
     let ranks = format!("{}..={}", LIBRARY_RANKS.start(), LIBRARY_RANKS.end());
@@ -63,6 +66,7 @@ pub fn run(args: ListArgs) -> u8 {
                 "collective": r.collective, "name": format!("{}/{}", r.collective, r.algo), "cost": r.cost, "doc": r.doc,
                 "determinism": r.determinism, "replicas_agree": r.replicas.map(|f| f.agree()),
                 "chunk_independent": r.replicas.map(|f| f.chunk_independent()), "determinism_ranks": ranks,
+                "file": r.file,
             })
         };
         let items: Vec<_> = rows.iter().map(item).collect();
@@ -73,9 +77,13 @@ pub fn run(args: ListArgs) -> u8 {
     let cost_width = rows.iter().map(|r| r.cost.chars().count()).max().unwrap_or(4).min(COST_COLUMN);
     println!("{:<14} {:<width$}  {:<11}  {:<cost_width$}  DOC", "COLLECTIVE", "NAME", "DETERMINISM", "COST");
     let mut cut = false;
-    for Row { collective, algo, determinism, cost, doc, .. } in &rows {
+    for Row { collective, algo, file, determinism, cost, doc, .. } in &rows {
         let shown = shortened(cost, COST_COLUMN);
         cut |= shown != *cost;
+        let doc = match file {
+            Some(file) => format!("[{file}] {doc}"),
+            None => doc.clone(),
+        };
         println!(
             "{collective:<14} {:<width$}  {determinism:<11}  {shown:<cost_width$}  {doc}",
             format!("{collective}/{algo}")
@@ -86,6 +94,9 @@ pub fn run(args: ListArgs) -> u8 {
          bitwise identical (collc run --deterministic), strict = also the same bits whatever the message size \
          (--deterministic=strict), none = ranks reduce in different orders; a collective that does not reduce is strict"
     );
+    if rows.iter().any(|r| r.file.is_some()) {
+        println!("# [FILE]: your algorithms (--library, COLLC_ALGO_PATH), each named by its header");
+    }
     if cut {
         println!(
             "# cost formulas cut at {COST_COLUMN} characters end in `...`: `collc list --format json` has them whole"

@@ -39,13 +39,18 @@ signal N (130 on SIGINT, 143 on SIGTERM), after printing what was measured.";
 #[derive(Parser)]
 #[command(name = "collc", version, about, after_help = EXIT_STATUS)]
 struct Cli {
+    /// A folder of your own `.coll` algorithms (searched recursively; repeat for more), listed, costed, compared,
+    /// tuned and selected beside the library's, each named by its header (`algorithm my_ring for allreduce` is
+    /// `allreduce/my_ring`). Goes before the folders of $COLLC_ALGO_PATH (`:`-separated).
+    #[arg(long, global = true, value_name = "DIR")]
+    library: Vec<String>,
     #[command(subcommand)]
     command: Command,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// The embedded algorithm library: collective, name, cost formula, doc line.
+    /// The algorithm library (embedded, and yours: --library, COLLC_ALGO_PATH): collective, name, cost formula, doc line.
     #[command(after_help = EXIT_STATUS)]
     List(list::ListArgs),
     /// Compile one algorithm for one rank count, verify it, and print a stage's output.
@@ -96,6 +101,12 @@ fn restore_sigpipe() {}
 fn main() -> ExitCode {
     restore_sigpipe();
     let cli = Cli::parse();
+    // Before any thread starts: it may set COLLC_ALGO_PATH. `fr` and `gpu` run no algorithm of a library.
+    if !matches!(cli.command, Command::Fr(_) | Command::Gpu(_)) {
+        if let Err(code) = library::load(&cli.library) {
+            return ExitCode::from(code);
+        }
+    }
     let worker = std::thread::Builder::new().stack_size(STACK_BYTES).spawn(move || match cli.command {
         Command::List(a) => list::run(a),
         Command::Build(a) => build::run(a),

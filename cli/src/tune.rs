@@ -3,6 +3,7 @@
 
 use crate::args::{BindArgs, LimitArgs};
 use crate::cost::{self, Format, SizeArgs};
+use crate::library::library;
 use crate::report;
 use clap::Args;
 use collc_compiler::cost::{fastest, winning_ranges, AlgoFilter, Field, FieldError, Topology};
@@ -39,10 +40,10 @@ pub struct TuneArgs {
 /// The algorithm filter of `--algo`, else of `COLLC_ALGO`, else none.
 pub fn algo_filter(arg: Option<&str>) -> Result<AlgoFilter, String> {
     match arg {
-        Some(text) => AlgoFilter::parse(text).map_err(|e| format!("--algo `{text}`: {e}")),
+        Some(text) => AlgoFilter::parse_in(text, library()).map_err(|e| format!("--algo `{text}`: {e}")),
         None => match std::env::var("COLLC_ALGO") {
             Ok(text) if !text.trim().is_empty() => {
-                AlgoFilter::parse(&text).map_err(|e| format!("COLLC_ALGO=`{text}`: {e}"))
+                AlgoFilter::parse_in(&text, library()).map_err(|e| format!("COLLC_ALGO=`{text}`: {e}"))
             }
             _ => Ok(AlgoFilter::default()),
         },
@@ -60,7 +61,7 @@ pub fn field(
     bind: &BindArgs,
     limits: &Limits,
 ) -> Result<Field, (u8, String)> {
-    collc_compiler::cost::field(collective, filter, &bind.bindings(n_ranks), limits, topo)
+    collc_compiler::cost::field(collective, library(), filter, &bind.bindings(n_ranks), limits, topo)
         .map_err(|error| field_error(error, n_ranks))
 }
 
@@ -68,9 +69,8 @@ pub fn field(
 pub fn field_error(error: FieldError, n_ranks: u32) -> (u8, String) {
     match error {
         FieldError::Filter(message) => (2, message),
-        FieldError::Invalid { name, errors } => {
-            let text = collc_compiler::library::get(&name).unwrap_or_default();
-            report::print_all(&errors, &format!("{name}.coll"), text);
+        FieldError::Invalid { name, file, source, errors } => {
+            report::print_all(&errors, &file, &source);
             (1, format!("{name} does not verify for {n_ranks} ranks"))
         }
         FieldError::NoneAdmits(message) => (1, message),

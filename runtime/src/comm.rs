@@ -272,9 +272,7 @@ impl Communicator {
     /// `cuda`; `threads` means `shm` when every rank is on this host, else `tcp`).
     pub fn from_env_over(transport: crate::Transport, options: Options) -> Result<Option<Communicator>, RuntimeError> {
         let Some(launch) = crate::launch::from_env().map_err(RuntimeError::Config)? else { return Ok(None) };
-        let backend = transport.for_processes(launch.all_local()).map_err(RuntimeError::Config)?.backend();
-        backend.check_launch(&launch).map_err(RuntimeError::Config)?;
-        backend.join(&launch, options).map(Some)
+        transport.join(&launch, options).map(Some)
     }
 
     /// `n_ranks` communicators of rank threads over `fabric`, their bootstrap a control block in `memory` (the heap).
@@ -310,7 +308,27 @@ impl Communicator {
         // A rank that never joins or fails at setup is dumped too: the others' dumps say whom they waited for (the
         // bootstrap's barrier has told them of that rank).
         comm.barrier().inspect_err(|error| drop(comm.recorder.dump(exec::dump_reason(error), None)))?;
+        comm.agree()?;
         Ok(comm)
+    }
+
+    /// Checks, once every rank has joined, that the ranks agree on what the job runs: the transport, and the users'
+    /// algorithms their `COLLC_ALGO_PATH` gives (read here, so a file that does not parse is named at setup). A
+    /// disagreement, or a rank whose path does not read, is the same error on every rank, naming the ranks.
+    fn agree(&mut self) -> Result<(), RuntimeError> {
+        let algorithms = match crate::algo_path::library() {
+            Ok(library) => format!("{:016x}\n{}", library.user_digest(), crate::algo_path::summary(&library)),
+            Err(error) => format!("!\n{VAR} does not read: {}", error.describe(), VAR = crate::algo_path::VAR),
+        };
+        let mine = format!("{}\n{algorithms}", self.transport().name());
+        let mut blob = mine.as_bytes()[..mine.len().min(crate::link::BLOB_BYTES)].to_vec();
+        while std::str::from_utf8(&blob).is_err() {
+            blob.pop();
+        }
+        self.barriers += 1;
+        let all = self.bootstrap.all_gather(self.rank, &blob, self.barriers, self.options.timeout)?;
+        let all: Vec<String> = all.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+        disagreement(&all).map_or(Ok(()), |message| Err(RuntimeError::Config(message)))
     }
 
     /// `n_ranks` communicators, each made by `make` on a thread of its own, as rank processes make theirs.
@@ -756,8 +774,14 @@ impl Communicator {
                 selections.insert(collective, selection.clone());
                 Ok(Some(selection))
             }
-            // A filter that leaves nothing is the user's to fix; anything else falls back, said aloud.
-            Err(error @ RuntimeError::Config(_)) if std::env::var_os("COLLC_ALGO").is_some() => Err(error),
+            // A filter that leaves nothing or a user's algorithm that does not load or verify is the user's to fix;
+            // anything else falls back, said aloud.
+            Err(error @ RuntimeError::Config(_))
+                if std::env::var_os("COLLC_ALGO").is_some()
+                    || std::env::var_os(crate::algo_path::VAR).is_some_and(|p| !p.is_empty()) =>
+            {
+                Err(error)
+            }
             Err(error) => {
                 let default = library::default_for(collective);
                 crate::log::warn(
@@ -840,6 +864,49 @@ fn spins_for(n_ranks: u32) -> u32 {
     }
 }
 
+/// What is wrong with the job when ranks' setups (`Communicator::agree`'s blobs: transport, digest and summary of
+/// the users' algorithms, one line each; digest `!` when the path does not read) are not all the same, or `None`.
+fn disagreement(setups: &[String]) -> Option<String> {
+    let fields = |text: &str| {
+        let mut lines = text.splitn(3, '\n');
+        (
+            lines.next().unwrap_or("").to_string(),
+            lines.next().unwrap_or("").to_string(),
+            lines.next().unwrap_or("").to_string(),
+        )
+    };
+    let parsed: Vec<_> = setups.iter().map(|t| fields(t)).collect();
+    let unreadable: Vec<String> =
+        parsed.iter().enumerate().filter(|(_, f)| f.1 == "!").map(|(r, f)| format!("rank {r}: {}", f.2)).collect();
+    if !unreadable.is_empty() {
+        return Some(format!("users' algorithms cannot be read: {}", unreadable.join("; ")));
+    }
+    // Ranks grouped by what they run, in the order of each group's first rank.
+    let mut groups: Vec<((String, String), Vec<usize>, String)> = Vec::new();
+    for (rank, (transport, digest, summary)) in parsed.into_iter().enumerate() {
+        match groups.iter_mut().find(|g| g.0 == (transport.clone(), digest.clone())) {
+            Some(group) => group.1.push(rank),
+            None => groups.push(((transport, digest), vec![rank], summary)),
+        }
+    }
+    if groups.len() < 2 {
+        return None;
+    }
+    let described: Vec<String> = groups
+        .iter()
+        .map(|((transport, _), ranks, summary)| {
+            let ranks = ranks.iter().map(usize::to_string).collect::<Vec<_>>().join(", ");
+            let noun = if ranks.contains(',') { "ranks" } else { "rank" };
+            format!("{noun} {ranks} over {transport} with {summary}")
+        })
+        .collect();
+    Some(format!(
+        "the ranks disagree on what the job runs: {}; every rank must use one transport (--transport) and the same \
+         users' algorithms (--library, COLLC_ALGO_PATH, with the same files)",
+        described.join("; ")
+    ))
+}
+
 pub(crate) fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
     if n_ranks == 0 {
         return Err(RuntimeError::Config("a communicator needs at least one rank (got 0)".into()));
@@ -848,4 +915,29 @@ pub(crate) fn check_world(rank: u32, n_ranks: u32) -> Result<(), RuntimeError> {
         return Err(RuntimeError::Config(format!("rank {rank} is outside a world of {n_ranks} ranks")));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::disagreement;
+
+    /// Ranks that run alike pass; ranks that differ in transport or in their users' algorithms are each named, and
+    /// a rank whose path does not read is named with why.
+    #[test]
+    fn ranks_that_disagree_on_the_job_are_named() {
+        let none = "shm\n0000000000000000\nno users' algorithms".to_string();
+        let mine = "shm\n00000000000000ab\nallreduce/my_ring (00000000000000ab)".to_string();
+        assert_eq!(disagreement(&[none.clone(), none.clone()]), None);
+        let message = disagreement(&[none.clone(), none.clone(), mine.clone()]).expect("rank 2 differs");
+        assert!(
+            message.contains("ranks 0, 1 over shm with no users' algorithms; rank 2 over shm with allreduce/my_ring"),
+            "{message}"
+        );
+        let cuda = none.replace("shm", "cuda");
+        let message = disagreement(&[cuda, none.clone()]).expect("transports differ");
+        assert!(message.contains("rank 0 over cuda") && message.contains("rank 1 over shm"), "{message}");
+        let unreadable = "shm\n!\nCOLLC_ALGO_PATH does not read: x.coll:3: bad".to_string();
+        let message = disagreement(&[none, unreadable]).expect("one does not read");
+        assert!(message.contains("rank 1: COLLC_ALGO_PATH does not read: x.coll:3: bad"), "{message}");
+    }
 }

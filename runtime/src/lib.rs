@@ -9,11 +9,13 @@
 //!   `cuda` (`transport/twin/`, `transport/cuda/`: where their connection records live; their executors, the device
 //!   interpreter's encoding, its host twin and with the `cuda` feature the GPU executor, in `exec/device/`);
 //!   `link.rs`, what executors and transports share; `launch.rs` reads torchrun / mpirun / Slurm environments.
-//! - `select`: the choice of algorithm per call for a collective no algorithm is set for.
+//! - `select`: the choice of algorithm per call for a collective no algorithm is set for; `algo_path`, users' own
+//!   algorithms (`COLLC_ALGO_PATH`) beside the library's.
 //!
 //! Architecture invariant: nothing here accepts an unverified `Schedule`; a `Plan` is made from a
 //! `VerifiedSchedule` only.
 
+pub mod algo_path;
 pub mod check;
 mod collectives;
 pub mod comm;

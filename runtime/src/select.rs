@@ -1,21 +1,23 @@
 //! The choice of algorithm inside the runtime (DESIGN.md 5a). A `Selection` holds, for one collective on a
-//! communicator's ranks, the library candidates an `AlgoFilter` leaves, each costed on a topology, and answers
+//! communicator's ranks, the candidates an `AlgoFilter` leaves of a library (the embedded one and users' own from
+//! `COLLC_ALGO_PATH`, `algo_path`), each costed on a topology, and answers
 //! which one is predicted fastest for a call of so many bytes (and the runner-up). Each candidate keeps the
 //! verified schedule it was costed on (out of place, for the selection's root and peer), so the one chosen runs
 //! without being compiled again.
 //!
 //! A `Communicator` whose collective has no algorithm set chooses per call through one: set with
 //! `Communicator::set_selection` (what `collc run COLLECTIVE` does after printing it), or made on the collective's
-//! first call from `COLLC_ALGO` (NCCL_ALGO's grammar) and the topology `topology_for` finds. With `COLLC_DEBUG=INFO`
+//! first call from `COLLC_ALGO` (NCCL_ALGO's grammar), `COLLC_ALGO_PATH` and the topology `topology_for` finds. With `COLLC_DEBUG=INFO`
 //! each choice is logged once per collective and size class (a power of two of bytes): the algorithm, its
 //! predicted time and the runner-up's.
 
 use crate::error::RuntimeError;
 use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
+use collc_compiler::library::Library;
 use collc_compiler::{Bindings, Collective, Limits};
 use std::path::PathBuf;
 
-/// One candidate of a selection: its library name (`allreduce/ring`), source and parameter bindings (the node split
+/// One candidate of a selection: its name (`allreduce/ring`), source and parameter bindings (the node split
 /// of the topology where it declares one), and its cost profile and costed schedule.
 #[derive(Clone, Debug)]
 pub struct Candidate {
@@ -43,30 +45,31 @@ pub struct Selection {
     pub root: u32,
     pub peer: u32,
     pub candidates: Vec<Candidate>,
-    /// Library algorithms the filter left but the rank count or node split does not admit, with why.
+    /// Algorithms the filter left but the rank count or node split does not admit, with why.
     pub not_admitted: Vec<(String, String)>,
     /// The topology costed on: where it came from and what it says.
     pub topology: String,
 }
 
 impl Selection {
-    /// Costs every library algorithm of `collective` that `filter` leaves, for `bindings` on `topo` (described by
-    /// `topology`): the field the choice is made in.
+    /// Costs every algorithm of `collective` in `library` that `filter` leaves, for `bindings` on `topo` (described
+    /// by `topology`): the field the choice is made in.
     pub fn new(
         collective: Collective,
+        library: &Library,
         filter: &AlgoFilter,
         bindings: &Bindings,
         (topo, topology): (&Topology, String),
         limits: &Limits,
     ) -> Result<Selection, FieldError> {
-        let field = cost::field(collective, filter, bindings, limits, topo)?;
+        let field = cost::field(collective, library, filter, bindings, limits, topo)?;
         let candidates = field
             .candidates
             .into_iter()
             .map(|costed| {
                 let name = format!("{collective}/{}", costed.name);
-                let source = collc_compiler::library::get(&name).expect("candidates come from the library");
-                Candidate { name, source: source.to_string(), params: costed.params.clone(), costed }
+                let source = library.get(&name).expect("candidates come from the library").source.to_string();
+                Candidate { name, source, params: costed.params.clone(), costed }
             })
             .collect();
         Ok(Selection {
@@ -89,15 +92,19 @@ impl Selection {
         Chosen { index, predicted, runner_up: times.get(1).copied() }
     }
 
-    /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter, the
-    /// topology `topology_for` finds, root 0 and peer 1 (the schedules of other roots are compiled when called).
+    /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter over the
+    /// library `COLLC_ALGO_PATH` makes, the topology `topology_for` finds, root 0 and peer 1 (the schedules of other
+    /// roots are compiled when called).
     pub(crate) fn from_env(
         collective: Collective,
         (n_ranks, per_node): (u32, u32),
         sockets: bool,
     ) -> Result<Selection, RuntimeError> {
+        let library = crate::algo_path::library()?;
         let filter = match std::env::var("COLLC_ALGO") {
-            Ok(text) => AlgoFilter::parse(&text).map_err(|e| RuntimeError::Config(format!("COLLC_ALGO: {e}")))?,
+            Ok(text) => {
+                AlgoFilter::parse_in(&text, &library).map_err(|e| RuntimeError::Config(format!("COLLC_ALGO: {e}")))?
+            }
             Err(_) => AlgoFilter::default(),
         };
         let bindings = Bindings {
@@ -107,12 +114,25 @@ impl Selection {
             params: Vec::new(),
         };
         let (topo, topology) = topology_for(n_ranks, per_node, sockets)?;
-        Selection::new(collective, &filter, &bindings, (&topo, topology), &Limits::default()).map_err(|e| match e {
+        let limits = Limits::default();
+        Selection::new(collective, &library, &filter, &bindings, (&topo, topology), &limits).map_err(|e| match e {
             FieldError::Filter(message) | FieldError::NoneAdmits(message) => RuntimeError::Config(message),
-            FieldError::Invalid { name, errors } => RuntimeError::Compile(format!(
-                "{name} does not verify for {n_ranks} ranks: {}",
-                errors.0.first().map_or(String::new(), |e| e.message.clone())
-            )),
+            FieldError::Invalid { name, file, source, errors } => {
+                let first = errors.0.first();
+                let line = first
+                    .and_then(|e| e.primary_span())
+                    .map(|s| collc_compiler::diag::line_at(&source, s.start as usize));
+                let message = format!(
+                    "{name} ({file}{}) does not verify for {n_ranks} ranks: {}",
+                    line.map_or(String::new(), |l| format!(":{l}")),
+                    first.map_or(String::new(), |e| e.message.clone())
+                );
+                // A user's file is the user's to fix (a usage error); the library's own would be collc's bug.
+                match library.get(&name).is_some_and(|e| e.file.is_some()) {
+                    true => RuntimeError::Config(format!("{}: {message}", crate::algo_path::VAR)),
+                    false => RuntimeError::Compile(message),
+                }
+            }
         })
     }
 }
@@ -183,6 +203,7 @@ pub fn cached_host_topology() -> Option<Topology> {
 mod tests {
     use super::Selection;
     use collc_compiler::cost::{AlgoFilter, Topology};
+    use collc_compiler::library::Library;
     use collc_compiler::{Bindings, Collective, Limits};
 
     /// The choice is the profiles' minimum, the runner-up the next; small calls go to a latency algorithm and
@@ -193,6 +214,7 @@ mod tests {
         let filter = AlgoFilter::parse("ring,one_shot,recursive_doubling").expect("valid");
         let selection = Selection::new(
             Collective::AllReduce,
+            Library::embedded(),
             &filter,
             &Bindings::ranks(4),
             (&topo, "built-in".into()),

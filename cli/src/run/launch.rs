@@ -133,7 +133,7 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
         collc_runtime::launch::spread_over_cores(launch.rank, launch.world_size);
     }
     watch_interrupts(Some((job.transport, launch.job.clone())), launcher.filter(|_| launch.launcher == "collc"));
-    match backend.join(launch, job.options.clone()) {
+    match job.transport.join(launch, job.options.clone()) {
         Ok(comm) => rank_main(configure(comm, job), job),
         Err(error) => fail(&error),
     }

@@ -550,6 +550,7 @@ fn select(
     };
     let selection = collc_runtime::select::Selection::new(
         collective,
+        library::library(),
         &filter,
         &bind.bindings(n_ranks),
         (&topo, topology.clone()),

@@ -1,14 +1,15 @@
 //! Algorithm selection, as NCCL's tuner does it: the predicted-fastest candidate per call size. The candidates are
 //! the library's algorithms for the collective, narrowed by a filter in NCCL_ALGO's grammar (`COLLC_ALGO`,
 //! `--algo`): `ring,tree` keeps those, `^tree` drops those, `allreduce:tree,ring;broadcast:chain` sets them per
-//! collective. Names are case-insensitive; a name the library does not have is an error. A part `deterministic`
+//! collective. Names are case-insensitive; a name the library does not have is an error (the library: the embedded
+//! one, and users' own algorithms where a `Library` with files is given). A part `deterministic`
 //! (`deterministic=strict`) admits only algorithms whose replicas agree bitwise (and whose results do not depend on
 //! the message size) at the binding's rank count, as `replicas::analyse` finds on their verified schedules.
 
 use super::model::Profile;
 use super::{analyse_keeping, Topology};
 use crate::diag::{Error, Errors};
-use crate::library::LIBRARY;
+use crate::library::{Library, LIBRARY};
 use crate::replicas::{self, Determinism};
 use crate::{lower, Bindings, Collective, Limits, Options, Placement};
 
@@ -35,7 +36,13 @@ pub fn library_names(collective: Collective) -> Vec<&'static str> {
 }
 
 impl AlgoFilter {
+    /// Parses `text`, its names checked against the embedded library.
     pub fn parse(text: &str) -> Result<Self, String> {
+        AlgoFilter::parse_in(text, Library::embedded())
+    }
+
+    /// Parses `text`, its names checked against `library`.
+    pub fn parse_in(text: &str, library: &Library) -> Result<Self, String> {
         let mut filter = AlgoFilter::default();
         for part in text.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             if let Some(level) = parse_deterministic(part)? {
@@ -54,7 +61,7 @@ impl AlgoFilter {
                 }
                 None => (None, part),
             };
-            let rule = parse_rule(list, collective)?;
+            let rule = parse_rule(list, collective, library)?;
             match collective {
                 Some(c) if filter.per_collective.iter().any(|(d, _)| *d == c) => {
                     return Err(format!("{c} is given twice"));
@@ -90,10 +97,15 @@ impl AlgoFilter {
         self.per_collective.iter().find(|(c, _)| *c == collective).map(|(_, r)| r).or(self.global.as_ref())
     }
 
-    /// The algorithms of `collective` the filter leaves, or why there are none.
-    pub fn candidates(&self, collective: Collective) -> Result<Vec<&'static str>, String> {
-        let all = library_names(collective);
-        let mut kept: Vec<&'static str> = match self.rule(collective) {
+    /// The embedded library's algorithms of `collective` the filter leaves, or why there are none.
+    pub fn candidates(&self, collective: Collective) -> Result<Vec<String>, String> {
+        self.candidates_in(Library::embedded(), collective)
+    }
+
+    /// The algorithms of `collective` in `library` the filter leaves (the embedded ones first), or why there are none.
+    pub fn candidates_in(&self, library: &Library, collective: Collective) -> Result<Vec<String>, String> {
+        let all = library.names(collective);
+        let mut kept: Vec<&str> = match self.rule(collective) {
             None => all.clone(),
             Some(rule) => all
                 .iter()
@@ -108,7 +120,7 @@ impl AlgoFilter {
         // `allreduce/hierarchical` is the ring's schedule with its chunks rotated, and NCCL's default is the ring.
         let default = crate::library::default_for(collective).split_once('/').map_or("", |(_, name)| name);
         kept.sort_by_key(|name| *name != default);
-        Ok(kept)
+        Ok(kept.into_iter().map(str::to_string).collect())
     }
 }
 
@@ -121,7 +133,7 @@ fn parse_deterministic(part: &str) -> Result<Option<Determinism>, String> {
     level.parse().map(Some).map_err(|e| format!("{e} (in `{part}`)"))
 }
 
-fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String> {
+fn parse_rule(list: &str, collective: Option<Collective>, library: &Library) -> Result<Rule, String> {
     let list = list.trim();
     let (exclude, list) = match list.strip_prefix('^') {
         Some(rest) => (true, rest),
@@ -132,8 +144,8 @@ fn parse_rule(list: &str, collective: Option<Collective>) -> Result<Rule, String
         return Err(format!("`{list}` names no algorithm"));
     }
     let known: Vec<&str> = match collective {
-        Some(c) => library_names(c),
-        None => LIBRARY.iter().filter_map(|(n, _)| n.split_once('/').map(|(_, a)| a)).collect(),
+        Some(c) => library.names(c),
+        None => library.entries().iter().map(|e| e.short_name()).collect(),
     };
     if let Some(unknown) = names.iter().find(|n| !known.iter().any(|k| k.eq_ignore_ascii_case(n))) {
         let scope = collective.map_or("the library".to_string(), |c| c.to_string());
@@ -155,6 +167,8 @@ pub struct Candidate {
     /// The parameters it was costed with: the field's, and the node split of the topology where it declares one.
     pub params: Vec<(String, i64)>,
     pub schedule: Option<std::sync::Arc<crate::VerifiedSchedule>>,
+    /// The file a user's algorithm was read from; `None` for the embedded library's.
+    pub file: Option<String>,
 }
 
 /// The index of the predicted-fastest candidate for a call of `bytes` (the first one on a tie).
@@ -226,25 +240,29 @@ pub struct Field {
 pub enum FieldError {
     /// The filter leaves no candidate of the collective (a usage error).
     Filter(String),
-    /// A candidate does not verify: its library name and diagnostics.
-    Invalid { name: String, errors: Errors },
+    /// A candidate does not verify: its library name, the file its diagnostics point into (`Entry::shown_as`),
+    /// its source and the diagnostics.
+    Invalid { name: String, file: String, source: std::sync::Arc<str>, errors: Errors },
     /// No candidate admits the binding on this topology.
     NoneAdmits(String),
 }
 
-/// Profiles every library algorithm of `collective` that `filter` leaves, for `bindings` on `topo`: what
-/// `collc tune`, `collc run COLLECTIVE` and a communicator select from.
+/// Profiles every algorithm of `collective` in `library` that `filter` leaves, for `bindings` on `topo`: what
+/// `collc tune`, `collc run COLLECTIVE` and a communicator select from. A user's algorithm that does not verify is
+/// an error, as a library one is (never left out quietly).
 pub fn field(
     collective: Collective,
+    library: &Library,
     filter: &AlgoFilter,
     bindings: &Bindings,
     limits: &Limits,
     topo: &Topology,
 ) -> Result<Field, FieldError> {
     let mut field = Field { candidates: Vec::new(), not_admitted: Vec::new() };
-    for name in filter.candidates(collective).map_err(FieldError::Filter)? {
+    for name in filter.candidates_in(library, collective).map_err(FieldError::Filter)? {
         let full = format!("{collective}/{name}");
-        let source = crate::library::get(&full).expect("candidates come from the library");
+        let entry = library.get(&full).expect("candidates come from the library");
+        let source = &*entry.source;
         let refusal = match filter.deterministic.filter(|_| collective.reduces()) {
             Some(level) => refusal(source, bindings, level, limits, topo),
             None => Ok(None),
@@ -256,11 +274,15 @@ pub fn field(
                 profile: costed.profile,
                 params: costed.params,
                 schedule: Some(std::sync::Arc::new(costed.schedule)),
+                file: entry.file.clone(),
             }),
             Err(errors) if errors.not_admitted() => {
                 field.not_admitted.push((name.to_string(), errors.0[0].message.clone()));
             }
-            Err(errors) => return Err(FieldError::Invalid { name: full, errors }),
+            Err(errors) => {
+                let (file, source) = (entry.shown_as(), entry.source.clone());
+                return Err(FieldError::Invalid { name: full, file, source, errors });
+            }
         }
     }
     if field.candidates.is_empty() {
@@ -299,6 +321,7 @@ fn refusal(
 mod tests {
     use super::{field, AlgoFilter};
     use crate::cost::Topology;
+    use crate::library::Library;
     use crate::replicas::Determinism;
     use crate::{Bindings, Collective, Limits};
 
@@ -323,7 +346,7 @@ mod tests {
         let (limits, topo) = (Limits::default(), Topology::uniform_nodes(8, 4));
         for collective in [Collective::AllReduce, Collective::AllGather, Collective::Broadcast] {
             let bindings = Bindings { root: collective.rooted().then_some(3), ..Bindings::ranks(8) };
-            let field = field(collective, &AlgoFilter::default(), &bindings, &limits, &topo);
+            let field = field(collective, Library::embedded(), &AlgoFilter::default(), &bindings, &limits, &topo);
             let field = field.unwrap_or_else(|_| panic!("{collective}: a field"));
             for candidate in &field.candidates {
                 let source = crate::library::get(&format!("{collective}/{}", candidate.name)).expect("listed");
@@ -342,7 +365,7 @@ mod tests {
         let (limits, topo) = (Limits::default(), Topology::uniform(4));
         let only = |text: &str| {
             let filter = AlgoFilter::parse(text).expect("valid");
-            let field = field(Collective::AllReduce, &filter, &Bindings::ranks(4), &limits, &topo);
+            let field = field(Collective::AllReduce, Library::embedded(), &filter, &Bindings::ranks(4), &limits, &topo);
             let field = field.unwrap_or_else(|_| panic!("`{text}` leaves a field"));
             (field.candidates.iter().map(|c| c.name.clone()).collect::<Vec<_>>(), field.not_admitted)
         };

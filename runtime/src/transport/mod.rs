@@ -14,6 +14,7 @@
 
 pub(crate) mod cuda;
 pub mod ifname;
+pub(crate) mod joining;
 pub(crate) mod shm;
 pub mod tcp;
 pub(crate) mod twin;
@@ -177,6 +178,16 @@ impl Transport {
     /// The transport a launched job's rank processes use when this one is asked for (`Backend::for_processes`).
     pub fn for_processes(self, all_on_one_host: bool) -> Result<Transport, String> {
         Ok(self.0.for_processes(all_on_one_host)?.unwrap_or(self))
+    }
+
+    /// This process as rank `launch.rank` of a job a launcher started, over the transport its rank processes use
+    /// (`for_processes`); returns once every rank has joined. A join that fails while ranks of the job on this
+    /// host join over another transport names them (`joining::JoinMarker`).
+    pub fn join(self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
+        let backend = self.for_processes(launch.all_local()).map_err(RuntimeError::Config)?.0;
+        backend.check_launch(launch).map_err(RuntimeError::Config)?;
+        let marker = joining::JoinMarker::new(&launch.job, launch.rank, backend.name());
+        marker.joined(backend.join(launch, options))
     }
 
     /// Whether the ranks are separate processes (`collc run` spawns them).

@@ -9,6 +9,7 @@ mod segment;
 pub(crate) use control::Control;
 pub use fifo::segment_bytes;
 pub use segment::Shm;
+pub(crate) use segment::SHM_DIR;
 pub(crate) use segment::{Heap, Segments};
 
 use crate::comm::{Communicator, Options};

@@ -117,7 +117,7 @@ fn length_mismatch(name: &str, existing: usize, len: usize) -> RuntimeError {
 }
 
 /// Where POSIX shared memory lives on Linux.
-const SHM_DIR: &str = "/dev/shm";
+pub(crate) const SHM_DIR: &str = "/dev/shm";
 
 /// Segments as files in `/dev/shm`, `collc-<job>-<name>`, mapped by every rank process that opens them.
 pub struct Shm {
@@ -138,14 +138,16 @@ impl Shm {
 
     /// Removes the files of earlier `collc run` jobs whose launcher is gone and that have not been touched for a
     /// minute: a launcher killed with SIGKILL cannot clean up, and its files would stay until the host reboots.
-    /// Only names a launcher gives (`collc-<pid>-<hex start time>-...`) are considered; jobs that torchrun or
-    /// mpirun started are named by them and left alone. Returns how many files were removed.
+    /// Only names a launcher gives (`collc-<pid>-<hex start time>-...`) are considered, and the marks of ranks
+    /// killed while joining (`joining::JoinMarker`, by the pid inside); jobs that torchrun or mpirun started are named
+    /// by them and left alone. Returns how many files were removed.
     pub fn remove_stale_jobs() -> usize {
         let Ok(entries) = std::fs::read_dir(SHM_DIR) else { return 0 };
         let mut removed = 0;
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            let Some(pid) = launcher_pid(&name) else { continue };
+            let marker = || crate::transport::joining::marker_pid(&entry.path(), &name);
+            let Some(pid) = launcher_pid(&name).or_else(marker) else { continue };
             // SAFETY: kill with signal 0 only checks whether the process exists.
             let gone = unsafe { libc::kill(pid, 0) } == -1
                 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);

@@ -137,6 +137,70 @@ fn run_compare_times_every_candidate_at_every_size() {
     }
 }
 
+/// What `--compare` measures on this host is merged into its timings, and a later selection of the same candidates
+/// on as many ranks over the transport chooses the measured fastest at every size it timed (the cost model beyond).
+#[test]
+fn the_choice_learns_what_compare_measured() {
+    let cache = cache().join("learns");
+    let _ = std::fs::remove_dir_all(&cache);
+    let sizes = ["-b", "1K", "-e", "64K", "-f", "4", "-n", "3", "-w", "1"];
+    let compare =
+        [&["run", "allreduce", "--ranks", "3", "--algo", "ring,one_shot,two_shot", "--compare"][..], &sizes].concat();
+    let out = run_cached(&cache, &compare);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert!(
+        stdout.contains("# merged 12 timings into ") && stdout.contains("allreduce on 3 ranks over threads"),
+        "{stdout}"
+    );
+    let fastest: Vec<(String, String)> = stdout
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   ")?.split_once(" B float sum  fastest "))
+        .map(|(size, rest)| (size.trim().to_string(), rest.split(' ').next().unwrap_or("").to_string()))
+        .collect();
+    assert_eq!(fastest.len(), 4, "{stdout}");
+    let run =
+        [&["run", "allreduce", "--ranks", "3", "--algo", "ring,one_shot,two_shot", "--format", "json"][..], &sizes]
+            .concat();
+    let out = run_cached(&cache, &run);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    for (size, algorithm) in &fastest {
+        let row = doc["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["size"].to_string() == *size)
+            .expect("a row per size");
+        assert_eq!(row["algorithm"].as_str(), Some(algorithm.as_str()), "{size} B: {doc}");
+    }
+    let table = text(
+        &run_cached(
+            &cache,
+            &[&[
+                "run",
+                "allreduce",
+                "--ranks",
+                "3",
+                "--algo",
+                "ring,one_shot,two_shot",
+                "-b",
+                "256",
+                "-e",
+                "64K",
+                "-f",
+                "4",
+                "-n",
+                "1",
+            ][..]]
+            .concat(),
+        )
+        .stdout,
+    );
+    assert!(table.contains("#   sizes 256..=256: ") && table.contains("(predicted fastest)"), "{table}");
+    assert!(table.contains("(measured fastest on this host)"), "{table}");
+    let _ = std::fs::remove_dir_all(&cache);
+}
+
 #[test]
 fn bad_input_is_a_usage_error_naming_what_is_wrong() {
     let zero = write_topology(

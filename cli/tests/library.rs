@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 fn collc(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_collc"));
     command.args(args).env_remove("COLLC_ALGO_PATH").env_remove("COLLC_ALGO");
+    // A calibration cache of its own: `--compare` merges its timings there.
+    command.env("XDG_CACHE_HOME", std::env::temp_dir().join(format!("collc-library-cache-{}", std::process::id())));
     command.envs(env.iter().copied()).output().expect("collc runs")
 }
 

@@ -743,9 +743,10 @@ impl Communicator {
             crate::log::info(
                 crate::log::Subsys::Coll,
                 format_args!(
-                    "{collective} of {bytes} B (sizes {low}..={high} B): {} predicted {:.1} us, {runner_up}; cost \
-                     model on {}",
+                    "{collective} of {bytes} B (sizes {low}..={high} B): {} {} {:.1} us, {runner_up}; cost model \
+                     on {}",
                     candidate.name,
+                    if chosen.measured { "measured on this host" } else { "predicted" },
                     chosen.predicted * 1e6,
                     selection.topology
                 ),
@@ -767,8 +768,7 @@ impl Communicator {
         if let Some(selection) = selections.get(&collective) {
             return Ok(Some(selection.clone()));
         }
-        let sockets = self.fabric.transport().backend().sockets();
-        match Selection::from_env(collective, (self.n_ranks, self.n_ranks), sockets) {
+        match Selection::from_env(collective, (self.n_ranks, self.n_ranks), self.fabric.transport()) {
             Ok(selection) => {
                 let selection = Arc::new(selection);
                 selections.insert(collective, selection.clone());

@@ -11,6 +11,10 @@
 //! each choice is logged once per collective and size class (a power of two of bytes): the algorithm, its
 //! predicted time and the runner-up's.
 
+mod measured;
+
+pub use measured::{Measured, Point, Series};
+
 use crate::error::RuntimeError;
 use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
 use collc_compiler::library::Library;
@@ -31,9 +35,11 @@ pub struct Candidate {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Chosen {
     pub index: usize,
-    /// Predicted seconds of the chosen candidate, and of the runner-up where there is one.
+    /// Seconds of the chosen candidate, and of the runner-up where there is one: measured on this host where
+    /// `measured` (`Selection::learn`), else predicted by the cost model.
     pub predicted: f64,
     pub runner_up: Option<(usize, f64)>,
+    pub measured: bool,
 }
 
 /// The costed candidates of one collective on a communicator's ranks.
@@ -49,6 +55,8 @@ pub struct Selection {
     pub not_admitted: Vec<(String, String)>,
     /// The topology costed on: where it came from and what it says.
     pub topology: String,
+    /// This host's timings of these candidates (`learn`), which the choice goes by where they cover a size.
+    pub measured: Option<Series>,
 }
 
 impl Selection {
@@ -80,16 +88,36 @@ impl Selection {
             candidates,
             not_admitted: field.not_admitted,
             topology,
+            measured: None,
         })
     }
 
-    /// The predicted-fastest candidate for a call of `bytes` (the first on a tie), and the runner-up.
+    /// Takes this host's timings of the collective on as many ranks over `transport` (`Measured`, merged by
+    /// `collc run COLLECTIVE --compare`) into the choice: for ranks all on this host, costed without a topology
+    /// file. Whether there were any.
+    pub fn learn(&mut self, transport: &str) -> bool {
+        let measured = Measured::load();
+        self.measured = measured.series(self.collective.name(), self.n_ranks, transport).cloned();
+        self.measured.is_some()
+    }
+
+    /// The fastest candidate for a call of `bytes` (the first on a tie), and the runner-up: by this host's timings
+    /// where every candidate was timed around `bytes`, else by the cost model.
     pub fn choose(&self, bytes: usize) -> Chosen {
-        let mut times: Vec<(usize, f64)> =
-            self.candidates.iter().enumerate().map(|(i, c)| (i, c.costed.profile.seconds(bytes as f64))).collect();
+        let timed: Option<Vec<f64>> = self
+            .measured
+            .as_ref()
+            .and_then(|series| self.candidates.iter().map(|c| series.seconds(&c.name, bytes as f64)).collect());
+        let measured = timed.is_some();
+        let mut times: Vec<(usize, f64)> = match timed {
+            Some(times) => times.into_iter().enumerate().collect(),
+            None => {
+                self.candidates.iter().enumerate().map(|(i, c)| (i, c.costed.profile.seconds(bytes as f64))).collect()
+            }
+        };
         times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
         let (index, predicted) = times[0];
-        Chosen { index, predicted, runner_up: times.get(1).copied() }
+        Chosen { index, predicted, runner_up: times.get(1).copied(), measured }
     }
 
     /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter over the
@@ -98,8 +126,9 @@ impl Selection {
     pub(crate) fn from_env(
         collective: Collective,
         (n_ranks, per_node): (u32, u32),
-        sockets: bool,
+        transport: crate::Transport,
     ) -> Result<Selection, RuntimeError> {
+        let sockets = transport.backend().sockets();
         let library = crate::algo_path::library()?;
         let filter = match std::env::var("COLLC_ALGO") {
             Ok(text) => {
@@ -115,7 +144,9 @@ impl Selection {
         };
         let (topo, topology) = topology_for(n_ranks, per_node, sockets)?;
         let limits = Limits::default();
-        Selection::new(collective, &library, &filter, &bindings, (&topo, topology), &limits).map_err(|e| match e {
+        let learns = per_node == n_ranks && std::env::var_os("COLLC_TOPO").is_none_or(|p| p.is_empty());
+        let selection = Selection::new(collective, &library, &filter, &bindings, (&topo, topology), &limits);
+        let mut selection = selection.map_err(|e| match e {
             FieldError::Filter(message) | FieldError::NoneAdmits(message) => RuntimeError::Config(message),
             FieldError::Invalid { name, file, source, errors } => {
                 let first = errors.0.first();
@@ -133,7 +164,11 @@ impl Selection {
                     false => RuntimeError::Compile(message),
                 }
             }
-        })
+        })?;
+        if learns {
+            selection.learn(transport.name());
+        }
+        Ok(selection)
     }
 }
 

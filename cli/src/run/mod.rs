@@ -121,6 +121,8 @@ pub struct Choice {
     pub schedule: Option<Arc<(VerifiedSchedule, SchedLines)>>,
     /// The connections its out-of-place schedule uses at the run's rank count (each gets a FIFO).
     pub connections: usize,
+    /// Chosen by this host's timings (`Selection::learn`) rather than by the cost model.
+    pub measured: bool,
 }
 
 /// Everything a rank needs to run the sweep, resolved once.
@@ -140,6 +142,8 @@ pub struct Job {
     pub check: bool,
     pub format: Format,
     pub transport: Transport,
+    /// Whether every rank is on this host (then `--compare` teaches this host's selections what it measured).
+    pub one_host: bool,
     pub options: Options,
     /// What runs: the named algorithm, or the cost model's choice per size range, in size order.
     pub algorithms: Algorithms,
@@ -282,6 +286,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         check: args.check != 0,
         format: args.format,
         transport,
+        one_host: per_node == n_ranks,
         options,
         algorithms,
     };
@@ -425,7 +430,15 @@ fn compile_fixed(
             ),
         }
     });
-    let choice = Choice { max_bytes: usize::MAX, name, source: source.text, params, schedule: None, connections };
+    let choice = Choice {
+        max_bytes: usize::MAX,
+        name,
+        source: source.text,
+        params,
+        schedule: None,
+        connections,
+        measured: false,
+    };
     Ok((collective, Algorithms { parameters, ..Algorithms::fixed(choice) }))
 }
 
@@ -476,6 +489,7 @@ fn schedule_file(
         params: Vec::new(),
         connections: verified.n_connections(),
         schedule: Some(Arc::new((verified, lines))),
+        measured: false,
     };
     Ok((collective, Algorithms::fixed(choice)))
 }
@@ -548,7 +562,7 @@ fn select(
             pipeline: None,
         },
     };
-    let selection = collc_runtime::select::Selection::new(
+    let mut selection = collc_runtime::select::Selection::new(
         collective,
         library::library(),
         &filter,
@@ -557,7 +571,12 @@ fn select(
         &Limits::default(),
     )
     .map_err(|error| crate::tune::field_error(error, n_ranks))?;
-    let choice = |candidate: &collc_runtime::select::Candidate, max_bytes: usize| Choice {
+    // On this host, without a topology file, the choice goes by what `--compare` measured here where it covers a
+    // size (as a communicator's own selection does).
+    if file.is_none() && per_node == n_ranks && !transport.backend().sockets() {
+        selection.learn(transport.name());
+    }
+    let choice = |candidate: &collc_runtime::select::Candidate, max_bytes: usize, measured: bool| Choice {
         max_bytes,
         name: candidate.name.clone(),
         source: candidate.source.clone(),
@@ -565,17 +584,19 @@ fn select(
         schedule: None,
         // The costed schedule's connections size the run's FIFOs.
         connections: candidate.costed.profile.connections,
+        measured,
     };
     let mut choices: Vec<Choice> = Vec::new();
     for &bytes in sizes {
-        let best = &selection.candidates[selection.choose(bytes).index];
+        let chosen = selection.choose(bytes);
+        let best = &selection.candidates[chosen.index];
         match choices.last_mut() {
-            Some(last) if last.name == best.name => last.max_bytes = bytes,
-            _ => choices.push(choice(best, bytes)),
+            Some(last) if last.name == best.name && last.measured == chosen.measured => last.max_bytes = bytes,
+            _ => choices.push(choice(best, bytes, chosen.measured)),
         }
     }
     let compared = match args.compare {
-        true => selection.candidates.iter().map(|c| choice(c, usize::MAX)).collect(),
+        true => selection.candidates.iter().map(|c| choice(c, usize::MAX, false)).collect(),
         false => Vec::new(),
     };
     let not_admitted = selection.not_admitted.clone();

@@ -168,6 +168,12 @@ impl Report {
                 ending == Ending::Failed
             ),
         }
+        if !self.job.algorithms.compared.is_empty() && ending == Ending::Done && self.wrong_total == 0 {
+            let said = learn(&self.job, &self.rows);
+            if let Some(line) = said.filter(|_| self.job.format == Format::Table) {
+                println!("{line}");
+            }
+        }
         use std::io::Write;
         let _ = std::io::stdout().flush();
     }
@@ -191,7 +197,8 @@ fn print_header(job: &Job, header: &Header) {
     );
     let mut from = job.sizes.first().copied().unwrap_or(0);
     for choice in job.algorithms.choices.iter().filter(|_| job.algorithms.selected) {
-        println!("#   sizes {from}..={}: {} (predicted fastest)", choice.max_bytes, choice.name);
+        let by = if choice.measured { "measured fastest on this host" } else { "predicted fastest" };
+        println!("#   sizes {from}..={}: {} ({by})", choice.max_bytes, choice.name);
         from = job.sizes.iter().copied().find(|&s| s > choice.max_bytes).unwrap_or(choice.max_bytes);
     }
     for (name, why) in &job.algorithms.not_admitted {
@@ -244,6 +251,39 @@ fn row_json(job: &Job, r: &Row) -> serde_json::Value {
 /// `--compare`'s rows of one size, data type and op: each candidate once, in a row.
 fn comparisons<'r>(job: &Job, rows: &'r [Row]) -> impl Iterator<Item = &'r [Row]> {
     rows.chunks(job.algorithms.compared.len().max(1))
+}
+
+/// After a `--compare` run on this host (not over sockets): merges each candidate's out-of-place time per size (of
+/// the first data type and op) into this host's timings (`select::Measured`), which later selections of the
+/// collective on as many ranks over the transport choose by, and says so.
+fn learn(job: &Job, rows: &[Row]) -> Option<String> {
+    use collc_runtime::select::{Measured, Point};
+    if !job.one_host || job.transport.backend().sockets() {
+        return None;
+    }
+    let first = |r: &&Row| r.dtype == job.dtypes[0] && r.op.is_none_or(|op| op == job.ops[0]);
+    let points: Vec<Point> = rows
+        .iter()
+        .filter(first)
+        .filter_map(|r| {
+            Some(Point { algorithm: r.algorithm.clone(), bytes: r.bytes as u64, seconds: r.out_of_place?.seconds })
+        })
+        .collect();
+    let mut measured = Measured::load();
+    let count = points.len();
+    measured.merge(job.collective.name(), job.n_ranks, job.transport.name(), points);
+    Some(match measured.save() {
+        Ok(path) => format!(
+            "# merged {count} timings into {}: {} on {} ranks over {} chooses by them from now on (sizes {}..={})",
+            path.display(),
+            job.collective,
+            job.n_ranks,
+            job.transport,
+            job.sizes.first().unwrap_or(&0),
+            job.sizes.last().unwrap_or(&0)
+        ),
+        Err(e) => format!("# the timings were not kept: {e}"),
+    })
 }
 
 /// Under a `--compare` table: per size, the measured fastest (out of place) and the cost model's choice beside it.

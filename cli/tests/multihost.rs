@@ -104,17 +104,20 @@ fn a_rank_killed_stopped_or_cut_off_becomes_an_error_on_every_survivor() {
     let outputs = wait_within(job, Duration::from_secs(15), "SIGSTOP");
     signal(&stopped, libc::SIGKILL);
     let _ = stopped.wait_with_output();
-    // With rank 1 taken out, outputs[1] is rank 2's.
-    assert_survivors_fail(&outputs[..1], &[0], "rank", "SIGSTOP of rank 1");
+    // With rank 1 taken out, outputs[1] is rank 2's. Both name the stopped rank: it no longer checks in with the
+    // rendezvous.
+    assert_survivors_fail(&outputs[..1], &[0], "rank 1 did not go on", "SIGSTOP of rank 1");
     let text = printed(&outputs[1]);
     assert!(!outputs[1].status.success() && text.contains("rank 2:"), "SIGSTOP of rank 1, rank 2:\n{text}");
+    assert!(text.contains("rank 1 did not go on"), "SIGSTOP of rank 1, rank 2:\n{text}");
 
-    // A host whose link goes down: its connections hang, and every rank's wait ends at the timeout.
+    // A host whose link goes down: its connections hang, every rank's wait ends at the timeout, and the survivors
+    // name the rank that fell silent.
     let job = Job::start(&hosts, 3, Launcher::Torchrun, &ENDLESS, &env, no_args);
     std::thread::sleep(Duration::from_secs(2));
     hosts.link_down(2);
     let outputs = wait_within(job, Duration::from_secs(15), "link down");
-    assert_survivors_fail(&outputs, &[0, 1], "rank", "link of host 2 down");
+    assert_survivors_fail(&outputs, &[0, 1], "rank 2 did not go on", "link of host 2 down");
 }
 
 #[test]

@@ -538,9 +538,9 @@ fn rank_of(pid: u32) -> Option<u32> {
 
 #[test]
 fn a_stopped_rank_is_the_one_every_survivor_names() {
-    for victim in [1u32, 2] {
+    for (transport, victim) in [("shm", 1u32), ("shm", 2), ("tcp", 1), ("tcp", 3)] {
         let run = Command::new(env!("CARGO_BIN_EXE_collc"))
-            .args(["run", "allreduce/ring", "--ranks", "4", "--transport", "shm", "-b", "1M", "-e", "1M"])
+            .args(["run", "allreduce/ring", "--ranks", "4", "--transport", transport, "-b", "1M", "-e", "1M"])
             .args(["-n", "1000000", "-w", "0", "-c", "0", "--timeout", "3"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -566,7 +566,7 @@ fn a_stopped_rank_is_the_one_every_survivor_names() {
         assert_ne!(out.status.code(), Some(0), "{stderr}");
         let naming = stderr.lines().filter(|l| l.contains(&format!("rank {victim} did not go on within the timeout")));
         // Every survivor but the one that timed out first (it names whom it waited for) hears of the stopped rank.
-        assert!(naming.count() >= 2, "rank {victim} was stopped:\n{stderr}");
+        assert!(naming.count() >= 2, "{transport}: rank {victim} was stopped:\n{stderr}");
     }
 }
 

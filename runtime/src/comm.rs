@@ -524,6 +524,12 @@ impl Communicator {
                     self.bootstrap.report_failure(peer, &how);
                     return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
                 }
+                // Another rank may have named the one the job stopped at meanwhile (which may be gone since).
+                if let Err((peer, how)) = self.bootstrap.health(&[]) {
+                    if peer != rank {
+                        return Err(RuntimeError::PeerFailed { rank, what, at, peer, how });
+                    }
+                }
                 match waits_on.filter(|&peer| peer != rank) {
                     Some(peer) => self.bootstrap.report_failure(
                         peer,

@@ -297,6 +297,16 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
         if running == 0 {
             return worst;
         }
+        // A rank stopped by a signal (the one the others named, as a rule) cannot end by itself: kill it once the
+        // others have had a moment to report.
+        if failed_since.is_some_and(|t| t.elapsed() > Duration::from_secs(1)) {
+            for (rank, slot) in children.iter_mut().enumerate() {
+                if let Some(child) = slot.as_mut().filter(|c| is_stopped(c.id())) {
+                    say_error(format_args!("rank {rank} is stopped (SIGSTOP?) after the failure; killing it"));
+                    let _ = child.kill();
+                }
+            }
+        }
         // Ranks that outlive a failure by much more than a health check are stuck: stop them.
         if failed_since.is_some_and(|t| t.elapsed() > Duration::from_secs(10)) {
             for (rank, slot) in children.iter_mut().enumerate() {
@@ -308,4 +318,10 @@ fn watch(children: &mut [Option<Child>], job_id: &str, job: &Job) -> u8 {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
+}
+
+/// Whether process `pid` is stopped by a signal (state `T` in `/proc/PID/stat`).
+fn is_stopped(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ").is_some_and(|(_, rest)| rest.starts_with('T'))
 }

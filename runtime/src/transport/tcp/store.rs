@@ -39,6 +39,16 @@ const CALLED: u8 = 16;
 const WHO_WAITS: u8 = 6;
 /// The hub's answer to `WHO_WAITS`: `[generation u64]`, then per rank not at it `[rank u32][joined u8]`.
 const MISSING: u8 = 17;
+/// A rank checking in (sent at most every `BEAT_EVERY` while it waits in a call or a barrier): no body.
+const BEAT: u8 = 7;
+/// A rank that timed out asks which ranks no longer check in: no body.
+const WHO_STALLS: u8 = 8;
+/// The hub's answer to `WHO_STALLS`: per rank joined, not left and silent for `STALL_AFTER`, `[rank u32]`.
+const STALLED: u8 = 18;
+/// How often a waiting rank checks in, and how long a silent one is taken to stand still (stopped, hung, cut off, or
+/// busy outside collc).
+const BEAT_EVERY: Duration = Duration::from_millis(50);
+const STALL_AFTER: Duration = Duration::from_millis(500);
 /// How long a timed-out rank waits for the hub to say who is missing.
 const MISSING_WAIT: Duration = Duration::from_secs(1);
 /// Sources kept per peer: the plans of its most recent call shapes.
@@ -108,6 +118,8 @@ struct HubState {
     ever_joined: Vec<bool>,
     left: Vec<bool>,
     gathers: HashMap<u64, Vec<Option<Vec<u8>>>>,
+    /// When each rank last checked in (any message counts), from its joining on.
+    beats: Vec<Option<Instant>>,
     /// The first failure announced: (rank, how); later ones are not announced again.
     failed: Option<(u32, String)>,
 }
@@ -175,6 +187,7 @@ impl Hub {
             ever_joined: vec![false; n_ranks as usize],
             left: vec![false; n_ranks as usize],
             gathers: HashMap::new(),
+            beats: vec![None; n_ranks as usize],
             failed: None,
         };
         let state = Arc::new((Mutex::new(state), Condvar::new()));
@@ -242,6 +255,7 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
             return;
         }
         hub.ever_joined[rank as usize] = true;
+        hub.beats[rank as usize] = Some(Instant::now());
         hub.writers[rank as usize] = reader.try_clone().ok();
         // A failure announced before this rank joined is news to it too.
         if let Some((failed, how)) = hub.failed.clone() {
@@ -262,7 +276,17 @@ fn session(stream: TcpStream, rank: u32, state: &(Mutex<HubState>, Condvar)) {
             Err(e) => break format!("lost its connection to the rendezvous ({e}): its process died or was cut off"),
         };
         let mut hub = lock.lock().unwrap_or_else(|p| p.into_inner());
+        hub.beats[rank as usize] = Some(Instant::now());
         match tag {
+            BEAT if body.is_empty() => {}
+            WHO_STALLS if body.is_empty() => {
+                let silent = |r: usize| hub.beats[r].is_some_and(|at| at.elapsed() > STALL_AFTER) && !hub.left[r];
+                let answer: Vec<u8> =
+                    (0..hub.n_ranks).filter(|&r| silent(r as usize)).flat_map(|r| r.to_le_bytes()).collect();
+                if let Some(w) = hub.writers[rank as usize].as_mut() {
+                    let _ = write_message(w, STALLED, &answer);
+                }
+            }
             GATHER if body.len() >= 8 && body.len() <= 8 + BLOB_BYTES => {
                 let generation = u64::from_le_bytes(body[..8].try_into().expect("8 bytes"));
                 let n = hub.n_ranks as usize;
@@ -344,6 +368,8 @@ struct Heard {
     refused: Option<String>,
     /// Per barrier generation, the ranks the hub says have not reached it, each with whether it ever joined.
     missing: HashMap<u64, Vec<(u32, bool)>>,
+    /// The hub's last answer to `WHO_STALLS`: the ranks that no longer check in.
+    stalled: Option<Vec<u32>>,
     /// Rank 0 has left: the hub's going is expected.
     host_left: bool,
 }
@@ -362,6 +388,9 @@ pub struct Rendezvous {
     sources_sent: Mutex<HashSet<u64>>,
     /// Rank 0 hosts the hub.
     hub: Option<Hub>,
+    /// When this end was made, and when (since then, in milliseconds) it last checked in with the hub.
+    born: Instant,
+    last_beat: std::sync::atomic::AtomicU64,
 }
 
 impl Rendezvous {
@@ -423,7 +452,21 @@ impl Rendezvous {
             call: Mutex::new(CallInfo::NONE),
             sources_sent: Mutex::new(HashSet::new()),
             hub,
+            born: Instant::now(),
+            last_beat: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Checks in with the hub if `BEAT_EVERY` has passed since this rank last did (its health checks and barrier
+    /// waits call this: a rank that stops, hangs or is cut off falls silent).
+    fn beat(&self) {
+        let now = self.born.elapsed().as_millis() as u64;
+        let last = self.last_beat.load(Ordering::Relaxed);
+        if now.saturating_sub(last) >= BEAT_EVERY.as_millis() as u64
+            && self.last_beat.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            let _ = self.send(BEAT, &[]);
+        }
     }
 
     fn send(&self, tag: u8, body: &[u8]) -> Result<(), RuntimeError> {
@@ -520,6 +563,10 @@ fn listen(
                     .collect();
                 h.missing.insert(generation, ranks);
             }
+            Ok((STALLED, body)) if body.len() % 4 == 0 => {
+                let ranks = body.chunks_exact(4).map(|r| u32::from_le_bytes(r.try_into().expect("4 bytes")));
+                h.stalled = Some(ranks.filter(|&rank| rank < n_ranks).collect());
+            }
             Ok((REFUSED, body)) => {
                 h.refused = Some(String::from_utf8_lossy(&body).into_owned());
                 failed.store(true, Ordering::Release);
@@ -576,6 +623,7 @@ impl Bootstrap for Rendezvous {
 
     fn health(&self, _peers: &[u32]) -> Result<(), (u32, String)> {
         if !self.failed.load(Ordering::Acquire) {
+            self.beat();
             return Ok(());
         }
         let heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
@@ -598,6 +646,36 @@ impl Bootstrap for Rendezvous {
         timeout: Duration,
     ) -> Result<Vec<Vec<u8>>, RuntimeError> {
         self.gather(rank, blob, generation, timeout, "all-gather")
+    }
+
+    /// The rank the hub has not heard from for `STALL_AFTER` (`waits_on` when it is one of them, else the lowest),
+    /// after this rank has checked in for that long itself; `None` where the hub does not answer (then it may be
+    /// this rank that is cut off).
+    fn stalled(&self, waits_on: Option<u32>) -> Option<u32> {
+        let started = Instant::now();
+        while started.elapsed() < STALL_AFTER + BEAT_EVERY {
+            self.beat();
+            std::thread::sleep(BEAT_EVERY / 5);
+        }
+        let (lock, changed) = &*self.heard;
+        lock.lock().unwrap_or_else(|p| p.into_inner()).stalled = None;
+        self.send(WHO_STALLS, &[]).ok()?;
+        let deadline = Instant::now() + MISSING_WAIT;
+        let mut heard = lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(still) = heard.stalled.take() {
+                let still: Vec<u32> = still.into_iter().filter(|&r| r != self.rank).collect();
+                return match waits_on {
+                    Some(peer) if still.contains(&peer) => Some(peer),
+                    _ => still.first().copied(),
+                };
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            heard = changed.wait_timeout(heard, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
     }
 
     fn publish_call(&self, _rank: u32, call: CallInfo) {
@@ -720,7 +798,13 @@ impl Rendezvous {
                 let (seconds, waits_on) = (waited.as_secs_f64(), first.map(|(peer, _)| peer));
                 return Err(RuntimeError::Timeout { rank, what, at: at.into(), seconds, waiting_for, waits_on });
             }
-            heard = changed.wait_timeout(heard, Duration::from_millis(100)).map_err(|_| RuntimeError::Poisoned)?.0;
+            drop(heard);
+            self.beat();
+            heard = lock.lock().map_err(|_| RuntimeError::Poisoned)?;
+            if heard.releases.contains_key(&generation) || heard.failure.is_some() || heard.refused.is_some() {
+                continue;
+            }
+            heard = changed.wait_timeout(heard, BEAT_EVERY).map_err(|_| RuntimeError::Poisoned)?.0;
         }
     }
 }

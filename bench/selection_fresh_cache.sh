@@ -6,6 +6,8 @@
 #
 #   bench/selection_fresh_cache.sh                     # allreduce, 2 4 8 ranks, -b 8 -e 32M -f 4, threads
 #   RANKS="2 4" COLLECTIVE=allgather SIZES="-b 8 -e 8M -f 8" TRANSPORT=shm bench/selection_fresh_cache.sh
+#   LEARN=1 bench/selection_fresh_cache.sh            # then --compare again on the same cache: the choice now goes by
+#                                                     # the first run's timings (merged into the cache), timed afresh
 #
 # Prints each rank count's comparison lines and a summary; the raw tables stay in a temporary directory (printed).
 set -euo pipefail
@@ -26,9 +28,20 @@ for n in $ranks_list; do
     $sizes -n "$iters" -w 5 -c 0 > "$work/ranks-$n.txt"
   echo "== $n ranks"
   sed -n '/# compared out of place/,$p' "$work/ranks-$n.txt" | grep -v '^#$'
+  if [ -n "${LEARN:-}" ]; then
+    # shellcheck disable=SC2086
+    XDG_CACHE_HOME="$cache" target/release/collc run "$collective" --ranks "$n" --transport "$transport" --compare \
+      $sizes -n "$iters" -w 5 -c 0 > "$work/learned-$n.txt"
+    echo "== $n ranks, again, choosing by the first run's timings"
+    sed -n '/# compared out of place/,$p' "$work/learned-$n.txt" | grep -v '^#$'
+  fi
 done
 echo "== summary"
 for n in $ranks_list; do
   line=$(grep "within 10% of the measured fastest" "$work/ranks-$n.txt" || echo "no summary line")
   echo "$n ranks: ${line#\# }"
+  if [ -n "${LEARN:-}" ]; then
+    line=$(grep "within 10% of the measured fastest" "$work/learned-$n.txt" || echo "no summary line")
+    echo "$n ranks, after learning: ${line#\# }"
+  fi
 done

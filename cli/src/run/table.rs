@@ -286,9 +286,10 @@ fn learn(job: &Job, rows: &[Row]) -> Option<String> {
     })
 }
 
-/// Under a `--compare` table: per size, the measured fastest (out of place) and the cost model's choice beside it.
+/// Under a `--compare` table: per size, the measured fastest (out of place) and the choice beside it (the cost
+/// model's, or where this host's timings cover the size, theirs).
 fn print_comparison(job: &Job, rows: &[Row]) {
-    println!("# compared out of place: the measured fastest, and the cost model's choice");
+    println!("# compared out of place: the measured fastest, and the choice (the cost model's, or earlier timings')");
     let (mut close, mut total) = (0, 0);
     for group in comparisons(job, rows) {
         let time = |row: &Row| row.out_of_place.map_or(f64::INFINITY, |c| c.seconds);
@@ -299,7 +300,7 @@ fn print_comparison(job: &Job, rows: &[Row]) {
         total += 1;
         let op = fastest.op.map_or(String::new(), |op| format!(" {op}"));
         println!(
-            "#   {:>12} B {}{op}  fastest {} {:.2} us, predicted {} {:.2} us ({ratio:.2}x)",
+            "#   {:>12} B {}{op}  fastest {} {:.2} us, chosen {} {:.2} us ({ratio:.2}x)",
             fastest.bytes,
             fastest.dtype,
             fastest.algorithm,
@@ -308,5 +309,5 @@ fn print_comparison(job: &Job, rows: &[Row]) {
             time(chosen) * 1e6
         );
     }
-    println!("# the cost model's choice is within 10% of the measured fastest at {close} of {total} sizes");
+    println!("# the choice is within 10% of the measured fastest at {close} of {total} sizes");
 }

@@ -169,7 +169,7 @@ fn the_choice_learns_what_compare_measured() {
             .as_array()
             .expect("rows")
             .iter()
-            .find(|r| r["size"].to_string() == *size)
+            .find(|r| r["size"].as_u64() == size.parse().ok())
             .expect("a row per size");
         assert_eq!(row["algorithm"].as_str(), Some(algorithm.as_str()), "{size} B: {doc}");
     }

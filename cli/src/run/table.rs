@@ -266,7 +266,12 @@ fn learn(job: &Job, rows: &[Row]) -> Option<String> {
         .iter()
         .filter(first)
         .filter_map(|r| {
-            Some(Point { algorithm: r.algorithm.clone(), bytes: r.bytes as u64, seconds: r.out_of_place?.seconds })
+            Some(Point {
+                algorithm: r.algorithm.clone(),
+                bytes: r.bytes as u64,
+                seconds: r.out_of_place?.seconds,
+                runs: Vec::new(),
+            })
         })
         .collect();
     let mut measured = Measured::load();

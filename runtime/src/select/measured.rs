@@ -1,18 +1,25 @@
 //! Timings measured on this host, which the choice learns from: `collc run COLLECTIVE --compare` times every
-//! candidate at every size and merges the out-of-place medians here (a file beside the host's calibration), per
-//! collective, rank count and transport. A selection whose ranks are all on this host, costed without a topology
+//! candidate at every size and merges the out-of-place times here (a file beside the host's calibration), per
+//! collective, rank count and transport; each point keeps the last `RUNS_KEPT` runs' times and stands for their
+//! median, so one noisy run does not turn the choice. A selection whose ranks are all on this host, costed without a topology
 //! file, then chooses by them at a call size every candidate was timed around (log-log interpolation between the
 //! two sizes timed nearest), and by the cost model elsewhere.
 
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
-/// One candidate's time at one size.
+/// Runs whose times a point keeps.
+pub const RUNS_KEPT: usize = 5;
+
+/// One candidate's time at one size: the median of the runs kept.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Point {
     pub algorithm: String,
     pub bytes: u64,
     pub seconds: f64,
+    /// The times of the last runs (at most `RUNS_KEPT`), oldest first.
+    #[serde(default)]
+    pub runs: Vec<f64>,
 }
 
 /// The timings of one collective on so many ranks over one transport.
@@ -45,8 +52,9 @@ impl Measured {
             .unwrap_or_default()
     }
 
-    /// Adds `points` to the series of (`collective`, `ranks`, `transport`), each replacing a point of the same
-    /// algorithm and size.
+    /// Adds `points` to the series of (`collective`, `ranks`, `transport`): each one's time joins the runs of the
+    /// point of the same algorithm and size (the oldest dropped beyond `RUNS_KEPT`), which then stands for their
+    /// median.
     pub fn merge(&mut self, collective: &str, ranks: u32, transport: &str, points: Vec<Point>) {
         let found =
             self.series.iter().position(|s| s.collective == collective && s.ranks == ranks && s.transport == transport);
@@ -58,8 +66,16 @@ impl Measured {
         });
         let series = &mut self.series[index];
         for point in points.into_iter().filter(|p| p.seconds.is_finite() && p.seconds > 0.0) {
-            series.points.retain(|p| !(p.algorithm == point.algorithm && p.bytes == point.bytes));
-            series.points.push(point);
+            let at = series.points.iter().position(|p| p.algorithm == point.algorithm && p.bytes == point.bytes);
+            let mut runs = at.map(|i| series.points.swap_remove(i).runs).unwrap_or_default();
+            runs.push(point.seconds);
+            if runs.len() > RUNS_KEPT {
+                runs.remove(0);
+            }
+            let mut sorted = runs.clone();
+            sorted.sort_by(f64::total_cmp);
+            let seconds = sorted[sorted.len() / 2];
+            series.points.push(Point { seconds, runs, ..point });
         }
         series.points.sort_by(|a, b| (a.algorithm.as_str(), a.bytes).cmp(&(b.algorithm.as_str(), b.bytes)));
     }
@@ -105,22 +121,31 @@ mod tests {
     use super::{Measured, Point};
 
     fn point(algorithm: &str, bytes: u64, seconds: f64) -> Point {
-        Point { algorithm: algorithm.into(), bytes, seconds }
+        Point { algorithm: algorithm.into(), bytes, seconds, runs: Vec::new() }
     }
 
-    /// A merge replaces the same algorithm's time at the same size and keeps the rest; a time is exact at a size
-    /// timed, between the two nearest elsewhere, and unknown outside the sizes timed.
+    /// A merge adds to the same algorithm's runs at the same size (the point is their median) and keeps the rest; a
+    /// time is exact at a size timed, between the two nearest elsewhere, and unknown outside the sizes timed.
     #[test]
     fn merged_timings_replace_their_own_and_interpolate_between_sizes() {
         let mut measured = Measured::default();
         measured.merge("allreduce", 4, "threads", vec![point("ring", 1024, 4e-6), point("ring", 4096, 16e-6)]);
         measured.merge("allreduce", 4, "threads", vec![point("ring", 4096, 8e-6), point("tree", 1024, 1e-6)]);
+        measured.merge("allreduce", 4, "threads", vec![point("ring", 4096, 7e-6)]);
         measured.merge("allreduce", 8, "threads", vec![point("ring", 1024, 1.0)]);
         let series = measured.series("allreduce", 4, "threads").expect("merged");
         assert_eq!(series.points.len(), 3);
+        // The median of 16, 8 and 7 us.
         assert_eq!(series.seconds("ring", 4096.0), Some(8e-6));
+        for run in 0..super::RUNS_KEPT {
+            measured.merge("allreduce", 4, "threads", vec![point("ring", 4096, 8e-6 + run as f64 * 1e-9)]);
+        }
+        let series = measured.series("allreduce", 4, "threads").expect("merged");
+        let ring = series.points.iter().find(|p| p.algorithm == "ring" && p.bytes == 4096).expect("kept");
+        assert_eq!(ring.runs.len(), super::RUNS_KEPT);
+        assert_eq!(series.seconds("ring", 4096.0), Some(8e-6 + 2e-9));
         let between = series.seconds("ring", 2048.0).expect("between two sizes timed");
-        assert!((between - 4e-6 * 2f64.sqrt()).abs() < 1e-12, "{between}");
+        assert!((between - (4e-6 * (8e-6 + 2e-9f64)).sqrt()).abs() < 1e-12, "{between}");
         assert_eq!(series.seconds("ring", 512.0), None);
         assert_eq!(series.seconds("ring", 8192.0), None);
         assert_eq!(series.seconds("tree", 1024.0), Some(1e-6));

@@ -149,7 +149,8 @@ struct Shared {
     /// Channels the schedule uses (1 + the highest), the same for every rank: the device executor sizes its lanes by it.
     channels: u32,
 }
-type PlanKey = (CallShape, Placement);
+/// A call shape, its placement, and the candidate a live-learning call explores (`select::live`), if it does.
+type PlanKey = (CallShape, Placement, Option<usize>);
 
 /// Aborts a communicator from any thread, as `ncclCommAbort` does: the call it is in returns an error within a
 /// health check (milliseconds), and so does every peer's, naming this rank.
@@ -194,6 +195,8 @@ pub struct Communicator {
     answered: std::cell::Cell<u64>,
     /// The fingerprint of the plan whose source this rank published last (`Bootstrap::publish_source`).
     published_source: u64,
+    /// What this rank learns from live calls, when `COLLC_LEARN=1`.
+    live: Option<crate::select::Live>,
 }
 
 impl Communicator {
@@ -222,7 +225,7 @@ impl Communicator {
     /// Bytes this rank's plan of a call shape reads and writes per call (its messages included): what a
     /// memory-bound executor moves (`Plan::traffic_bytes`).
     pub fn traffic_bytes(&mut self, shape: CallShape, placement: Placement) -> Result<u64, RuntimeError> {
-        let index = self.plan(shape, placement)?;
+        let index = self.plan(shape, placement, None)?;
         Ok(self.plans[index].plan_mut().traffic_bytes())
     }
 
@@ -320,7 +323,8 @@ impl Communicator {
             Ok(library) => format!("{:016x}\n{}", library.user_digest(), crate::algo_path::summary(&library)),
             Err(error) => format!("!\n{VAR} does not read: {}", error.describe(), VAR = crate::algo_path::VAR),
         };
-        let mine = format!("{}\n{algorithms}", self.transport().name());
+        let learning = if self.live.is_some() { " learning from live calls (COLLC_LEARN=1)" } else { "" };
+        let mine = format!("{}{learning}\n{algorithms}", self.transport().name());
         let mut blob = mine.as_bytes()[..mine.len().min(crate::link::BLOB_BYTES)].to_vec();
         while std::str::from_utf8(&blob).is_err() {
             blob.pop();
@@ -372,6 +376,7 @@ impl Communicator {
             recorder: Recorder::new(rank, n_ranks, job),
             answered: std::cell::Cell::new(crate::recorder::requests()),
             published_source: 0,
+            live: crate::select::live_enabled().map_err(RuntimeError::Config)?.then(Default::default),
         })
     }
 
@@ -438,7 +443,7 @@ impl Communicator {
     /// The algorithm a call of `shape` runs (the one set for its collective, or the one its selection chooses for
     /// the call's size).
     pub fn algorithm_of(&mut self, shape: &CallShape) -> Result<String, RuntimeError> {
-        self.algorithm_for(shape).map(|algorithm| algorithm.name)
+        self.algorithm_for(shape, None).map(|algorithm| algorithm.name)
     }
 
     /// The algorithm `collective` runs with: the one set, else `selected per size`.
@@ -510,9 +515,14 @@ impl Communicator {
             Buffers::OutOfPlace { .. } | Buffers::DeviceOutOfPlace { .. } => Placement::OutOfPlace,
             Buffers::InPlace(_) | Buffers::DeviceInPlace(_) => Placement::InPlace,
         };
+        let explore = self.exploring(&shape)?;
         self.seq += 1;
-        match self.run_call(shape, placement, buffers) {
-            Ok(()) => Ok(()),
+        let started = std::time::Instant::now();
+        match self.run_call(shape, placement, buffers, explore) {
+            Ok(()) => match explore {
+                Some(index) => self.learn(shape, index, started.elapsed().as_secs_f64()),
+                None => Ok(()),
+            },
             Err(error @ RuntimeError::PeerFailed { .. }) => Err(error),
             Err(RuntimeError::Timeout { rank, what, at, seconds, waiting_for, waits_on }) => {
                 // A timeout is news of the rank the job stopped at, not of this one: every rank names that one.
@@ -546,7 +556,13 @@ impl Communicator {
         }
     }
 
-    fn run_call(&mut self, shape: CallShape, placement: Placement, buffers: Buffers) -> Result<(), RuntimeError> {
+    fn run_call(
+        &mut self,
+        shape: CallShape,
+        placement: Placement,
+        buffers: Buffers,
+        explore: Option<usize>,
+    ) -> Result<(), RuntimeError> {
         let device = matches!(buffers, Buffers::DeviceOutOfPlace { .. } | Buffers::DeviceInPlace(_));
         let transport = self.fabric.transport();
         if device != self.fabric.gpu_ordinal(self.rank).is_some() {
@@ -562,7 +578,7 @@ impl Communicator {
                 ),
             }));
         }
-        let index = self.plan(shape, placement).inspect_err(|error| {
+        let index = self.plan(shape, placement, explore).inspect_err(|error| {
             // Preparing a shape waits on the peers too (device IPC handles are all-gathered): a peer that fails
             // then is dumped as in a call, with no instruction yet.
             if matches!(error, RuntimeError::PeerFailed { .. } | RuntimeError::Timeout { .. }) {
@@ -632,19 +648,20 @@ impl Communicator {
         outcome
     }
 
-    /// The index of the prepared plan of a call shape, compiling and verifying its schedule on first use.
-    fn plan(&mut self, shape: CallShape, placement: Placement) -> Result<usize, RuntimeError> {
+    /// The index of the prepared plan of a call shape (with the candidate `explore` when live learning explores
+    /// one), compiling and verifying its schedule on first use.
+    fn plan(&mut self, shape: CallShape, placement: Placement, explore: Option<usize>) -> Result<usize, RuntimeError> {
         // A root or peer the collective ignores does not make another plan (as `schedule_for` keys schedules).
         let root = if shape.collective.rooted() { shape.root } else { 0 };
         let peer = if shape.collective == Collective::SendRecv { shape.peer } else { 0 };
-        let key = (CallShape { root, peer, ..shape }, placement);
+        let key = (CallShape { root, peer, ..shape }, placement, explore);
         if let Some((last, index)) = self.last_plan {
             if last == key {
                 return Ok(index);
             }
         }
         if !self.plan_index.contains_key(&key) {
-            let algorithm = self.algorithm_for(&shape)?;
+            let algorithm = self.algorithm_for(&shape, explore)?;
             let shared = self.schedule_for(&algorithm, shape, placement)?;
             let plan = exec::prepare(
                 &shared.sched,
@@ -723,24 +740,32 @@ impl Communicator {
     /// The algorithm a call runs: the one set for its collective (`set_algorithm`, `set_schedule`), else the
     /// predicted-fastest for its size in the collective's selection (`set_selection`, or one made on its first
     /// call: `Selection::from_env`; where none can be made, the library's default, with a warning).
-    fn algorithm_for(&mut self, shape: &CallShape) -> Result<Algorithm, RuntimeError> {
+    fn algorithm_for(&mut self, shape: &CallShape, explore: Option<usize>) -> Result<Algorithm, RuntimeError> {
         let collective = shape.collective;
         if let Some(algorithm) = self.algorithms.get(&collective) {
             return Ok(algorithm.clone());
         }
-        let selection = match self.selections.get(&collective) {
-            Some(selection) => Some(selection.clone()),
-            None => self.shared_selection(collective)?,
-        };
-        let Some(selection) = selection else {
+        let Some(selection) = self.selection_of(collective)? else {
             let name = library::default_for(collective);
             let source = library::get(name).unwrap_or_default().to_string();
             return Ok(Algorithm { name: name.to_string(), source, params: Vec::new(), fixed: None, costed: None });
         };
         let bytes = crate::select::call_bytes(collective, shape.count, shape.dtype.size_bytes(), self.n_ranks);
+        let (_, class) = crate::select::class_of(collective, bytes);
+        // Exploring runs the candidate asked for; a class learned live runs what it learned.
+        let learned = self.live.as_ref().and_then(|live| live.learned((collective, class)));
+        if let Some(index) = explore.or(learned).filter(|&i| i < selection.candidates.len()) {
+            let candidate = &selection.candidates[index];
+            return Ok(Algorithm {
+                name: candidate.name.clone(),
+                source: candidate.source.clone(),
+                params: candidate.params.clone(),
+                fixed: None,
+                costed: candidate.costed.schedule.clone(),
+            });
+        }
         let chosen = selection.choose(bytes);
         let candidate = &selection.candidates[chosen.index];
-        let class = usize::BITS - bytes.leading_zeros();
         if self.rank == 0 && self.logged.insert((collective, class)) {
             let (low, high) = ((1u128 << class) >> 1, (1u128 << class) - 1);
             let runner_up = chosen.runner_up.map_or(String::from("no runner-up"), |(i, t)| {
@@ -765,6 +790,87 @@ impl Communicator {
             fixed: None,
             costed: candidate.costed.schedule.clone(),
         })
+    }
+
+    /// The selection `collective`'s calls choose through: the one set, else the shared one; `None` where none can be
+    /// made.
+    fn selection_of(&mut self, collective: Collective) -> Result<Option<Arc<Selection>>, RuntimeError> {
+        match self.selections.get(&collective) {
+            Some(selection) => Ok(Some(selection.clone())),
+            None => self.shared_selection(collective),
+        }
+    }
+
+    /// The candidate a call of `shape` explores, while live learning (`COLLC_LEARN=1`) explores its size class: the
+    /// collective must choose through a selection of two candidates or more.
+    fn exploring(&mut self, shape: &CallShape) -> Result<Option<usize>, RuntimeError> {
+        if self.live.is_none() || self.algorithms.contains_key(&shape.collective) {
+            return Ok(None);
+        }
+        let Some(selection) = self.selection_of(shape.collective)? else { return Ok(None) };
+        let n = selection.candidates.len();
+        let bytes = crate::select::call_bytes(shape.collective, shape.count, shape.dtype.size_bytes(), self.n_ranks);
+        let live = self.live.as_mut().expect("checked");
+        Ok((n > 1).then(|| live.explore(crate::select::class_of(shape.collective, bytes), n)).flatten())
+    }
+
+    /// Records an exploring call that ran candidate `index` in `seconds`; once its class has tried every candidate,
+    /// the ranks all-gather their medians and settle on one (logged at INFO), which the class's calls run from then
+    /// on, and rank 0 merges the times into this host's timings where the ranks share the host.
+    fn learn(&mut self, shape: CallShape, index: usize, seconds: f64) -> Result<(), RuntimeError> {
+        let collective = shape.collective;
+        let Some(selection) = self.selection_of(collective)? else { return Ok(()) };
+        let n = selection.candidates.len();
+        let bytes = crate::select::call_bytes(collective, shape.count, shape.dtype.size_bytes(), self.n_ranks);
+        let class = crate::select::class_of(collective, bytes);
+        let Some(mine) = self.live.as_mut().and_then(|live| live.record(class, index, n, seconds)) else {
+            return Ok(());
+        };
+        let blob: Vec<u8> = mine.iter().flat_map(|&t| (t as f32).to_le_bytes()).collect();
+        self.barriers += 1;
+        let all = self.bootstrap.all_gather(self.rank, &blob, self.barriers, self.options.timeout)?;
+        let per_rank: Vec<Vec<f64>> = all
+            .iter()
+            .map(|b| b.chunks_exact(4).map(|t| f32::from_le_bytes(t.try_into().expect("4 bytes")) as f64).collect())
+            .collect();
+        let (chosen, slowest) = self.live.as_mut().expect("recorded").settle(class, &per_rank);
+        // The plans made for the class's calls so far ran the predicted candidate; the next ones run the learned.
+        self.plans.clear();
+        self.plan_index.clear();
+        self.last_plan = None;
+        if self.rank != 0 {
+            return Ok(());
+        }
+        let times: Vec<String> =
+            selection.candidates.iter().zip(&slowest).map(|(c, t)| format!("{} {:.1} us", c.name, t * 1e6)).collect();
+        crate::log::info(
+            crate::log::Subsys::Coll,
+            format_args!(
+                "{collective} of {bytes} B: learned from live calls: {} (slowest rank's median of {} timed calls each: {})",
+                selection.candidates[chosen].name,
+                crate::select::live::TRIES,
+                times.join(", ")
+            ),
+        );
+        if !self.fabric.transport().backend().sockets() {
+            let points = selection
+                .candidates
+                .iter()
+                .zip(&slowest)
+                .map(|(c, &seconds)| crate::select::Point {
+                    algorithm: c.name.clone(),
+                    bytes: bytes as u64,
+                    seconds,
+                    runs: Vec::new(),
+                })
+                .collect();
+            let mut measured = crate::select::Measured::load();
+            measured.merge(collective.name(), self.n_ranks, self.fabric.transport().name(), points);
+            if let Err(e) = measured.save() {
+                crate::log::warn(crate::log::Subsys::Coll, format_args!("live timings not kept: {e}"));
+            }
+        }
+        Ok(())
     }
 
     /// The selection the rank threads of this process share for `collective`, made by the first that needs it;

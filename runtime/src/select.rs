@@ -11,8 +11,10 @@
 //! each choice is logged once per collective and size class (a power of two of bytes): the algorithm, its
 //! predicted time and the runner-up's.
 
+pub(crate) mod live;
 mod measured;
 
+pub(crate) use live::{class_of, enabled as live_enabled, Live};
 pub use measured::{Measured, Point, Series};
 
 use crate::error::RuntimeError;

@@ -94,13 +94,14 @@ fn measure_row(
         root: job.root,
         peer: job.peer,
     };
-    let algorithm = comm.algorithm_of(&shape)?;
     let mut cells = [None, None];
     for (cell, placement) in cells.iter_mut().zip(Placement::BOTH) {
         if job.runs(placement) {
             *cell = measure(comm, job, &shape, placement == Placement::InPlace, buffers)?;
         }
     }
+    // Asked after the calls: with COLLC_LEARN=1 the size class's first calls explore, and then it runs what it learned.
+    let algorithm = comm.algorithm_of(&shape)?;
     let [out_of_place, in_place] = cells;
     Ok((comm.rank() == 0).then(|| Row {
         bytes: count * dtype.size_bytes() * size_factor(job.collective, job.n_ranks),

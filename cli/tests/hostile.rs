@@ -159,12 +159,20 @@ fn attack(target: SocketAddr, purpose: Purpose) {
     }
 }
 
+/// Through the network proxy thread and with the executors moving the data themselves (`COLLC_NET_PROXY`).
 #[test]
 fn hostile_peers_are_refused_and_the_honest_job_beside_them_finishes_right() {
+    for (mode, said) in [("1", "(proxy thread)"), ("0", "(inline)")] {
+        honest_job_beside_hostile_peers(mode, said);
+    }
+}
+
+fn honest_job_beside_hostile_peers(mode: &str, said: &str) {
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let mut honest = Command::new(env!("CARGO_BIN_EXE_collc"))
         .args(["run", "allreduce/ring", "--transport", "tcp", "--ranks", "3"])
         .args(["-b", "8", "-e", "4M", "-f", "4", "-n", "1500", "-w", "2", "-c", "1"])
+        .env("COLLC_NET_PROXY", mode)
         .env("MASTER_ADDR", "127.0.0.1")
         .env("MASTER_PORT", port.to_string())
         .env("COLLC_JOB_TOKEN", TOKEN)
@@ -227,4 +235,5 @@ fn hostile_peers_are_refused_and_the_honest_job_beside_them_finishes_right() {
     for reason in ["wrong job token", "not a collc handshake", "another protocol version", "timed out"] {
         assert!(log.contains(reason), "no refusal logged with `{reason}`:\n{log}");
     }
+    assert!(log.contains(&format!("via NET/Socket/1 {said}")), "COLLC_NET_PROXY={mode}:\n{log}");
 }

@@ -2,7 +2,9 @@
 //!
 //! - `store.rs`: the rendezvous rank 0 hosts (MASTER_ADDR:MASTER_PORT), the `Bootstrap` of this transport.
 //! - `auth.rs`: the HMAC challenge-response every connection opens with (a job token).
-//! - `wire.rs`: the data plane, sockets and message slots driven by the executor; `frame.rs`, its frames.
+//! - `proxy.rs`: the network proxy, one thread per rank that owns its sockets and runs `wire.rs`, the data plane
+//!   (frames, credits), between them and the links' rings (`ring.rs`), which the executor fills and drains without
+//!   a lock; `frame.rs`, the frames.
 //!
 //! A rank listens for its peers on the interface `COLLC_SOCKET_IFNAME` selects and tells the others its address
 //! through the rendezvous; the connection between two ranks is made when a plan first needs it (the lower rank
@@ -10,6 +12,8 @@
 
 pub mod auth;
 mod frame;
+mod proxy;
+mod ring;
 mod store;
 mod wire;
 
@@ -23,6 +27,7 @@ use crate::exec::{Executor, Host, Plan};
 use crate::launch::Launch;
 use crate::log::{self, Subsys};
 use auth::{Hello, Purpose, Refusal};
+use ring::{Meta, Ring};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,16 +76,17 @@ impl Backend for Tcp {
             token,
             ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
             sockets: 1,
+            proxy: proxy::Mode::from_env(n_ranks).map_err(RuntimeError::Config)?,
         };
         Communicator::rank_threads(n_ranks, &|rank| process(&TcpJob { rank, ..tcp.clone() }, options.clone()))
     }
 
     fn check_launch(&self, launch: &Launch) -> Result<(), String> {
-        TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map(drop)
+        TcpJob::from_launch(launch).map(drop)
     }
 
     fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
-        let job = TcpJob::from_env(launch.rank, launch.world_size, &launch.job).map_err(RuntimeError::Config)?;
+        let job = TcpJob::from_launch(launch).map_err(RuntimeError::Config)?;
         process(&job, options)
     }
 
@@ -131,12 +137,21 @@ pub struct TcpJob {
     pub ifname: Option<IfPattern>,
     /// Connections per pair of ranks (`COLLC_NSOCKS_PERPEER`).
     pub sockets: u8,
+    /// Who moves the data between the links and the sockets (`COLLC_NET_PROXY`).
+    pub(crate) proxy: proxy::Mode,
 }
 
 impl TcpJob {
+    /// As `from_env`, for a launch (whose ranks on this host choose the proxy's mode).
+    pub fn from_launch(launch: &Launch) -> Result<TcpJob, String> {
+        let local = launch.local_world_size.unwrap_or(launch.world_size);
+        TcpJob::from_env(launch.rank, launch.world_size, &launch.job, local)
+    }
+
     /// From a launcher's environment: MASTER_ADDR/MASTER_PORT (or `COLLC_RENDEZVOUS`), the token
-    /// (`COLLC_JOB_TOKEN` or `COLLC_JOB_TOKEN_FILE`), `COLLC_SOCKET_IFNAME` and `COLLC_NSOCKS_PERPEER`.
-    pub fn from_env(rank: u32, n_ranks: u32, job: &str) -> Result<TcpJob, String> {
+    /// (`COLLC_JOB_TOKEN` or `COLLC_JOB_TOKEN_FILE`), `COLLC_SOCKET_IFNAME`, `COLLC_NSOCKS_PERPEER` and
+    /// `COLLC_NET_PROXY` (for `local_ranks` ranks on this host).
+    pub fn from_env(rank: u32, n_ranks: u32, job: &str, local_ranks: u32) -> Result<TcpJob, String> {
         let rendezvous = rendezvous_from(|name| std::env::var(name).ok())?;
         let token = Token::from_env()?.ok_or(
             "the tcp transport needs the job's token: set COLLC_JOB_TOKEN (or COLLC_JOB_TOKEN_FILE) to the same \
@@ -155,7 +170,8 @@ impl TcpJob {
                 .ok_or(format!("COLLC_NSOCKS_PERPEER=`{text}` is not in 1..=16"))?,
             Err(_) => 1,
         };
-        Ok(TcpJob { rendezvous, rank, n_ranks, job: job.to_string(), token, ifname, sockets })
+        let proxy = proxy::Mode::from_env(local_ranks)?;
+        Ok(TcpJob { rendezvous, rank, n_ranks, job: job.to_string(), token, ifname, sockets, proxy })
     }
 }
 
@@ -220,9 +236,11 @@ struct Inbox {
     arrived: Condvar,
 }
 
-/// One rank's tcp fabric: its wire, its peers' addresses, and the acceptor of its data port.
+/// One rank's tcp fabric: its proxy, its links' rings, its peers' addresses, and the acceptor of its data port.
 pub(crate) struct Net {
-    wire: Arc<Mutex<Wire>>,
+    proxy: proxy::Proxy,
+    /// The rings made so far, by link (plans of several shapes share a link's ring), and the peers connected.
+    rings: Mutex<(HashMap<super::LinkEnd, Arc<Ring>>, Vec<bool>)>,
     rendezvous: Arc<Rendezvous>,
     addrs: Vec<SocketAddr>,
     inbox: Arc<Inbox>,
@@ -261,8 +279,11 @@ pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Ren
         .name(format!("collc accept {rank}"))
         .spawn(move || accept_peers(listener, rank, n_ranks, hash, token, acceptor_inbox, acceptor_stop))
         .map_err(|e| config(format!("cannot start the acceptor thread: {e}")))?;
+    let proxy = proxy::Proxy::start(Wire::new(rank, n_ranks, hash), job.proxy)
+        .map_err(|e| config(format!("cannot start the network proxy thread: {e}")))?;
     let net = Net {
-        wire: Arc::new(Mutex::new(Wire::new(rank, n_ranks, hash))),
+        proxy,
+        rings: Mutex::new((HashMap::new(), vec![false; n_ranks as usize])),
         rendezvous: rendezvous.clone(),
         addrs,
         inbox,
@@ -313,9 +334,9 @@ impl Drop for Net {
 }
 
 impl Net {
-    /// The sockets to `peer`, made if this rank has none yet.
-    fn reach(&self, wire: &mut Wire, peer: u32) -> Result<(), RuntimeError> {
-        if !wire.peers[peer as usize].is_empty() {
+    /// The sockets to `peer`, made and handed to the proxy if this rank has none yet.
+    fn reach(&self, connected: &mut [bool], peer: u32) -> Result<(), RuntimeError> {
+        if connected[peer as usize] {
             return Ok(());
         }
         let rank = self.job.rank;
@@ -332,7 +353,8 @@ impl Net {
                 let addr = self.addrs[peer as usize];
                 let mut stream = TcpStream::connect_timeout(&addr, self.timeout.min(Duration::from_secs(30)))
                     .map_err(|e| fail(format!("cannot be reached at {addr}: {e}")))?;
-                let hello = Hello { purpose: Purpose::Data, socket, rank, world: self.job.n_ranks, job: wire.job };
+                let job = job_hash(&self.job.job);
+                let hello = Hello { purpose: Purpose::Data, socket, rank, world: self.job.n_ranks, job };
                 auth::connect(&mut stream, &self.job.token, &hello, auth::HANDSHAKE_TIMEOUT * 2)
                     .map_err(|e| fail(format!("refused this rank's connection to {addr}: {e}")))?;
                 stream
@@ -341,8 +363,10 @@ impl Net {
             };
             sockets.push(Socket::new(stream).map_err(|e| fail(format!("socket setup: {e}")))?);
         }
-        log::info(Subsys::Init, format_args!("rank {rank}: connected to rank {peer} via NET/Socket/{}", sockets.len()));
-        wire.peers[peer as usize] = sockets;
+        let (n, mode) = (sockets.len(), self.job.proxy.name());
+        log::info(Subsys::Init, format_args!("rank {rank}: connected to rank {peer} via NET/Socket/{n} ({mode})"));
+        self.proxy.shared.add_sockets(peer, sockets);
+        connected[peer as usize] = true;
         Ok(())
     }
 
@@ -387,83 +411,96 @@ impl Fabric for Net {
     fn remove_all(&self) {}
 
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let mut wire = self.wire.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let mut guard = self.rings.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let (rings, connected) = &mut *guard;
         let mut links = Vec::with_capacity(plan.links.len());
         for end in &plan.links {
             let peer = if end.from == self.job.rank { end.to } else { end.from };
-            self.reach(&mut wire, peer)?;
-            links.push(TcpLink { wire: self.wire.clone(), id: wire.register(end) });
+            self.reach(connected, peer)?;
+            let ring = rings.entry(*end).or_insert_with(|| {
+                let ring = Arc::new(Ring::new(*end, peer, end.channel as usize % self.job.sockets.max(1) as usize));
+                self.proxy.shared.add_ring(ring.clone());
+                ring
+            });
+            links.push(TcpLink { ring: ring.clone(), proxy: self.proxy.shared.clone(), call: CallInfo::NONE });
         }
-        drop(wire);
+        drop(guard);
+        self.proxy.shared.sync().map_err(|(peer, how)| RuntimeError::PeerFailed {
+            rank: self.job.rank,
+            what: "preparing a call".into(),
+            at: "its links".into(),
+            peer,
+            how,
+        })?;
         Ok(Box::new(Host { plan, links }))
     }
 }
 
-/// One end of a link over tcp: its index in the rank's wire.
+/// One end of a link over tcp: its ring, which the proxy carries, and the call its messages belong to.
 pub(crate) struct TcpLink {
-    wire: Arc<Mutex<Wire>>,
-    id: u32,
-}
-
-impl TcpLink {
-    fn wire(&self) -> std::sync::MutexGuard<'_, Wire> {
-        // Only this rank's thread uses its wire; a poisoned lock means it panicked mid-call, and the call failed.
-        self.wire.lock().unwrap_or_else(|p| p.into_inner())
-    }
+    ring: Arc<Ring>,
+    proxy: Arc<proxy::Shared>,
+    call: CallInfo,
 }
 
 impl Link for TcpLink {
     fn reserve(&mut self) -> Option<*mut u8> {
-        self.wire().reserve(self.id)
+        self.ring.reserve().or_else(|| {
+            // Credits come with the peer's frames: inline, read them.
+            self.proxy.missed(&self.ring);
+            self.ring.reserve()
+        })
     }
 
     fn post(&mut self, stamp: Stamp, len: usize) {
-        self.wire().post(self.id, stamp, len);
+        self.ring.post(Meta { stamp, len, call: self.call });
+        self.proxy.posted(&self.ring);
     }
 
     fn peek(&mut self) -> Option<(Stamp, *const u8)> {
-        self.wire().peek(self.id)
+        let arrived = self.ring.peek().or_else(|| {
+            self.proxy.missed(&self.ring);
+            self.ring.peek()
+        });
+        arrived.map(|(frame, slot)| (frame.stamp(), slot))
     }
 
     fn release(&mut self) {
-        self.wire().release(self.id);
+        self.ring.release();
+        self.proxy.released();
     }
 
     fn sender_call(&self) -> Option<CallInfo> {
-        self.wire().sender_call(self.id)
+        self.ring.peek().map(|(frame, _)| frame.call)
     }
 
     fn start(links: &mut [Self], call: &CallInfo) {
-        if let Some(link) = links.first() {
-            link.wire().call = *call;
+        for link in links {
+            link.call = *call;
         }
     }
 
     fn progress(links: &mut [Self], ours: Stamp, block: bool) -> Result<(), LinkFault> {
         let Some(link) = links.first() else { return Ok(()) };
-        let mut wire = link.wire();
-        if block {
-            // About to sleep: every sender hears of all the room this rank has.
-            wire.flush_credits();
-            wire.sleep(Duration::from_millis(1));
-        }
-        wire.pump_all();
-        if let Some((peer, how)) = wire.fault.clone() {
+        link.proxy.progress(block);
+        if let Some((peer, how)) = link.proxy.fault() {
             return Err(LinkFault::Peer(peer, how));
         }
         // A peer's frame waiting for a link this rank has not opened, from the same call: the calls differ.
-        if let Some((peer, frame)) = wire.parked().find(|(_, f)| f.seq == ours.seq) {
+        if let Some((peer, frame)) = link.proxy.parked_in(ours.seq) {
             return Err(LinkFault::Mismatch { peer, theirs: frame.stamp(), call: Some(frame.call) });
         }
         Ok(())
     }
 
     fn flushed(links: &mut [Self]) -> bool {
-        links.first().is_none_or(|link| {
-            let mut wire = link.wire();
-            wire.pump_all();
-            wire.flushed()
-        })
+        let flushed = links.iter().all(|link| link.ring.flushed());
+        if !flushed {
+            if let Some(link) = links.first() {
+                link.proxy.progress(false);
+            }
+        }
+        flushed
     }
 }
 

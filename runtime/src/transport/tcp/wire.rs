@@ -1,73 +1,45 @@
-//! The data plane of the tcp transport: one rank's sockets to its peers and the message slots of its links.
+//! The data plane of the tcp transport, as the network proxy runs it (`proxy.rs`): one rank's sockets to its peers
+//! and the links' rings (`ring.rs`), which the executor fills and drains without a lock.
 //!
-//! - Every link (a connection of the plan: from, to, channel, slot size) has `SLOTS` slots on each end, in local
-//!   memory. The sender writes a message into its slot and posts it: the frame (header + message) goes onto the
-//!   socket at once with one `writev`, or as much of it as the socket takes, the rest at the next pump.
-//! - The receiver reads frames off the socket into its slots: the header first, whose link and length are checked
-//!   against the links this rank's plans opened before the message is read (straight into its slot when large).
-//! - Credits keep the sender within the receiver's slots, as shared memory's ring does: a receiver that releases a
-//!   message sends a credit frame (coalesced: the latest count goes out), and the sender reserves only while it has
-//!   fewer than `SLOTS` messages unconsumed. So every frame that arrives has a slot, and the schedules the verifier
-//!   proved deadlock-free with `SLOTS` slots per connection (or fewer) stay so when several links share a socket.
+//! - A message the executor posted goes onto its socket at once with one `writev` (header + message), or as much of
+//!   it as the socket takes, the rest at the next pump; `Ring::sent` then says the slot may be reused.
+//! - The proxy reads frames off the socket into the rings' slots: the header first, whose link and length are
+//!   checked against the links this rank's plans opened before the message is read (straight into its slot when
+//!   large).
+//! - Credits keep the sender within the receiver's slots, as shared memory's ring does: the sender reserves only
+//!   while it has fewer than `SLOTS` messages unconsumed; a receiver's consumption goes back as a credit riding on a
+//!   message the other way, as a credit frame once half the slots are free, or when the proxy has nothing else to
+//!   do. So every frame that arrives has a slot, and the schedules the verifier proved deadlock-free with `SLOTS`
+//!   slots per connection (or fewer) stay so when several links share a socket.
 //! - A frame for a link this rank has not opened yet (a peer already in the next call) waits in the socket until
 //!   a plan opens that link; frames after it on that socket belong to that call or later ones, which this rank
 //!   does not need before then.
-//!
-//! There is no thread: the executor drives the sockets (non-blocking) when it posts, peeks, or goes idle
-//! (`Link::progress`), and the rendezvous reports failures.
 
 use super::frame::{self, Frame, Kind};
-use crate::transport::{CallInfo, LinkEnd, Stamp, SLOTS};
+use super::ring::{Ring, SLOTS_U};
+use crate::transport::{LinkEnd, SLOTS};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
-const SLOTS_U: usize = SLOTS as usize;
 /// The staging buffer of a socket; a message body larger than this is read straight into its slot.
 const STAGE: usize = 64 << 10;
 /// Bytes read into the staging buffer at a time: a header and a small message, or many small frames, in one
 /// read, but no more than this of a large body copied through the staging buffer.
 const STAGE_READ: usize = 4 << 10;
 
-/// A link's memory: `SLOTS` slots of `slot_bytes`, 64-byte aligned.
-struct Slots {
-    storage: Vec<u8>,
-    offset: usize,
-    slot_bytes: usize,
-}
-
-impl Slots {
-    fn new(slot_bytes: usize) -> Slots {
-        let storage = vec![0u8; SLOTS_U * slot_bytes + 64];
-        let offset = storage.as_ptr().align_offset(64);
-        Slots { storage, offset, slot_bytes }
-    }
-
-    fn ptr(&mut self, message: u64) -> *mut u8 {
-        let index = (message % SLOTS) as usize;
-        self.storage[self.offset + index * self.slot_bytes..].as_mut_ptr()
-    }
-}
-
-/// One registered link.
+/// One registered link, as the proxy keeps it.
 struct LinkState {
-    end: LinkEnd,
-    peer: u32,
-    /// Which of the peer's sockets carries it.
-    socket: usize,
-    slots: Slots,
-    /// Sender: messages posted, and consumed by the receiver as its last credit said.
-    posted: u64,
-    credited: u64,
-    /// Sender: each slot's frame header, kept until the frame is written.
+    ring: Arc<Ring>,
+    /// Sender: messages queued on the socket so far.
+    queued: u64,
+    /// Sender: each slot's frame header, made when queued and kept until the frame is written.
     headers: [[u8; frame::HEADER]; SLOTS_U],
-    /// Receiver: messages arrived whole, consumed, and the consumed count last sent as a credit.
-    received: u64,
-    consumed: u64,
+    /// Receiver: the consumed count last sent as a credit, and whether a credit frame is queued.
     reported: u64,
     credit_queued: bool,
-    /// Receiver: each slot's header as it arrived (stamp, length, the sender's call).
-    arrived: [Option<Frame>; SLOTS_U],
 }
 
 /// What a socket still has to write, in order.
@@ -125,7 +97,7 @@ impl Socket {
 /// A fault on the data plane: the peer, and what happened.
 pub(crate) type Fault = (u32, String);
 
-/// One rank's sockets and links.
+/// One rank's sockets and links, owned by its proxy thread.
 pub(crate) struct Wire {
     pub rank: u32,
     pub job: u64,
@@ -133,9 +105,9 @@ pub(crate) struct Wire {
     pub peers: Vec<Vec<Socket>>,
     links: Vec<LinkState>,
     by_end: HashMap<LinkEnd, u32>,
-    /// The call being run, for the headers of what is sent.
-    pub call: CallInfo,
     pub fault: Option<Fault>,
+    /// The parked frames the executors were last told of (`proxy::Shared::publish`).
+    pub published_parked: Vec<(u32, Frame)>,
 }
 
 /// `writev` that does not raise SIGPIPE when the peer has gone (`sendmsg` with `MSG_NOSIGNAL`, as std's own
@@ -169,152 +141,126 @@ impl Wire {
             peers: (0..n_ranks).map(|_| Vec::new()).collect(),
             links: Vec::new(),
             by_end: HashMap::new(),
-            call: CallInfo::NONE,
             fault: None,
+            published_parked: Vec::new(),
         }
     }
 
-    /// The link of `end`, registered on first use (its peer's sockets must be up).
-    pub fn register(&mut self, end: &LinkEnd) -> u32 {
-        if let Some(&id) = self.by_end.get(end) {
-            return id;
+    /// Takes `ring` on (its peer's sockets must be up).
+    pub fn register(&mut self, ring: Arc<Ring>) {
+        if self.by_end.contains_key(&ring.end) {
+            return;
         }
-        let peer = if end.from == self.rank { end.to } else { end.from };
-        let sockets = self.peers[peer as usize].len().max(1);
-        let state = LinkState {
-            end: *end,
-            peer,
-            socket: end.channel as usize % sockets,
-            slots: Slots::new(end.slot_bytes),
-            posted: 0,
-            credited: 0,
+        let end = ring.end;
+        self.links.push(LinkState {
+            ring,
+            queued: 0,
             headers: [[0u8; frame::HEADER]; SLOTS_U],
-            received: 0,
-            consumed: 0,
             reported: 0,
             credit_queued: false,
-            arrived: [None; SLOTS_U],
-        };
-        self.links.push(state);
-        let id = (self.links.len() - 1) as u32;
-        self.by_end.insert(*end, id);
-        id
+        });
+        self.by_end.insert(end, (self.links.len() - 1) as u32);
     }
 
     fn fail(&mut self, peer: u32, how: String) {
         self.fault.get_or_insert((peer, how));
     }
 
-    // --- the sending end -------------------------------------------------------------------------------------
-
-    pub fn reserve(&mut self, link: u32) -> Option<*mut u8> {
-        let state = &self.links[link as usize];
-        if state.posted - state.credited >= SLOTS {
-            // Credits come with the peer's frames: read them.
-            self.pump_in(state.peer, state.socket);
-            let state = &self.links[link as usize];
-            if state.posted - state.credited >= SLOTS {
-                return None;
-            }
-        }
-        let state = &mut self.links[link as usize];
-        Some(state.slots.ptr(state.posted))
-    }
-
-    pub fn post(&mut self, link: u32, stamp: Stamp, len: usize) {
-        let (job, call) = (self.job, self.call);
-        let end = self.links[link as usize].end;
-        let mut header = Frame::data(end.channel, end.slot_bytes as u32, len as u32, stamp, job, call);
-        // The credit of the link the other way rides on the message, if it owes one.
-        let back = LinkEnd { from: end.to, to: end.from, ..end };
-        if let Some(&back) = self.by_end.get(&back) {
-            let back = &mut self.links[back as usize];
-            if back.consumed > back.reported {
-                back.reported = back.consumed;
-                header.credit = back.consumed + 1;
-            }
-        }
-        let state = &mut self.links[link as usize];
-        let message = state.posted;
-        state.headers[(message % SLOTS) as usize] = header.encode();
-        state.posted += 1;
-        let (peer, socket) = (state.peer, state.socket);
-        self.peers[peer as usize][socket].out.push_back(Out::Data { link, message });
-        self.pump_out(peer, socket);
-    }
-
-    // --- the receiving end -----------------------------------------------------------------------------------
-
-    pub fn peek(&mut self, link: u32) -> Option<(Stamp, *const u8)> {
-        if self.links[link as usize].received == self.links[link as usize].consumed {
-            let (peer, socket) = (self.links[link as usize].peer, self.links[link as usize].socket);
-            self.pump_in(peer, socket);
-        }
-        let state = &mut self.links[link as usize];
-        if state.received == state.consumed {
-            return None;
-        }
-        let frame = state.arrived[(state.consumed % SLOTS) as usize].expect("an arrived message has its header");
-        Some((frame.stamp(), state.slots.ptr(state.consumed) as *const u8))
-    }
-
-    /// The call of the sender of the message `peek` returned last.
-    pub fn sender_call(&self, link: u32) -> Option<CallInfo> {
-        let state = &self.links[link as usize];
-        state.arrived[(state.consumed % SLOTS) as usize].map(|f| f.call)
-    }
-
-    /// Frees the slot; the sender hears of it with this rank's next message to it on the link the other way, when
-    /// half the slots are free again, or when this rank waits past spinning (`flush_credits`): a message costs the
-    /// receiver no system call of its own.
-    pub fn release(&mut self, link: u32) {
-        let state = &mut self.links[link as usize];
-        state.arrived[(state.consumed % SLOTS) as usize] = None;
-        state.consumed += 1;
-        if state.consumed - state.reported >= SLOTS / 2 {
-            self.send_credit(link);
-        }
-    }
-
-    fn send_credit(&mut self, link: u32) {
-        let state = &mut self.links[link as usize];
-        state.reported = state.consumed;
-        let (peer, socket) = (state.peer, state.socket);
-        if !state.credit_queued {
-            state.credit_queued = true;
-            self.peers[peer as usize][socket].out.push_back(Out::Credit { link });
-        }
-        self.pump_out(peer, socket);
-    }
-
-    /// Sends every credit not sent yet: a rank about to wait tells its senders of all the room it has. (A sender
-    /// that waits for room while this rank waits for its next message would otherwise wait for good.)
-    pub fn flush_credits(&mut self) {
-        for link in 0..self.links.len() as u32 {
-            let state = &self.links[link as usize];
-            if state.consumed > state.reported {
-                self.send_credit(link);
-            }
-        }
-    }
-
-    // --- the sockets -----------------------------------------------------------------------------------------
-
-    /// Moves what can move on every socket without waiting.
-    pub fn pump_all(&mut self) {
+    /// One round of the proxy: queues what the executors posted, moves what can move on every socket without
+    /// waiting, and sends the credits owed (all of them when `idle`: the proxy is about to wait, and a sender that
+    /// waits for room while this rank waits for its next message would otherwise wait for good). Whether anything
+    /// moved.
+    pub fn pump(&mut self, idle: bool) -> bool {
+        let mut moved = self.queue_posted();
+        moved |= self.queue_credits(idle);
         for peer in 0..self.peers.len() as u32 {
             for socket in 0..self.peers[peer as usize].len() {
-                self.pump_out(peer, socket);
-                self.pump_in(peer, socket);
+                moved |= self.pump_out(peer, socket);
+                moved |= self.pump_in(peer, socket);
+            }
+        }
+        moved
+    }
+
+    /// Inline: queues what the executor posted and writes `peer`'s socket `socket` (where the post went).
+    pub fn send_posted(&mut self, peer: u32, socket: usize) {
+        self.queue_posted();
+        self.pump_out(peer, socket);
+    }
+
+    /// Inline: queues the credits owed for half a ring or more, and writes them.
+    pub fn send_credits(&mut self) {
+        if self.queue_credits(false) {
+            for peer in 0..self.peers.len() as u32 {
+                for socket in 0..self.peers[peer as usize].len() {
+                    if !self.peers[peer as usize][socket].out.is_empty() {
+                        self.pump_out(peer, socket);
+                    }
+                }
             }
         }
     }
 
-    /// Sleeps until a socket can be read (or written, if it has something to write), at most `timeout`: the wait
-    /// of a rank that has spun long enough, woken by the kernel when data comes instead of taking turns on a core.
-    pub fn sleep(&self, timeout: std::time::Duration) {
+    /// Inline: reads `peer`'s socket `socket` (a ring on it was empty, or full and waiting for credits).
+    pub fn receive(&mut self, peer: u32, socket: usize) {
+        self.pump_in(peer, socket);
+    }
+
+    /// Queues on their sockets the messages posted since the last round, each with its frame header (and the
+    /// credit of the link the other way riding on it, if that one owes one).
+    fn queue_posted(&mut self) -> bool {
+        let mut moved = false;
+        for link in 0..self.links.len() {
+            let posted = self.links[link].ring.posted.load(Ordering::Acquire);
+            while self.links[link].queued < posted {
+                let (ring, message) = (self.links[link].ring.clone(), self.links[link].queued);
+                let meta = ring.meta(message);
+                let end = ring.end;
+                let mut header =
+                    Frame::data(end.channel, end.slot_bytes as u32, meta.len as u32, meta.stamp, self.job, meta.call);
+                let back = LinkEnd { from: end.to, to: end.from, ..end };
+                if let Some(&back) = self.by_end.get(&back) {
+                    let back = &mut self.links[back as usize];
+                    let consumed = back.ring.consumed.load(Ordering::Acquire);
+                    if consumed > back.reported {
+                        back.reported = consumed;
+                        header.credit = consumed + 1;
+                    }
+                }
+                let state = &mut self.links[link];
+                state.headers[(message % SLOTS) as usize] = header.encode();
+                state.queued += 1;
+                self.peers[ring.peer as usize][ring.socket].out.push_back(Out::Data { link: link as u32, message });
+                moved = true;
+            }
+        }
+        moved
+    }
+
+    /// Queues a credit frame for every link whose receiver consumed half its slots since the last credit (any, when
+    /// `all`).
+    fn queue_credits(&mut self, all: bool) -> bool {
+        let mut moved = false;
+        for link in 0..self.links.len() {
+            let state = &mut self.links[link];
+            let consumed = state.ring.consumed.load(Ordering::Acquire);
+            let owed = consumed - state.reported;
+            if state.credit_queued || owed == 0 || (!all && owed < SLOTS / 2) {
+                continue;
+            }
+            state.reported = consumed;
+            state.credit_queued = true;
+            let (peer, socket) = (state.ring.peer, state.ring.socket);
+            self.peers[peer as usize][socket].out.push_back(Out::Credit { link: link as u32 });
+            moved = true;
+        }
+        moved
+    }
+
+    /// The sockets' descriptors and the events to wait for: readable, unless a frame is parked; writable, if it has
+    /// something to write.
+    pub fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
         use std::os::fd::AsRawFd;
-        let mut fds: Vec<libc::pollfd> = Vec::new();
         for s in self.peers.iter().flatten().filter(|s| !s.closed) {
             let mut events = 0;
             if !matches!(s.reading, Reading::Parked(_)) {
@@ -327,34 +273,24 @@ impl Wire {
                 fds.push(libc::pollfd { fd: s.stream.as_raw_fd(), events, revents: 0 });
             }
         }
-        if fds.is_empty() {
-            std::thread::sleep(timeout.min(std::time::Duration::from_micros(100)));
-            return;
-        }
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.
-        unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout.as_millis().max(1) as i32) };
     }
 
-    /// Whether every socket has written all it has.
-    pub fn flushed(&self) -> bool {
-        self.peers.iter().flatten().all(|s| s.out.is_empty())
-    }
-
-    /// Writes as much of `peer`'s socket's queue as it takes.
-    fn pump_out(&mut self, peer: u32, socket: usize) {
+    /// Writes as much of `peer`'s socket's queue as it takes; whether a byte moved.
+    fn pump_out(&mut self, peer: u32, socket: usize) -> bool {
+        let mut moved = false;
         loop {
             let s = &mut self.peers[peer as usize][socket];
-            let Some(&front) = s.out.front() else { return };
+            let Some(&front) = s.out.front() else { return moved };
             if s.closed {
-                return;
+                return moved;
             }
             let result = match front {
                 Out::Data { link, message } => {
-                    let state = &mut self.links[link as usize];
+                    let state = &self.links[link as usize];
                     let header = &state.headers[(message % SLOTS) as usize];
                     let len = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes")) as usize;
-                    let body = state.slots.ptr(message);
-                    // SAFETY: the slot holds `len` bytes of the posted message until the receiver's credit frees it.
+                    let body = state.ring.slot(message);
+                    // SAFETY: the slot holds `len` bytes of the posted message until `sent` passes it.
                     let body = unsafe { std::slice::from_raw_parts(body as *const u8, len) };
                     let total = frame::HEADER + len;
                     let done = s.written;
@@ -369,52 +305,58 @@ impl Wire {
                     let state = &mut self.links[link as usize];
                     let header = *s.credit.get_or_insert_with(|| {
                         state.credit_queued = false;
-                        let end = state.end;
-                        Frame::credit(end.channel, end.slot_bytes as u32, state.consumed, self.job).encode()
+                        let end = state.ring.end;
+                        Frame::credit(end.channel, end.slot_bytes as u32, state.reported, self.job).encode()
                     });
                     s.stream.write(&header[s.written..]).map(|n| (n, frame::HEADER))
                 }
             };
             match result {
                 Ok((n, total)) => {
+                    moved |= n > 0;
                     s.written += n;
                     if s.written < total {
                         continue;
                     }
                     s.written = 0;
                     s.credit = None;
-                    s.out.pop_front();
+                    if let Some(Out::Data { link, message }) = s.out.pop_front() {
+                        self.links[link as usize].ring.sent.store(message + 1, Ordering::Release);
+                    }
                 }
-                Err(e) if would_block(&e) => return,
+                Err(e) if would_block(&e) => return moved,
                 Err(e) => {
                     s.closed = true;
                     self.fail(peer, format!("broke its connection to this rank ({e})"));
-                    return;
+                    return moved;
                 }
             }
         }
     }
 
-    /// Reads what `peer`'s socket has, into the slots of the links its frames are for.
-    fn pump_in(&mut self, peer: u32, socket: usize) {
+    /// Reads what `peer`'s socket has, into the slots of the links its frames are for; whether a byte moved.
+    fn pump_in(&mut self, peer: u32, socket: usize) -> bool {
         let mut reads = 0;
+        let mut moved = false;
         loop {
             if !self.consume_stage(peer, socket) {
-                return;
+                return moved;
             }
             let s = &mut self.peers[peer as usize][socket];
             if s.closed || reads == 4 {
-                return;
+                return moved;
             }
             reads += 1;
             // A large body goes straight into its slot; everything else through the staging buffer.
             let result = match s.reading {
                 Reading::Body { link, message, len, got } if len - got >= STAGE_READ && s.stage_lo == s.stage_hi => {
-                    let slot = self.links[link as usize].slots.ptr(message);
-                    // SAFETY: the slot has room for `len` bytes (checked against its size when the header came).
+                    let slot = self.links[link as usize].ring.slot(message);
+                    // SAFETY: the slot has room for `len` bytes (checked against its size when the header came), and
+                    // is the proxy's until `received` passes it.
                     let dst = unsafe { std::slice::from_raw_parts_mut(slot.add(got), len - got) };
                     match s.stream.read(dst) {
                         Ok(n) if n > 0 => {
+                            moved = true;
                             s.reading = Reading::Body { link, message, len, got: got + n };
                             continue;
                         }
@@ -431,6 +373,7 @@ impl Wire {
                     let end = (hi + STAGE_READ).min(STAGE);
                     match s.stream.read(&mut s.stage[hi..end]) {
                         Ok(n) if n > 0 => {
+                            moved = true;
                             s.stage_hi += n;
                             continue;
                         }
@@ -443,13 +386,13 @@ impl Wire {
                     // End of stream: the peer closed. Whatever it sent has arrived; a wait for more fails on the
                     // rendezvous' notice or the timeout.
                     s.closed = true;
-                    return;
+                    return moved;
                 }
-                Err(e) if would_block(&e) => return,
+                Err(e) if would_block(&e) => return moved,
                 Err(e) => {
                     s.closed = true;
                     self.fail(peer, format!("broke its connection to this rank ({e})"));
-                    return;
+                    return moved;
                 }
             }
         }
@@ -479,8 +422,8 @@ impl Wire {
                         return true;
                     }
                     let n = (len - got).min(available);
-                    let slot = self.links[link as usize].slots.ptr(message);
-                    // SAFETY: got + n <= len <= the slot's size.
+                    let slot = self.links[link as usize].ring.slot(message);
+                    // SAFETY: got + n <= len <= the slot's size; the slot is the proxy's until `received` passes it.
                     unsafe { std::ptr::copy_nonoverlapping(s.stage[s.stage_lo..].as_ptr(), slot.add(got), n) };
                     s.stage_lo += n;
                     if got + n < len {
@@ -488,7 +431,7 @@ impl Wire {
                         return true;
                     }
                     s.reading = Reading::Header;
-                    self.links[link as usize].received += 1;
+                    self.links[link as usize].ring.received.store(message + 1, Ordering::Release);
                 }
                 Reading::Header => {
                     if s.stage_hi - s.stage_lo < frame::HEADER {
@@ -559,28 +502,29 @@ impl Wire {
     /// The receiver of this rank's `link` has consumed `consumed` of its messages; false on a fault. A credit older
     /// than one already taken (a credit frame can overtake the message carrying an older one) changes nothing.
     fn take_credit(&mut self, peer: u32, socket: usize, link: u32, consumed: u64) -> bool {
-        let state = &mut self.links[link as usize];
-        if consumed > state.posted {
-            let how = format!("sent a credit for {consumed} messages on a link with {} posted", state.posted);
+        let ring = &self.links[link as usize].ring;
+        let sent = ring.sent.load(Ordering::Relaxed);
+        if consumed > sent {
+            let how = format!("sent a credit for {consumed} messages on a link with {sent} sent");
             return self.protocol_fault(peer, socket, how);
         }
-        state.credited = state.credited.max(consumed);
+        ring.credited.fetch_max(consumed, Ordering::Release);
         true
     }
 
     /// Starts reading the body of `frame` into `link`'s next slot; false on a fault.
     fn accept_data(&mut self, peer: u32, socket: usize, link: u32, frame: Frame) -> bool {
-        let state = &mut self.links[link as usize];
-        if state.received - state.consumed >= SLOTS {
+        let ring = &self.links[link as usize].ring;
+        let message = ring.received.load(Ordering::Relaxed);
+        if message - ring.consumed.load(Ordering::Acquire) >= SLOTS {
             let how = format!("sent more than {SLOTS} messages ahead of this rank on a link (beyond its credits)");
             return self.protocol_fault(peer, socket, how);
         }
-        let message = state.received;
-        state.arrived[(message % SLOTS) as usize] = Some(frame);
+        ring.set_arrived(message, frame);
         let s = &mut self.peers[peer as usize][socket];
         if frame.len == 0 {
             s.reading = Reading::Header;
-            self.links[link as usize].received += 1;
+            ring.received.store(message + 1, Ordering::Release);
         } else {
             s.reading = Reading::Body { link, message, len: frame.len as usize, got: 0 };
         }
@@ -599,17 +543,17 @@ impl Wire {
         false
     }
 
-    /// The frame parked on a socket from `peer`, if one waits for a link this rank has not opened: a peer in
-    /// another call (mismatch reports).
-    pub fn parked_from(&self, peer: u32) -> Option<Frame> {
-        self.peers[peer as usize].iter().find_map(|s| match s.reading {
-            Reading::Parked(frame) => Some(frame),
-            _ => None,
-        })
-    }
-
-    /// Peers whose sockets have frames parked.
-    pub fn parked(&self) -> impl Iterator<Item = (u32, Frame)> + '_ {
-        (0..self.peers.len() as u32).filter_map(|p| self.parked_from(p).map(|f| (p, f)))
+    /// Frames parked on sockets waiting for a link this rank has not opened (a peer in another call, for mismatch
+    /// reports): the peer and the frame.
+    pub fn parked(&self) -> Vec<(u32, Frame)> {
+        let mut found = Vec::new();
+        for (peer, sockets) in self.peers.iter().enumerate() {
+            for s in sockets {
+                if let Reading::Parked(frame) = s.reading {
+                    found.push((peer as u32, frame));
+                }
+            }
+        }
+        found
     }
 }

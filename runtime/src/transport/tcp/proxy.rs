@@ -1,0 +1,372 @@
+//! The network proxy (NCCL's proxy thread): per rank, one thread owns the progress of its sockets and moves the
+//! links' messages between them and the rings (`wire.rs`), so socket copies overlap the executor's reductions and
+//! copies, and the executor's link operations are a few atomic operations on a ring (`ring.rs`).
+//!
+//! The proxy pumps while there is anything to move, spins a little (yielding the core) when there is not, then
+//! sends every credit it owes and sleeps in `poll` on the sockets and an eventfd; an executor that posts or
+//! consumes while it sleeps wakes it through the eventfd (`Shared::notify`). New sockets and rings reach it through
+//! a queue it looks at each round; what it finds wrong (a peer that broke its connection or the protocol, a frame
+//! of another call parked on a socket) it publishes for the executors to report. A proxy that stops (it panicked)
+//! is a fault naming this rank.
+//!
+//! A thread only pays where it has a core of its own: with fewer cores than twice the ranks on the host, the
+//! executors pump the wire themselves when they post, wait or release (`Mode::Inline`, through the same wire and
+//! rings: the wire's lock is taken only by the executor of the rank then, never contended). `COLLC_NET_PROXY`
+//! chooses: `auto` (default), `1` (a thread), `0` (inline).
+
+use super::frame::Frame;
+use super::ring::Ring;
+use super::wire::{Fault, Socket, Wire};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How long an idle proxy spins (yielding) before it sleeps, and the longest it sleeps.
+const SPIN: Duration = Duration::from_micros(200);
+const SLEEP_MS: i32 = 10;
+
+/// Who moves a rank's data between its rings and its sockets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// A proxy thread.
+    Thread,
+    /// The executor, when it posts, waits or releases.
+    Inline,
+}
+
+impl Mode {
+    /// `COLLC_NET_PROXY` (`auto`, `1`, `0`); `auto`: a thread where this host has at least two cores per rank on it.
+    pub fn from_env(local_ranks: u32) -> Result<Mode, String> {
+        match std::env::var("COLLC_NET_PROXY").as_deref() {
+            Ok("1") => Ok(Mode::Thread),
+            Ok("0") => Ok(Mode::Inline),
+            Err(_) | Ok("") | Ok("auto") => {
+                let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+                Ok(if cores >= 2 * local_ranks.max(1) { Mode::Thread } else { Mode::Inline })
+            }
+            Ok(other) => Err(format!(
+                "COLLC_NET_PROXY=`{other}`: 1 runs a network proxy thread per rank, 0 lets the executor move the \
+                 data, auto (the default) runs the thread where the host has two cores per rank"
+            )),
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Thread => "proxy thread",
+            Mode::Inline => "inline",
+        }
+    }
+}
+
+/// What the executors hand the proxy: sockets to a peer, and rings to carry.
+#[derive(Default)]
+struct Pending {
+    sockets: Vec<(u32, Vec<Socket>)>,
+    rings: Vec<Arc<Ring>>,
+}
+
+/// What a rank's executors and its proxy share.
+pub(crate) struct Shared {
+    rank: u32,
+    pub mode: Mode,
+    wire: Mutex<Wire>,
+    pending: Mutex<Pending>,
+    has_pending: AtomicBool,
+    /// Hand-overs made (`add_*`) and taken, its frames re-read for the new rings and published.
+    added: AtomicU64,
+    taken: AtomicU64,
+    fault: Mutex<Option<Fault>>,
+    faulted: AtomicBool,
+    parked: Mutex<Vec<(u32, Frame)>>,
+    has_parked: AtomicBool,
+    sleeping: AtomicBool,
+    stop: AtomicBool,
+    alive: AtomicBool,
+    wake: OwnedFd,
+}
+
+impl Shared {
+    /// After the executor posted on `ring`: wakes the proxy thread if it sleeps (the post's `Release` store is
+    /// ordered before); inline, puts the message on its socket now.
+    #[inline]
+    pub fn posted(&self, ring: &Ring) {
+        match self.mode {
+            Mode::Thread => self.notify(),
+            Mode::Inline => self.inline(|wire| wire.send_posted(ring.peer, ring.socket)),
+        }
+    }
+
+    /// After the executor consumed a message: the proxy thread owes a credit (woken if it sleeps); inline, a credit
+    /// goes out now if half the ring is free.
+    #[inline]
+    pub fn released(&self) {
+        match self.mode {
+            Mode::Thread => self.notify(),
+            Mode::Inline => self.inline(|wire| wire.send_credits()),
+        }
+    }
+
+    /// The executor found `ring` empty (or full): inline, it reads the ring's socket now. With a thread, nothing.
+    #[inline]
+    pub fn missed(&self, ring: &Ring) {
+        if self.mode == Mode::Inline {
+            self.inline(|wire| wire.receive(ring.peer, ring.socket));
+        }
+    }
+
+    #[inline]
+    fn notify(&self) {
+        fence(Ordering::SeqCst);
+        if self.sleeping.load(Ordering::Relaxed) {
+            self.wake_now();
+        }
+    }
+
+    /// Runs `work` on the wire for the executor (inline), with what was handed over taken first and what it finds
+    /// published after.
+    fn inline(&self, work: impl FnOnce(&mut Wire)) {
+        if let Ok(mut wire) = self.wire.try_lock() {
+            self.take_pending(&mut wire);
+            work(&mut wire);
+            self.publish(&mut wire);
+        }
+    }
+
+    /// Inline, the executor has nothing to do but wait: it moves everything it can, says all the room it has and,
+    /// when `sleep`, sleeps until a socket is ready (at most a millisecond). With a thread, nothing to do.
+    pub fn progress(&self, sleep: bool) {
+        if self.mode == Mode::Thread {
+            self.notify();
+            return;
+        }
+        let Ok(mut wire) = self.wire.try_lock() else { return };
+        if sleep && !self.pump(&mut wire, true) {
+            let mut fds = Vec::new();
+            wire.poll_fds(&mut fds);
+            drop(wire);
+            if fds.is_empty() {
+                std::thread::sleep(Duration::from_micros(100));
+            } else {
+                // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.
+                unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 1) };
+            }
+            return;
+        }
+        self.pump(&mut wire, false);
+    }
+
+    fn wake_now(&self) {
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to the eventfd this struct owns.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Hands the proxy `peer`'s sockets.
+    pub fn add_sockets(&self, peer: u32, sockets: Vec<Socket>) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).sockets.push((peer, sockets));
+        self.added.fetch_add(1, Ordering::AcqRel);
+        self.has_pending.store(true, Ordering::Release);
+        self.wake_now();
+    }
+
+    /// Hands the proxy a ring to carry (after its peer's sockets).
+    pub fn add_ring(&self, ring: Arc<Ring>) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).rings.push(ring);
+        self.added.fetch_add(1, Ordering::AcqRel);
+        self.has_pending.store(true, Ordering::Release);
+        self.wake_now();
+    }
+
+    /// Waits until the proxy has taken everything handed to it and published what it then found parked: a plan's
+    /// links are the proxy's before its first call (a frame for one of them is not taken for another call's).
+    pub fn sync(&self) -> Result<(), Fault> {
+        let added = self.added.load(Ordering::Acquire);
+        while self.taken.load(Ordering::Acquire) < added {
+            if self.mode == Mode::Inline {
+                let mut wire = self.wire.lock().unwrap_or_else(|p| p.into_inner());
+                self.pump(&mut wire, false);
+                continue;
+            }
+            if !self.alive.load(Ordering::Acquire) {
+                return Err(self.fault().unwrap_or((self.rank, "lost its network proxy thread".into())));
+            }
+            self.wake_now();
+            std::thread::yield_now();
+        }
+        Ok(())
+    }
+
+    /// The fault the proxy found, if any (a proxy thread that stopped is one, naming this rank).
+    pub fn fault(&self) -> Option<Fault> {
+        if self.faulted.load(Ordering::Acquire) {
+            return self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        }
+        if !self.alive.load(Ordering::Acquire) {
+            return Some((self.rank, "lost its network proxy thread (it stopped: see its error)".into()));
+        }
+        None
+    }
+
+    /// A frame of the call numbered `seq` parked on a socket (its peer is in that call with another plan).
+    pub fn parked_in(&self, seq: u64) -> Option<(u32, Frame)> {
+        if !self.has_parked.load(Ordering::Acquire) {
+            return None;
+        }
+        let parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
+        parked.iter().find(|(_, f)| f.seq == seq).copied()
+    }
+
+    /// One round: takes what was handed over, moves what can move (every credit owed when `idle`), publishes faults
+    /// and parked frames (so the hand-overs count as taken only after). Whether anything moved.
+    fn pump(&self, wire: &mut MutexGuard<'_, Wire>, idle: bool) -> bool {
+        let took = self.take_pending(wire);
+        let moved = wire.pump(idle);
+        self.publish(wire);
+        if let Some(added) = took {
+            self.taken.store(added, Ordering::Release);
+        }
+        moved
+    }
+
+    /// Puts what was handed over into the wire; the hand-overs it took, if any.
+    fn take_pending(&self, wire: &mut Wire) -> Option<u64> {
+        // A load first: the executor's every inline step passes here, and a swap would be a locked instruction.
+        if !self.has_pending.load(Ordering::Acquire) || !self.has_pending.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let took = self.added.load(Ordering::Acquire);
+        let pending = std::mem::take(&mut *pending);
+        for (peer, sockets) in pending.sockets {
+            wire.peers[peer as usize] = sockets;
+        }
+        for ring in pending.rings {
+            wire.register(ring);
+        }
+        // Inline, nothing publishes between here and the executor's next look; with a thread, `pump` says it.
+        if self.mode == Mode::Inline {
+            wire.pump(false);
+            self.publish(wire);
+            self.taken.store(took, Ordering::Release);
+            return None;
+        }
+        Some(took)
+    }
+
+    /// Tells the executors of a new fault, and of the frames parked on sockets when they change.
+    fn publish(&self, wire: &mut Wire) {
+        if let Some(fault) = wire.fault.as_ref().filter(|_| !self.faulted.load(Ordering::Relaxed)) {
+            *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(fault.clone());
+            self.faulted.store(true, Ordering::Release);
+        }
+        // No allocation while nothing is parked (the usual case).
+        let parked = wire.parked();
+        if parked != wire.published_parked {
+            self.has_parked.store(!parked.is_empty(), Ordering::Release);
+            *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = parked.clone();
+            wire.published_parked = parked;
+        }
+    }
+}
+
+/// A rank's proxy: its thread, or the wire its executor pumps; stops when dropped.
+pub(crate) struct Proxy {
+    pub shared: Arc<Shared>,
+}
+
+impl Proxy {
+    pub fn start(wire: Wire, mode: Mode) -> std::io::Result<Proxy> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let rank = wire.rank;
+        let shared = Arc::new(Shared {
+            rank,
+            mode,
+            wire: Mutex::new(wire),
+            pending: Mutex::new(Pending::default()),
+            has_pending: AtomicBool::new(false),
+            added: AtomicU64::new(0),
+            taken: AtomicU64::new(0),
+            fault: Mutex::new(None),
+            faulted: AtomicBool::new(false),
+            parked: Mutex::new(Vec::new()),
+            has_parked: AtomicBool::new(false),
+            sleeping: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            alive: AtomicBool::new(true),
+            // SAFETY: `fd` is a new descriptor this struct now owns.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        });
+        if mode == Mode::Thread {
+            let theirs = shared.clone();
+            std::thread::Builder::new().name(format!("collc proxy {rank}")).spawn(move || run(&theirs))?;
+        }
+        Ok(Proxy { shared })
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Release);
+        self.shared.wake_now();
+    }
+}
+
+/// Marks the proxy gone when its thread ends, however it ends.
+struct Alive<'a>(&'a Shared);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::Release);
+    }
+}
+
+fn run(shared: &Shared) {
+    let _alive = Alive(shared);
+    let mut idle_since: Option<Instant> = None;
+    let mut fds: Vec<libc::pollfd> = Vec::new();
+    loop {
+        if shared.stop.load(Ordering::Acquire) {
+            return;
+        }
+        let mut wire = shared.wire.lock().unwrap_or_else(|p| p.into_inner());
+        if shared.pump(&mut wire, false) {
+            idle_since = None;
+            continue;
+        }
+        let since = *idle_since.get_or_insert_with(Instant::now);
+        if since.elapsed() < SPIN {
+            drop(wire);
+            std::thread::yield_now();
+            continue;
+        }
+        // About to sleep: every sender hears of all the room this rank has, then a last look after saying so.
+        shared.sleeping.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        if shared.pump(&mut wire, true) || shared.has_pending.load(Ordering::Acquire) {
+            shared.sleeping.store(false, Ordering::Relaxed);
+            idle_since = None;
+            continue;
+        }
+        fds.clear();
+        fds.push(libc::pollfd { fd: shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
+        wire.poll_fds(&mut fds);
+        drop(wire);
+        if !shared.stop.load(Ordering::Acquire) {
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, SLEEP_MS) };
+        }
+        if fds[0].revents != 0 {
+            let mut count = 0u64;
+            // SAFETY: reading 8 bytes into a live u64 from the eventfd (non-blocking).
+            unsafe { libc::read(shared.wake.as_raw_fd(), (&mut count as *mut u64).cast(), 8) };
+        }
+        shared.sleeping.store(false, Ordering::Relaxed);
+        idle_since = None;
+    }
+}

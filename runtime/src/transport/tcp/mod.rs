@@ -236,11 +236,13 @@ struct Inbox {
     arrived: Condvar,
 }
 
+/// The rings made so far, by link (plans of several shapes share a link's ring), and the peers connected.
+type Rings = (HashMap<super::LinkEnd, Arc<Ring>>, Vec<bool>);
+
 /// One rank's tcp fabric: its proxy, its links' rings, its peers' addresses, and the acceptor of its data port.
 pub(crate) struct Net {
     proxy: proxy::Proxy,
-    /// The rings made so far, by link (plans of several shapes share a link's ring), and the peers connected.
-    rings: Mutex<(HashMap<super::LinkEnd, Arc<Ring>>, Vec<bool>)>,
+    rings: Mutex<Rings>,
     rendezvous: Arc<Rendezvous>,
     addrs: Vec<SocketAddr>,
     inbox: Arc<Inbox>,

@@ -25,6 +25,11 @@ use std::time::{Duration, Instant};
 /// How long an idle proxy spins (yielding) before it sleeps, and the longest it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
 const SLEEP_MS: i32 = 10;
+/// A proxy thread that has not begun a round for this long (it sleeps at most `SLEEP_MS` between rounds) has fallen
+/// behind for good: stuck, or starved of a core.
+const STALLED: Duration = Duration::from_secs(5);
+/// Executors look at the proxy at least this often (milliseconds) while they wait; a longer gap restarts their watch.
+const LOOK_GAP_MS: u64 = 1000;
 
 /// Who moves a rank's data between its rings and its sockets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,14 +43,19 @@ pub(crate) enum Mode {
 impl Mode {
     /// `COLLC_NET_PROXY` (`auto`, `1`, `0`); `auto`: a thread where this host has at least two cores per rank on it.
     pub fn from_env(local_ranks: u32) -> Result<Mode, String> {
-        match std::env::var("COLLC_NET_PROXY").as_deref() {
-            Ok("1") => Ok(Mode::Thread),
-            Ok("0") => Ok(Mode::Inline),
-            Err(_) | Ok("") | Ok("auto") => {
+        Mode::parse(std::env::var("COLLC_NET_PROXY").ok().as_deref(), local_ranks)
+    }
+
+    /// A value of `COLLC_NET_PROXY` (`None`: unset) for `local_ranks` ranks on this host.
+    fn parse(value: Option<&str>, local_ranks: u32) -> Result<Mode, String> {
+        match value {
+            Some("1") => Ok(Mode::Thread),
+            Some("0") => Ok(Mode::Inline),
+            None | Some("") | Some("auto") => {
                 let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
                 Ok(if cores >= 2 * local_ranks.max(1) { Mode::Thread } else { Mode::Inline })
             }
-            Ok(other) => Err(format!(
+            Some(other) => Err(format!(
                 "COLLC_NET_PROXY=`{other}`: 1 runs a network proxy thread per rank, 0 lets the executor move the \
                  data, auto (the default) runs the thread where the host has two cores per rank"
             )),
@@ -85,6 +95,14 @@ pub(crate) struct Shared {
     stop: AtomicBool,
     alive: AtomicBool,
     wake: OwnedFd,
+    /// When the proxy thread last began a round, in milliseconds since `born`.
+    born: Instant,
+    round_at: AtomicU64,
+    /// The executors' watch on it: the round they last saw begin, since when (their clock), and when they last
+    /// looked (a gap means they did not run either: a stopped process, not a stalled proxy).
+    seen_round: AtomicU64,
+    seen_since: AtomicU64,
+    looked_at: AtomicU64,
 }
 
 impl Shared {
@@ -184,6 +202,9 @@ impl Shared {
     pub fn sync(&self) -> Result<(), Fault> {
         let added = self.added.load(Ordering::Acquire);
         while self.taken.load(Ordering::Acquire) < added {
+            if let Some(fault) = self.fault() {
+                return Err(fault);
+            }
             if self.mode == Mode::Inline {
                 let mut wire = self.wire.lock().unwrap_or_else(|p| p.into_inner());
                 self.pump(&mut wire, false);
@@ -198,15 +219,33 @@ impl Shared {
         Ok(())
     }
 
-    /// The fault the proxy found, if any (a proxy thread that stopped is one, naming this rank).
+    /// The fault the proxy found, if any; a proxy thread that stopped, or that the executors watching it saw begin
+    /// no round for `STALLED` while they ran, is one naming this rank.
     pub fn fault(&self) -> Option<Fault> {
         if self.faulted.load(Ordering::Acquire) {
             return self.fault.lock().unwrap_or_else(|p| p.into_inner()).clone();
         }
+        if self.mode == Mode::Inline {
+            return None;
+        }
         if !self.alive.load(Ordering::Acquire) {
             return Some((self.rank, "lost its network proxy thread (it stopped: see its error)".into()));
         }
-        None
+        let now = self.born.elapsed().as_millis() as u64;
+        let round = self.round_at.load(Ordering::Acquire);
+        let gap = now.saturating_sub(self.looked_at.swap(now, Ordering::AcqRel));
+        if round != self.seen_round.swap(round, Ordering::AcqRel) || gap > LOOK_GAP_MS {
+            self.seen_since.store(now, Ordering::Release);
+            return None;
+        }
+        stalled(now, self.seen_since.load(Ordering::Acquire)).map(|behind| {
+            let how = format!(
+                "has a network proxy thread that has not run for {:.1} s (stuck, or starved of a core: \
+                 COLLC_NET_PROXY=0 moves the data without it)",
+                behind.as_secs_f64()
+            );
+            (self.rank, how)
+        })
     }
 
     /// A frame of the call numbered `seq` parked on a socket (its peer is in that call with another plan).
@@ -301,6 +340,11 @@ impl Proxy {
             alive: AtomicBool::new(true),
             // SAFETY: `fd` is a new descriptor this struct now owns.
             wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            born: Instant::now(),
+            round_at: AtomicU64::new(0),
+            seen_round: AtomicU64::new(0),
+            seen_since: AtomicU64::new(0),
+            looked_at: AtomicU64::new(0),
         });
         if mode == Mode::Thread {
             let theirs = shared.clone();
@@ -334,6 +378,7 @@ fn run(shared: &Shared) {
         if shared.stop.load(Ordering::Acquire) {
             return;
         }
+        shared.round_at.store(shared.born.elapsed().as_millis() as u64, Ordering::Release);
         let mut wire = shared.wire.lock().unwrap_or_else(|p| p.into_inner());
         if shared.pump(&mut wire, false) {
             idle_since = None;
@@ -368,5 +413,35 @@ fn run(shared: &Shared) {
         }
         shared.sleeping.store(false, Ordering::Relaxed);
         idle_since = None;
+    }
+}
+
+/// How far behind a proxy thread whose rounds the executors have seen stand still since `since` is at `now`
+/// (milliseconds), if by `STALLED` or more.
+fn stalled(now: u64, since: u64) -> Option<Duration> {
+    let behind = Duration::from_millis(now.saturating_sub(since));
+    (behind >= STALLED).then_some(behind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{stalled, Mode, STALLED};
+
+    /// A proxy is behind only once its last round is `STALLED` old; `COLLC_NET_PROXY` says the mode, and a value it
+    /// does not know is an error naming it.
+    #[test]
+    fn a_proxy_falls_behind_only_after_the_stall_window_and_the_mode_is_read_as_said() {
+        let window = STALLED.as_millis() as u64;
+        assert_eq!(stalled(window - 1, 0), None);
+        assert_eq!(stalled(10 + window, 10), Some(STALLED));
+        assert_eq!(stalled(5, 10), None);
+        assert_eq!(Mode::parse(Some("1"), 64), Ok(Mode::Thread));
+        assert_eq!(Mode::parse(Some("0"), 1), Ok(Mode::Inline));
+        assert!(Mode::parse(Some("yes"), 1).is_err_and(|e| e.contains("COLLC_NET_PROXY=`yes`")));
+        // auto: a thread with two cores per rank on the host, else inline (as many ranks as cores never has two).
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+        assert_eq!(Mode::parse(Some("auto"), cores), Ok(Mode::Inline));
+        let half = (cores / 2).max(1);
+        assert_eq!(Mode::parse(None, half), Ok(if cores >= 2 * half { Mode::Thread } else { Mode::Inline }));
     }
 }

@@ -92,6 +92,9 @@ pub(crate) struct Shared {
     parked: Mutex<Vec<(u32, Frame)>>,
     has_parked: AtomicBool,
     sleeping: AtomicBool,
+    /// An executor is about to wait: the proxy sends every credit it owes at its next round, busy or not (a sender
+    /// that waits for room while this rank waits for its next message would otherwise wait for the proxy's idling).
+    flush: AtomicBool,
     stop: AtomicBool,
     alive: AtomicBool,
     wake: OwnedFd,
@@ -152,10 +155,14 @@ impl Shared {
         }
     }
 
-    /// Inline, the executor has nothing to do but wait: it moves everything it can, says all the room it has and,
-    /// when `sleep`, sleeps until a socket is ready (at most a millisecond). With a thread, nothing to do.
+    /// The executor has nothing to do but wait. Inline, it moves everything it can, says all the room it has and,
+    /// when `sleep`, sleeps until a socket is ready (at most a millisecond); with a thread, it asks the thread for
+    /// every credit owed when about to sleep, and wakes it if it sleeps.
     pub fn progress(&self, sleep: bool) {
         if self.mode == Mode::Thread {
+            if sleep && !self.flush.load(Ordering::Relaxed) {
+                self.flush.store(true, Ordering::Release);
+            }
             self.notify();
             return;
         }
@@ -336,6 +343,7 @@ impl Proxy {
             parked: Mutex::new(Vec::new()),
             has_parked: AtomicBool::new(false),
             sleeping: AtomicBool::new(false),
+            flush: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             alive: AtomicBool::new(true),
             // SAFETY: `fd` is a new descriptor this struct now owns.
@@ -380,7 +388,8 @@ fn run(shared: &Shared) {
         }
         shared.round_at.store(shared.born.elapsed().as_millis() as u64, Ordering::Release);
         let mut wire = shared.wire.lock().unwrap_or_else(|p| p.into_inner());
-        if shared.pump(&mut wire, false) {
+        let flush = shared.flush.load(Ordering::Relaxed) && shared.flush.swap(false, Ordering::AcqRel);
+        if shared.pump(&mut wire, flush) {
             idle_since = None;
             continue;
         }

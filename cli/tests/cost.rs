@@ -138,7 +138,8 @@ fn run_compare_times_every_candidate_at_every_size() {
 }
 
 /// What `--compare` measures on this host is merged into its timings, and a later selection of the same candidates
-/// on as many ranks over the transport chooses the measured fastest at every size it timed (the cost model beyond).
+/// on as many ranks over the transport chooses, at every size it timed, the measured fastest or a candidate timed
+/// within the noise of it (the cost model beyond).
 #[test]
 fn the_choice_learns_what_compare_measured() {
     let cache = cache().join("learns");
@@ -153,25 +154,32 @@ fn the_choice_learns_what_compare_measured() {
         stdout.contains("# merged 12 timings into ") && stdout.contains("allreduce on 3 ranks over threads"),
         "{stdout}"
     );
-    let fastest: Vec<(String, String)> = stdout
-        .lines()
-        .filter_map(|l| l.strip_prefix("#   ")?.split_once(" B float sum  fastest "))
-        .map(|(size, rest)| (size.trim().to_string(), rest.split(' ').next().unwrap_or("").to_string()))
-        .collect();
-    assert_eq!(fastest.len(), 4, "{stdout}");
+    // Each candidate's out-of-place time per size, from the compare table's rows.
+    let mut timed: std::collections::HashMap<(u64, String), f64> = Default::default();
+    for line in stdout.lines().filter(|l| !l.starts_with('#')) {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        if let (Some(size), Some(time), Some(name)) = (fields.first(), fields.get(5), fields.last()) {
+            if let (Ok(size), Ok(time)) = (size.parse::<u64>(), time.parse::<f64>()) {
+                timed.insert((size, name.to_string()), time);
+            }
+        }
+    }
+    assert_eq!(timed.len(), 12, "{stdout}");
     let run =
         [&["run", "allreduce", "--ranks", "3", "--algo", "ring,one_shot,two_shot", "--format", "json"][..], &sizes]
             .concat();
     let out = run_cached(&cache, &run);
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-    for (size, algorithm) in &fastest {
-        let row = doc["rows"]
-            .as_array()
-            .expect("rows")
-            .iter()
-            .find(|r| r["size"].as_u64() == size.parse().ok())
-            .expect("a row per size");
-        assert_eq!(row["algorithm"].as_str(), Some(algorithm.as_str()), "{size} B: {doc}");
+    // The choice at each size timed is the fastest, or the model's where that one was timed within the noise.
+    for row in doc["rows"].as_array().expect("rows") {
+        let size = row["size"].as_u64().expect("a size");
+        let chosen = row["algorithm"].as_str().expect("an algorithm");
+        let fastest = timed.iter().filter(|((s, _), _)| *s == size).map(|(_, &t)| t).fold(f64::INFINITY, f64::min);
+        let time = timed[&(size, chosen.to_string())];
+        assert!(
+            time <= fastest * (1.0 + collc_runtime::select::NOISE) + 1e-9,
+            "{size} B: {chosen} {time} us, fastest {fastest} us"
+        );
     }
     let table = text(
         &run_cached(
@@ -196,8 +204,17 @@ fn the_choice_learns_what_compare_measured() {
         )
         .stdout,
     );
-    assert!(table.contains("#   sizes 256..=256: ") && table.contains("(predicted fastest)"), "{table}");
-    assert!(table.contains("(measured fastest on this host)"), "{table}");
+    // 256 B was not timed: the model's; a size where the model's choice was timed beyond the noise: the timings'.
+    assert!(table.contains("#   sizes 256..=") && table.contains("(predicted fastest)"), "{table}");
+    // (The ratios are printed to two decimals: one within a hundredth of the noise says nothing either way.)
+    let ratios: Vec<f64> =
+        stdout.lines().filter_map(|l| l.rsplit_once(" (")?.1.strip_suffix("x)")?.parse::<f64>().ok()).collect();
+    let (noise, learned) = (1.0 + collc_runtime::select::NOISE, table.contains("(measured fastest on this host)"));
+    if ratios.iter().any(|&r| r > noise + 0.01) {
+        assert!(learned, "{stdout}\n{table}");
+    } else if ratios.iter().all(|&r| r < noise - 0.01) {
+        assert!(!learned, "{stdout}\n{table}");
+    }
     let _ = std::fs::remove_dir_all(&cache);
 }
 

@@ -37,10 +37,11 @@ pub struct Candidate {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Chosen {
     pub index: usize,
-    /// Seconds of the chosen candidate, and of the runner-up where there is one: measured on this host where
-    /// `measured` (`Selection::learn`), else predicted by the cost model.
+    /// Seconds of the chosen candidate, and of the runner-up where there is one: measured on this host where timings
+    /// cover the size (`Selection::learn`), else predicted by the cost model.
     pub predicted: f64,
     pub runner_up: Option<(usize, f64)>,
+    /// Whether the timings turned the choice away from the model's.
     pub measured: bool,
 }
 
@@ -104,22 +105,32 @@ impl Selection {
     }
 
     /// The fastest candidate for a call of `bytes` (the first on a tie), and the runner-up: by this host's timings
-    /// where every candidate was timed around `bytes`, else by the cost model.
+    /// where every candidate was timed around `bytes`, else by the cost model. Where the timings cover the size but
+    /// the model's choice was timed within `NOISE` of the fastest, the model's choice stands: timings that close are
+    /// one run's noise, and following them would turn the choice from run to run.
     pub fn choose(&self, bytes: usize) -> Chosen {
+        let predicted: Vec<(usize, f64)> =
+            self.candidates.iter().enumerate().map(|(i, c)| (i, c.costed.profile.seconds(bytes as f64))).collect();
+        let by_model = ranked(predicted.clone());
         let timed: Option<Vec<f64>> = self
             .measured
             .as_ref()
             .and_then(|series| self.candidates.iter().map(|c| series.seconds(&c.name, bytes as f64)).collect());
-        let measured = timed.is_some();
-        let mut times: Vec<(usize, f64)> = match timed {
-            Some(times) => times.into_iter().enumerate().collect(),
-            None => {
-                self.candidates.iter().enumerate().map(|(i, c)| (i, c.costed.profile.seconds(bytes as f64))).collect()
-            }
+        let Some(timed) = timed else {
+            return Chosen {
+                index: by_model[0].0,
+                predicted: by_model[0].1,
+                runner_up: by_model.get(1).copied(),
+                measured: false,
+            };
         };
-        times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
-        let (index, predicted) = times[0];
-        Chosen { index, predicted, runner_up: times.get(1).copied(), measured }
+        let by_time = ranked(timed.iter().copied().enumerate().collect());
+        let model = by_model[0].0;
+        if timed[model] <= by_time[0].1 * (1.0 + NOISE) {
+            let runner_up = by_time.iter().copied().find(|&(i, _)| i != model);
+            return Chosen { index: model, predicted: timed[model], runner_up, measured: false };
+        }
+        Chosen { index: by_time[0].0, predicted: by_time[0].1, runner_up: by_time.get(1).copied(), measured: true }
     }
 
     /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter over the
@@ -172,6 +183,15 @@ impl Selection {
         }
         Ok(selection)
     }
+}
+
+/// How close (a fraction) a timed candidate must be to the fastest for the model's choice of it to stand.
+pub const NOISE: f64 = 0.05;
+
+/// Candidates by time, fastest first (the first listed on a tie).
+fn ranked(mut times: Vec<(usize, f64)>) -> Vec<(usize, f64)> {
+    times.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.0.cmp(&b.0)));
+    times
 }
 
 /// A call's size as nccl-tests counts it and the cost model prices it: `count` elements of `elem` bytes for
@@ -271,5 +291,51 @@ mod tests {
         assert_ne!(small, large, "one algorithm for 8 B and 256 MiB on 4 ranks");
         assert_eq!(large, "allreduce/ring");
         assert!(selection.candidates.iter().all(|c| c.costed.schedule.is_some()));
+    }
+
+    /// Timings that cover a size choose there: a candidate timed clearly faster than the model's choice is taken
+    /// (`measured`), one within `NOISE` of it leaves the model's choice standing; sizes not timed go by the model.
+    #[test]
+    fn timings_turn_the_choice_only_beyond_the_noise() {
+        use super::{Point, Series, NOISE};
+        let topo = Topology::uniform(4);
+        let filter = AlgoFilter::parse("ring,one_shot").expect("valid");
+        let mut selection = Selection::new(
+            Collective::AllReduce,
+            Library::embedded(),
+            &filter,
+            &Bindings::ranks(4),
+            (&topo, "built-in".into()),
+            &Limits::default(),
+        )
+        .unwrap_or_else(|_| panic!("a field of two candidates"));
+        let bytes = 1 << 20;
+        let model = selection.choose(bytes);
+        assert!(!model.measured);
+        let (chosen, other) = (&selection.candidates[model.index].name, &selection.candidates[1 - model.index].name);
+        let point = |algorithm: &str, seconds: f64| Point {
+            algorithm: algorithm.into(),
+            bytes: bytes as u64,
+            seconds,
+            runs: Vec::new(),
+        };
+        let series = |theirs: f64| Series {
+            collective: "allreduce".into(),
+            ranks: 4,
+            transport: "threads".into(),
+            points: vec![point(chosen, 1e-4), point(other, theirs)],
+        };
+        selection.measured = Some(series(1e-4 * (1.0 - NOISE / 2.0)));
+        let close = selection.choose(bytes);
+        assert_eq!((close.index, close.measured), (model.index, false));
+        selection.measured = Some(series(0.5e-4));
+        let faster = selection.choose(bytes);
+        assert_eq!((faster.index, faster.measured, faster.predicted), (1 - model.index, true, 0.5e-4));
+        let elsewhere = selection.choose(bytes * 4);
+        assert_eq!((elsewhere.index, elsewhere.measured), (selection.choose(bytes * 4).index, false));
+        assert_eq!(
+            elsewhere.predicted,
+            selection.candidates[elsewhere.index].costed.profile.seconds((bytes * 4) as f64)
+        );
     }
 }

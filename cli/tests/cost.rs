@@ -3,13 +3,19 @@
 
 mod common;
 
-use common::TempFile;
+use common::{TempDir, TempFile};
 use std::process::{Command, Output};
 
-/// The calibration cache of this test process (`$XDG_CACHE_HOME`): `collc run COLLECTIVE` calibrates this host on
-/// first use and caches it; the tests keep it out of the user's home.
+thread_local! {
+    /// The calibration cache of the test running on this thread, removed when it ends.
+    static CACHE: TempDir = TempDir::new(&format!("cache-{:?}", std::thread::current().id()).replace(['(', ')'], ""));
+}
+
+/// The calibration cache of this test (`$XDG_CACHE_HOME`): `collc run COLLECTIVE` calibrates this host on first use
+/// and caches it; the tests keep it out of the user's home, and each test has its own (timings merged by one
+/// `--compare` do not steer another test's choice).
 fn cache() -> std::path::PathBuf {
-    std::env::temp_dir().join(format!("collc-test-{}-cache", std::process::id()))
+    CACHE.with(|dir| dir.path().to_path_buf())
 }
 
 fn collc(args: &[&str]) -> Output {

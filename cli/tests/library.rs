@@ -2,15 +2,18 @@
 //! selected; a file that does not parse, verify or fit is named with its diagnostic; ranks of one job that disagree
 //! on their algorithms or their transport are named on every rank.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::TempDir;
+use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-fn collc(args: &[&str], env: &[(&str, &str)]) -> Output {
+fn collc(args: &[&str], env: &[(&str, &str)], cache: &TempDir) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_collc"));
     command.args(args).env_remove("COLLC_ALGO_PATH").env_remove("COLLC_ALGO");
-    // A calibration cache of its own: `--compare` merges its timings there.
-    command.env("XDG_CACHE_HOME", std::env::temp_dir().join(format!("collc-library-cache-{}", std::process::id())));
+    // A calibration cache of the test's own: `--compare` merges its timings there.
+    command.env("XDG_CACHE_HOME", cache.path());
     command.envs(env.iter().copied()).output().expect("collc runs")
 }
 
@@ -18,12 +21,11 @@ fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
-/// A fresh folder holding `files` (relative path, text).
-fn folder(name: &str, files: &[(&str, String)]) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("collc-library-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+/// A fresh folder holding `files` (relative path, text), removed when dropped.
+fn folder(name: &str, files: &[(&str, String)]) -> TempDir {
+    let dir = TempDir::new(&format!("library-{name}"));
     for (path, body) in files {
-        let path = dir.join(path);
+        let path = dir.path().join(path);
         std::fs::create_dir_all(path.parent().expect("a folder")).expect("a temporary folder");
         std::fs::write(path, body).expect("written");
     }
@@ -43,6 +45,7 @@ fn renamed(library_name: &str, new: &str) -> String {
 
 #[test]
 fn a_users_folder_is_listed_tuned_compared_and_selected_beside_the_library() {
+    let cache = TempDir::new("library-cache-listed");
     let dir = folder(
         "mine",
         &[
@@ -50,16 +53,17 @@ fn a_users_folder_is_listed_tuned_compared_and_selected_beside_the_library() {
             ("deep/b.coll", renamed("broadcast/chain", "my_chain")),
         ],
     );
-    let dir_arg = dir.to_str().expect("utf-8");
-    let out = collc(&["list", "--library", dir_arg], &[]);
+    let dir_arg = dir.path().to_str().expect("utf-8");
+    let out = collc(&["list", "--library", dir_arg], &[], &cache);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert!(stdout.contains("allreduce/my_ring") && stdout.contains("broadcast/my_chain"), "{stdout}");
-    assert!(stdout.contains(&format!("[{}]", dir.join("my_ring.coll").display())), "{stdout}");
+    assert!(stdout.contains(&format!("[{}]", dir.path().join("my_ring.coll").display())), "{stdout}");
     // The variable does what the flag does.
     let out = collc(
         &["tune", "allreduce", "--ranks", "4", "--algo", "ring,my_ring", "--all"],
         &[("COLLC_ALGO_PATH", dir_arg)],
+        &cache,
     );
     let stdout = text(&out.stdout);
     assert!(stdout.contains("candidates ring, my_ring"), "{stdout}{}", text(&out.stderr));
@@ -83,6 +87,7 @@ fn a_users_folder_is_listed_tuned_compared_and_selected_beside_the_library() {
             "1",
         ],
         &[],
+        &cache,
     );
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
@@ -93,17 +98,19 @@ fn a_users_folder_is_listed_tuned_compared_and_selected_beside_the_library() {
     let out = collc(
         &["run", "allreduce", "--library", dir_arg, "--algo", "my_ring", "--ranks", "2", "-e", "1K", "-n", "1"],
         &[],
+        &cache,
     );
     assert!(text(&out.stdout).contains("allreduce/my_ring"), "{}{}", text(&out.stdout), text(&out.stderr));
-    let out = collc(&["run", "broadcast/my_chain", "--library", dir_arg, "--ranks", "3", "-e", "1K", "-n", "1"], &[]);
+    let out =
+        collc(&["run", "broadcast/my_chain", "--library", dir_arg, "--ranks", "3", "-e", "1K", "-n", "1"], &[], &cache);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
 fn a_users_file_that_does_not_parse_verify_or_fit_is_named_never_skipped() {
+    let cache = TempDir::new("library-cache-named");
     let taken = folder("taken", &[("ring.coll", renamed("allreduce/ring", "ring"))]);
-    let out = collc(&["list", "--library", taken.to_str().expect("utf-8")], &[]);
+    let out = collc(&["list", "--library", taken.path().to_str().expect("utf-8")], &[], &cache);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(
@@ -114,14 +121,14 @@ fn a_users_file_that_does_not_parse_verify_or_fit_is_named_never_skipped() {
         "broken",
         &[("x.coll", "algorithm x for allreduce {\n ranks p\n chunks p\n step { send in[0] from 0 to 1 }\n}\n".into())],
     );
-    let out = collc(&["tune", "allreduce", "--ranks", "4", "--library", broken.to_str().expect("utf-8")], &[]);
+    let out =
+        collc(&["tune", "allreduce", "--ranks", "4", "--library", broken.path().to_str().expect("utf-8")], &[], &cache);
     let stderr = text(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("x.coll:4") && stderr.contains("allreduce/x does not verify for 4 ranks"), "{stderr}");
-    let out = collc(&["list", "--library", "/no/such/folder"], &[]);
+    let out = collc(&["list", "--library", "/no/such/folder"], &[], &cache);
     assert_eq!(out.status.code(), Some(2));
     assert!(text(&out.stderr).contains("`/no/such/folder` cannot be read"), "{}", text(&out.stderr));
-    let _ = (std::fs::remove_dir_all(&taken), std::fs::remove_dir_all(&broken));
 }
 
 /// Two ranks of a torchrun-style job, each with its own transport and environment; their exit codes and errors.
@@ -151,7 +158,7 @@ fn two_ranks(tag: &str, setups: [(&str, &[(&str, &str)]); 2]) -> Vec<(Option<i32
 #[test]
 fn ranks_that_disagree_on_their_algorithms_or_transport_are_named_on_every_rank() {
     let dir = folder("disagree", &[("my_ring.coll", renamed("allreduce/ring", "my_ring"))]);
-    let path = dir.to_str().expect("utf-8");
+    let path = dir.path().to_str().expect("utf-8");
     let started = Instant::now();
     for transport in ["shm", "tcp"] {
         for (rank, (code, stderr)) in
@@ -178,5 +185,4 @@ fn ranks_that_disagree_on_their_algorithms_or_transport_are_named_on_every_rank(
         .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
         .unwrap_or_default();
     assert!(!left.iter().any(|f| f.starts_with("collc-joining-transports-")), "{left:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -2,13 +2,14 @@
 //! them before their first call, and names a file that does not verify. (Its own test binary: it sets the
 //! environment the communicators read.)
 
-use collc_runtime::{CallShape, Collective, Communicator, DataType, Options, ReduceOp, RuntimeError};
+mod common;
 
-fn folder(name: &str, file: &str, text: &str) -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!("collc-algo-path-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    std::fs::write(dir.join(file), text).expect("written");
+use collc_runtime::{CallShape, Collective, Communicator, DataType, Options, ReduceOp, RuntimeError};
+use common::TempDir;
+
+fn folder(name: &str, file: &str, text: &str) -> TempDir {
+    let dir = TempDir::new(&format!("algo-path-{name}"));
+    std::fs::write(dir.path().join(file), text).expect("written");
     dir
 }
 
@@ -37,7 +38,7 @@ fn a_users_algorithm_joins_the_choice_and_one_that_does_not_verify_is_named() {
     let good = folder("good", "mine.coll", &ring.replace("algorithm ring for", "algorithm my_ring for"));
     // SAFETY: set before any thread of this test binary reads the environment (its only test).
     unsafe {
-        std::env::set_var("COLLC_ALGO_PATH", &good);
+        std::env::set_var("COLLC_ALGO_PATH", good.path());
         std::env::set_var("COLLC_ALGO", "allreduce:my_ring");
         std::env::remove_var("COLLC_TOPO");
     }
@@ -61,7 +62,7 @@ fn a_users_algorithm_joins_the_choice_and_one_that_does_not_verify_is_named() {
     );
     // SAFETY: no other thread runs now: the rank threads above have ended.
     unsafe {
-        std::env::set_var("COLLC_ALGO_PATH", &bad);
+        std::env::set_var("COLLC_ALGO_PATH", bad.path());
         std::env::set_var("COLLC_ALGO", "allreduce:x");
     }
     let comms = Communicator::threads(3, Options::default()).expect("threads");
@@ -74,5 +75,4 @@ fn a_users_algorithm_joins_the_choice_and_one_that_does_not_verify_is_named() {
             "{message}"
         );
     }
-    let _ = (std::fs::remove_dir_all(&good), std::fs::remove_dir_all(&bad));
 }

@@ -2,20 +2,20 @@
 //! the one whose slowest rank was fastest, says so at INFO, runs it from then on, and keeps the times in this host's
 //! timings. (Its own test binary: it sets the environment the communicators read.)
 
+mod common;
+
 use collc_runtime::select::Measured;
 use collc_runtime::{CallShape, Collective, Communicator, DataType, Options, ReduceOp};
 
 #[test]
 fn live_calls_explore_each_candidate_then_run_the_fastest() {
-    let dir = std::env::temp_dir().join(format!("collc-learn-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary folder");
-    let log = dir.join("log");
+    let dir = common::TempDir::new("learn");
+    let log = dir.path().join("log");
     // SAFETY: set before any thread of this test binary reads the environment (its only test).
     unsafe {
         std::env::set_var("COLLC_LEARN", "1");
         std::env::set_var("COLLC_ALGO", "ring,one_shot");
-        std::env::set_var("XDG_CACHE_HOME", &dir);
+        std::env::set_var("XDG_CACHE_HOME", dir.path());
         std::env::set_var("COLLC_DEBUG", "INFO");
         std::env::set_var("COLLC_DEBUG_SUBSYS", "COLL");
         std::env::set_var("COLLC_DEBUG_FILE", &log);
@@ -58,5 +58,4 @@ fn live_calls_explore_each_candidate_then_run_the_fastest() {
     let series = measured.series("allreduce", 3, "threads").expect("the times are kept");
     assert_eq!(series.points.len(), 2, "{series:?}");
     assert!(series.points.iter().all(|p| p.bytes == 4096 && p.seconds > 0.0), "{series:?}");
-    let _ = std::fs::remove_dir_all(&dir);
 }

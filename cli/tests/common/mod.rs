@@ -1,4 +1,7 @@
-//! What the CLI test binaries share: files in the temp dir that are removed when the test is done with them.
+//! What the CLI test binaries share: files and folders in the temp dir that are removed when the test is done with
+//! them.
+// Each test binary uses part of this.
+#![allow(dead_code)]
 
 use std::path::PathBuf;
 
@@ -28,5 +31,29 @@ impl Drop for TempFile {
     fn drop(&mut self) {
         // Absent when the binary under test failed before writing it.
         let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A folder in the temp dir, unique to this test process and `name`, removed with all it holds on drop (also when
+/// the test fails).
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// A fresh, empty folder.
+    pub fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("collc-test-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("temp dir is writable");
+        TempDir(dir)
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
     }
 }

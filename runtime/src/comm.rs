@@ -5,7 +5,7 @@
 use crate::error::RuntimeError;
 use crate::exec::{self, Call, Executor, Origin, PlanInput};
 use crate::recorder::{self, Recorder};
-use crate::select::Selection;
+use crate::select::{Point, Selection};
 use crate::transport::shm::Memory;
 use crate::transport::tcp::TcpJob;
 use crate::transport::{Backend, Bootstrap, CallInfo, Fabric, Status};
@@ -108,6 +108,17 @@ struct Algorithm {
 }
 
 impl Algorithm {
+    /// A selection's candidate, to run with the schedule it was costed on.
+    fn chosen(candidate: &crate::select::Candidate) -> Algorithm {
+        Algorithm {
+            name: candidate.name.clone(),
+            source: candidate.source.clone(),
+            params: candidate.params.clone(),
+            fixed: None,
+            costed: candidate.costed.schedule.clone(),
+        }
+    }
+
     /// What its name is, for mismatch reports: a library algorithm (the library's source under its name), a
     /// `.coll` source, or a `.sched` file.
     fn name_is(&self) -> &'static str {
@@ -755,14 +766,7 @@ impl Communicator {
         // Exploring runs the candidate asked for; a class learned live runs what it learned.
         let learned = self.live.as_ref().and_then(|live| live.learned((collective, class)));
         if let Some(index) = explore.or(learned).filter(|&i| i < selection.candidates.len()) {
-            let candidate = &selection.candidates[index];
-            return Ok(Algorithm {
-                name: candidate.name.clone(),
-                source: candidate.source.clone(),
-                params: candidate.params.clone(),
-                fixed: None,
-                costed: candidate.costed.schedule.clone(),
-            });
+            return Ok(Algorithm::chosen(&selection.candidates[index]));
         }
         let chosen = selection.choose(bytes);
         let candidate = &selection.candidates[chosen.index];
@@ -783,13 +787,7 @@ impl Communicator {
                 ),
             );
         }
-        Ok(Algorithm {
-            name: candidate.name.clone(),
-            source: candidate.source.clone(),
-            params: candidate.params.clone(),
-            fixed: None,
-            costed: candidate.costed.schedule.clone(),
-        })
+        Ok(Algorithm::chosen(candidate))
     }
 
     /// The selection `collective`'s calls choose through: the one set, else the shared one; `None` where none can be
@@ -853,20 +851,11 @@ impl Communicator {
             ),
         );
         if !self.fabric.transport().backend().sockets() {
-            let points = selection
-                .candidates
-                .iter()
-                .zip(&slowest)
-                .map(|(c, &seconds)| crate::select::Point {
-                    algorithm: c.name.clone(),
-                    bytes: bytes as u64,
-                    seconds,
-                    runs: Vec::new(),
-                })
-                .collect();
-            let mut measured = crate::select::Measured::load();
-            measured.merge(collective.name(), self.n_ranks, self.fabric.transport().name(), points);
-            if let Err(e) = measured.save() {
+            let bytes = bytes as u64;
+            let points =
+                selection.candidates.iter().zip(&slowest).map(|(c, &t)| Point::new(&c.name, bytes, t)).collect();
+            let transport = self.fabric.transport().name();
+            if let Err(e) = crate::select::Measured::keep(collective.name(), self.n_ranks, transport, points) {
                 crate::log::warn(crate::log::Subsys::Coll, format_args!("live timings not kept: {e}"));
             }
         }

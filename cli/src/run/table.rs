@@ -265,19 +265,10 @@ fn learn(job: &Job, rows: &[Row]) -> Option<String> {
     let points: Vec<Point> = rows
         .iter()
         .filter(first)
-        .filter_map(|r| {
-            Some(Point {
-                algorithm: r.algorithm.clone(),
-                bytes: r.bytes as u64,
-                seconds: r.out_of_place?.seconds,
-                runs: Vec::new(),
-            })
-        })
+        .filter_map(|r| Some(Point::new(&r.algorithm, r.bytes as u64, r.out_of_place?.seconds)))
         .collect();
-    let mut measured = Measured::load();
     let count = points.len();
-    measured.merge(job.collective.name(), job.n_ranks, job.transport.name(), points);
-    Some(match measured.save() {
+    Some(match Measured::keep(job.collective.name(), job.n_ranks, job.transport.name(), points) {
         Ok(path) => format!(
             "# merged {count} timings into {}: {} on {} ranks over {} chooses by them from now on (sizes {}..={})",
             path.display(),

@@ -37,7 +37,22 @@ pub struct Measured {
     pub series: Vec<Series>,
 }
 
+impl Point {
+    /// `algorithm`'s time at `bytes`, as one run measured it.
+    pub fn new(algorithm: &str, bytes: u64, seconds: f64) -> Point {
+        Point { algorithm: algorithm.to_string(), bytes, seconds, runs: Vec::new() }
+    }
+}
+
 impl Measured {
+    /// Merges `points` into the file's timings of (`collective`, `ranks`, `transport`) and writes it back: what a
+    /// `--compare` run or a communicator learning from live calls keeps. Where the file went.
+    pub fn keep(collective: &str, ranks: u32, transport: &str, points: Vec<Point>) -> Result<PathBuf, String> {
+        let mut measured = Measured::load();
+        measured.merge(collective, ranks, transport, points);
+        measured.save()
+    }
+
     /// The file beside the host's calibration (`host_cache_path`), `...-measured.json`.
     pub fn path() -> Option<PathBuf> {
         let calibration = super::host_cache_path()?;
@@ -121,7 +136,7 @@ mod tests {
     use super::{Measured, Point};
 
     fn point(algorithm: &str, bytes: u64, seconds: f64) -> Point {
-        Point { algorithm: algorithm.into(), bytes, seconds, runs: Vec::new() }
+        Point::new(algorithm, bytes, seconds)
     }
 
     /// A merge adds to the same algorithm's runs at the same size (the point is their median) and keeps the rest; a

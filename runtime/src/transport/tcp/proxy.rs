@@ -145,11 +145,13 @@ impl Shared {
         }
     }
 
-    /// Runs `work` on the wire for the executor (inline), with what was handed over taken first and what it finds
-    /// published after.
+    /// Runs `work` on the wire for the executor (inline), after a whole round if something was handed over (its
+    /// sockets read again for the new rings before the hand-over counts as taken), and publishes what it finds.
     fn inline(&self, work: impl FnOnce(&mut Wire)) {
         if let Ok(mut wire) = self.wire.try_lock() {
-            self.take_pending(&mut wire);
+            if self.has_pending.load(Ordering::Acquire) {
+                self.pump(&mut wire, false);
+            }
             work(&mut wire);
             self.publish(&mut wire);
         }
@@ -290,13 +292,6 @@ impl Shared {
         }
         for ring in pending.rings {
             wire.register(ring);
-        }
-        // Inline, nothing publishes between here and the executor's next look; with a thread, `pump` says it.
-        if self.mode == Mode::Inline {
-            wire.pump(false);
-            self.publish(wire);
-            self.taken.store(took, Ordering::Release);
-            return None;
         }
         Some(took)
     }

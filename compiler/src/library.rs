@@ -148,15 +148,15 @@ impl Library {
 
     /// A hash of the users' algorithms (names and sources; 0 for none): ranks of one job compare it.
     pub fn user_digest(&self) -> u64 {
+        if self.user_entries().next().is_none() {
+            return 0;
+        }
         let mut hash = crate::fxhash::FxHasher::default();
         for entry in self.user_entries() {
             std::hash::Hash::hash(&entry.name, &mut hash);
             std::hash::Hash::hash(&*entry.source, &mut hash);
         }
-        match self.user_entries().next() {
-            Some(_) => std::hash::Hasher::finish(&hash),
-            None => 0,
-        }
+        std::hash::Hasher::finish(&hash)
     }
 }
 

@@ -11,8 +11,7 @@ mod topology;
 
 pub use model::Profile;
 pub use select::{
-    bindings_on, fastest, field, library_names, profile, winning_ranges, AlgoFilter, Candidate, Costed, Field,
-    FieldError,
+    bindings_on, fastest, field, profile, winning_ranges, AlgoFilter, Candidate, Costed, Field, FieldError,
 };
 pub use topology::{defaults, Cached, Link, LinkClass, Links, Switch, Topology, TopologyError};
 

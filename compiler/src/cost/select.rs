@@ -9,7 +9,7 @@
 use super::model::Profile;
 use super::{analyse_keeping, Topology};
 use crate::diag::{Error, Errors};
-use crate::library::{Library, LIBRARY};
+use crate::library::Library;
 use crate::replicas::{self, Determinism};
 use crate::{lower, Bindings, Collective, Limits, Options, Placement};
 
@@ -27,12 +27,6 @@ pub struct AlgoFilter {
     per_collective: Vec<(Collective, Rule)>,
     /// What determinism a candidate must have (`deterministic`, `deterministic=strict`); none by default.
     deterministic: Option<Determinism>,
-}
-
-/// The library's algorithm names (`ring`, not `allreduce/ring`) for `collective`.
-pub fn library_names(collective: Collective) -> Vec<&'static str> {
-    let prefix = format!("{collective}/");
-    LIBRARY.iter().filter_map(|(name, _)| name.strip_prefix(prefix.as_str())).collect()
 }
 
 impl AlgoFilter {

@@ -11,8 +11,9 @@ mod plan;
 pub use device::build_host_driver;
 #[cfg(feature = "cuda")]
 pub(crate) use device::cuda;
+pub(crate) use device::encode;
 #[cfg(feature = "cuda")]
-pub(crate) use device::{encode, Launcher};
+pub(crate) use device::Launcher;
 pub(crate) use device::{twin_executor, TwinConns, TwinLaunchers};
 
 pub(crate) use host::Host;

@@ -2,6 +2,7 @@
 //! device memory, exported through CUDA IPC and mapped by its peers when a call shape is prepared.
 
 use super::fabric::lanes_for;
+use super::remote::Remote;
 use crate::error::RuntimeError;
 use crate::exec::cuda::{driver, gpu, ok, CudaExec, CudaTarget, DeviceAlloc, Gpu};
 use crate::exec::encode::{self, conn};
@@ -21,8 +22,12 @@ pub(crate) struct IpcFabric {
     gpu: Arc<Gpu>,
     gpus: u32,
     n_ranks: u32,
-    /// The job's shared memory, where the bootstrap's control block is.
-    bootstrap_memory: Arc<crate::transport::shm::Memory>,
+    /// Ranks on this host.
+    local: u32,
+    /// The job's shared memory, where the bootstrap's control block is (ranks all on this host).
+    bootstrap_memory: Option<Arc<crate::transport::shm::Memory>>,
+    /// The way to ranks on other hosts (`remote.rs`), where there are any.
+    remote: Option<Remote>,
 }
 
 impl IpcFabric {
@@ -32,16 +37,39 @@ impl IpcFabric {
         gpus: Option<u32>,
         bootstrap_memory: Arc<crate::transport::shm::Memory>,
     ) -> Result<IpcFabric, String> {
-        let driver = driver()?;
-        let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
-        let gpu = gpu((rank % gpus) as i32)?;
-        Ok(IpcFabric { gpu, gpus, n_ranks, bootstrap_memory })
+        let (gpu, gpus) = open_gpu(rank, gpus)?;
+        Ok(IpcFabric { gpu, gpus, n_ranks, local: n_ranks, bootstrap_memory: Some(bootstrap_memory), remote: None })
     }
 
-    /// From the most ranks any GPU holds and this GPU's SMs; the ranks check that they agree.
-    fn lanes(&self, plan: &Plan) -> Result<u32, String> {
-        lanes_for(self.gpu.sms, self.n_ranks.div_ceil(self.gpus), plan)
+    /// Rank `rank` of a job on several hosts, `local` of its ranks on this one (given consecutive ranks, as
+    /// torchrun and mpirun's default mapping do, rank r is on GPU `r mod G`).
+    pub fn across_hosts(
+        rank: u32,
+        n_ranks: u32,
+        local: u32,
+        gpus: Option<u32>,
+        remote: Remote,
+    ) -> Result<IpcFabric, String> {
+        let (gpu, gpus) = open_gpu(rank, gpus)?;
+        Ok(IpcFabric { gpu, gpus, n_ranks, local, bootstrap_memory: None, remote: Some(remote) })
     }
+
+    /// From the most ranks any GPU of this host holds and this GPU's SMs; the ranks check that they agree.
+    fn lanes(&self, plan: &Plan) -> Result<u32, String> {
+        lanes_for(self.gpu.sms, self.local.div_ceil(self.gpus), plan)
+    }
+
+    /// Whether `peer` is on another host (reached through the network proxy, not IPC).
+    fn is_remote(&self, peer: u32) -> bool {
+        self.remote.as_ref().is_some_and(|remote| remote.is_remote(peer))
+    }
+}
+
+/// GPU `rank mod G` of the first `gpus` (every one when `None`), and G.
+fn open_gpu(rank: u32, gpus: Option<u32>) -> Result<(Arc<Gpu>, u32), String> {
+    let driver = driver()?;
+    let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
+    Ok((gpu((rank % gpus) as i32)?, gpus))
 }
 
 /// What each rank publishes of one incoming record: (sender, channel, lane, slot bytes, offset in its allocation).
@@ -54,7 +82,9 @@ impl Fabric for IpcFabric {
     }
 
     fn remove_all(&self) {
-        self.bootstrap_memory.remove_all();
+        if let Some(memory) = &self.bootstrap_memory {
+            memory.remove_all();
+        }
     }
 
     fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
@@ -81,7 +111,7 @@ impl Fabric for IpcFabric {
         let mut size = importer_words_bytes(self.n_ranks);
         let mut published: Vec<Published> = Vec::new();
         for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
-            if to == rank {
+            if to == rank && !self.is_remote(from) {
                 offsets[c] = size as u64;
                 published.push((from, channel, lane, slot_bytes as u32, size as u64));
                 size += encode::record_bytes(slot_bytes).next_multiple_of(256);
@@ -91,7 +121,7 @@ impl Fabric for IpcFabric {
         let incoming = DeviceAlloc::zeroed(&gpu, size).map_err(config)?;
         let mut importers = vec![0u64; self.n_ranks as usize];
         for (c, &(from, to, _, slot_bytes, _)) in image.conns.iter().enumerate() {
-            if to == rank {
+            if to == rank && !self.is_remote(from) {
                 importers[from as usize] = 1;
                 incoming
                     .write(offsets[c] as usize + conn::SLOT_BYTES * 8, &(slot_bytes as u64).to_le_bytes())
@@ -167,8 +197,14 @@ impl Fabric for IpcFabric {
         let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();
         let mut map_all = || -> Result<Vec<u64>, RuntimeError> {
             let mut table = Vec::with_capacity(image.conns.len());
+            let lanes = image.plan(0).lanes;
             for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
-                let address = if to == rank {
+                let peer = if to == rank { from } else { to };
+                let address = if let Some(remote) = self.remote.as_ref().filter(|r| r.is_remote(peer)) {
+                    let end = crate::transport::LinkEnd { from, to, channel, slot_bytes };
+                    let link = plan.links.iter().position(|l| *l == end).expect("a connection is one of the plan's");
+                    remote.record(&gpu, &plan, link as u16, lane, lanes)?
+                } else if to == rank {
                     incoming.ptr() + offsets[c]
                 } else {
                     let entry = theirs[to as usize]
@@ -199,6 +235,11 @@ impl Fabric for IpcFabric {
             Ok(table)
         };
         let table = map_all();
+        // The proxy carries the records to other hosts before any rank's first call on them.
+        let table = table.and_then(|table| match &self.remote {
+            Some(remote) => remote.net.sync().map(|()| table),
+            None => Ok(table),
+        });
         // Every rank says whether it mapped its peers' records, so none launches a shape another could not set up;
         // a peer gone meanwhile is named by this round itself.
         let verdicts = gather(&[table.is_ok() as u8])?;

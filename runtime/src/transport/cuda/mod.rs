@@ -1,12 +1,16 @@
 //! The `cuda` transport: ranks on GPUs, each plan run by the device interpreter (`exec/device/`; feature `cuda`).
 //! Rank threads of one process reach each other's connection records through peer access (`fabric.rs`); rank
-//! processes on one host map them through CUDA IPC (`ipc.rs`), their bootstrap the shm one. Without the feature
-//! the backend is listed and every way in fails with a message saying how to build it.
+//! processes on one host map them through CUDA IPC (`ipc.rs`), their bootstrap the shm one; rank processes on
+//! several hosts join through the tcp rendezvous and reach the other hosts' ranks through the network proxy
+//! (`remote.rs`). Without the feature the backend is listed and every way in fails with a message saying how to
+//! build it.
 
 #[cfg(feature = "cuda")]
 mod fabric;
 #[cfg(feature = "cuda")]
 mod ipc;
+#[cfg(feature = "cuda")]
+mod remote;
 
 use super::{Backend, Ranks, SlotPolicy};
 use crate::comm::{Communicator, Options};
@@ -55,12 +59,19 @@ impl Backend for Cuda {
         group_on(n_ranks, gpus_from_env()?, options)
     }
 
+    /// Ranks on one host need nothing more; on several, what the tcp transport needs (the rendezvous, the token).
     fn check_launch(&self, launch: &Launch) -> Result<(), String> {
-        super::shm::one_host(launch, self.name())
+        match launch.all_local() {
+            true => Ok(()),
+            false => super::tcp::TcpJob::from_launch(launch).map(drop),
+        }
     }
 
     fn join(&self, launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
-        process(&launch.job, launch.rank, launch.world_size, options)
+        match launch.all_local() {
+            true => process(&launch.job, launch.rank, launch.world_size, options),
+            false => across_hosts(launch, options),
+        }
     }
 
     /// The bootstrap of rank processes is the shm one.
@@ -118,6 +129,20 @@ pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> R
     #[cfg(not(feature = "cuda"))]
     {
         let _ = (job, options);
+        Err(not_built())
+    }
+}
+
+/// Rank `launch.rank` of a job on several hosts: CUDA IPC with the ranks of this host, the network proxy to the
+/// others, the bootstrap the tcp rendezvous.
+fn across_hosts(launch: &Launch, options: Options) -> Result<Communicator, RuntimeError> {
+    #[cfg(feature = "cuda")]
+    {
+        remote::process(launch, gpus_from_env()?, options)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (launch, options);
         Err(not_built())
     }
 }

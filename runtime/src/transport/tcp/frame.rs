@@ -1,7 +1,8 @@
 //! What travels on a data connection: frames of a fixed 64-byte header, then (for data) the message. The header
 //! carries the call's fingerprint (job, sequence, schedule hash, collective, dtype, op, placement, count, root), so a
-//! receiver that is in another call says which two calls met, and the link key (channel and slot size), so the
-//! message's length is checked against the plan's slot before a byte of it is read.
+//! receiver that is in another call says which two calls met, and the link key (channel, slot size and lane: a
+//! device rank runs each channel's tiles over several lanes, each with its connection record), so the message's
+//! length is checked against the plan's slot before a byte of it is read.
 //!
 //! Decoding is total: any 64 bytes give a header or a `FrameError` saying what is wrong with them.
 
@@ -24,6 +25,8 @@ pub enum Kind {
 pub struct Frame {
     pub kind: Kind,
     pub channel: u8,
+    /// The lane of a device rank's channel (0 for host ranks).
+    pub lane: u16,
     pub slot_bytes: u32,
     pub len: u32,
     /// Data: the call's sequence number; credit: messages consumed.
@@ -54,15 +57,17 @@ pub enum FrameError {
 
 impl Frame {
     /// A message of `call` (whose sequence number and fingerprint the header carries as the stamp's).
-    pub fn data(channel: u8, slot_bytes: u32, len: u32, stamp: Stamp, job: u64, call: CallInfo) -> Frame {
-        let (seq, fingerprint) = (stamp.seq, stamp.fingerprint);
+    pub fn data(key: (u8, u16), slot_bytes: u32, len: u32, stamp: Stamp, job: u64, call: CallInfo) -> Frame {
+        let ((channel, lane), (seq, fingerprint)) = (key, (stamp.seq, stamp.fingerprint));
         let call = CallInfo { seq, fingerprint, ..call };
-        Frame { kind: Kind::Data, channel, slot_bytes, len, seq, fingerprint, job, call, credit: 0 }
+        Frame { kind: Kind::Data, channel, lane, slot_bytes, len, seq, fingerprint, job, call, credit: 0 }
     }
 
-    pub fn credit(channel: u8, slot_bytes: u32, consumed: u64, job: u64) -> Frame {
+    pub fn credit(key: (u8, u16), slot_bytes: u32, consumed: u64, job: u64) -> Frame {
+        let (channel, lane) = key;
         let call = CallInfo { seq: consumed, ..CallInfo::NONE };
-        Frame { kind: Kind::Credit, channel, slot_bytes, len: 0, seq: consumed, fingerprint: 0, job, call, credit: 0 }
+        let fingerprint = 0;
+        Frame { kind: Kind::Credit, channel, lane, slot_bytes, len: 0, seq: consumed, fingerprint, job, call, credit: 0 }
     }
 
     pub fn stamp(&self) -> Stamp {
@@ -77,6 +82,7 @@ impl Frame {
             Kind::Credit => 2,
         };
         b[5] = self.channel;
+        b[6..8].copy_from_slice(&self.lane.to_le_bytes());
         b[8..12].copy_from_slice(&self.slot_bytes.to_le_bytes());
         b[12..16].copy_from_slice(&self.len.to_le_bytes());
         b[16..24].copy_from_slice(&self.seq.to_le_bytes());
@@ -100,9 +106,6 @@ impl Frame {
             2 => Kind::Credit,
             other => return Err(FrameError::Kind(other)),
         };
-        if b[6] != 0 || b[7] != 0 {
-            return Err(FrameError::Reserved);
-        }
         let (slot_bytes, len) = (u32_at(8), u32_at(12));
         if !slot_bytes.is_power_of_two() || slot_bytes > MAX_SLOT {
             return Err(FrameError::SlotBytes(slot_bytes));
@@ -118,7 +121,8 @@ impl Frame {
         if kind == Kind::Credit && credit != 0 {
             return Err(FrameError::Reserved);
         }
-        Ok(Frame { kind, channel: b[5], slot_bytes, len, seq, fingerprint, job: u64_at(32), call, credit })
+        let lane = u16::from_le_bytes([b[6], b[7]]);
+        Ok(Frame { kind, channel: b[5], lane, slot_bytes, len, seq, fingerprint, job: u64_at(32), call, credit })
     }
 }
 
@@ -133,7 +137,7 @@ mod tests {
 
     #[test]
     fn a_frame_round_trips_and_a_long_message_is_refused() {
-        let frame = Frame::data(3, 1 << 16, 4096, Stamp { seq: 7, fingerprint: 0xfeed }, 42, call());
+        let frame = Frame::data((3, 2), 1 << 16, 4096, Stamp { seq: 7, fingerprint: 0xfeed }, 42, call());
         assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
         let mut long = frame.encode();
         long[12..16].copy_from_slice(&((1u32 << 16) + 1).to_le_bytes());
@@ -161,12 +165,12 @@ mod tests {
 
         #[test]
         fn every_encoded_frame_decodes_to_itself(
-            channel in any::<u8>(), shift in 0u32..=30, len in any::<u32>(), seq in any::<u64>(),
+            channel in any::<u8>(), lane in any::<u16>(), shift in 0u32..=30, len in any::<u32>(), seq in any::<u64>(),
             fingerprint in any::<u64>(), job in any::<u64>(), count in any::<u64>(), kind in any::<u32>(),
         ) {
             let slot_bytes = 1u32 << shift;
             let call = CallInfo { seq, count, kind, root: 3, fingerprint };
-            let mut frame = Frame::data(channel, slot_bytes, len % (slot_bytes + 1), Stamp { seq, fingerprint }, job, call);
+            let mut frame = Frame::data((channel, lane), slot_bytes, len % (slot_bytes + 1), Stamp { seq, fingerprint }, job, call);
             frame.credit = count ^ job;
             prop_assert_eq!(Frame::decode(&frame.encode()), Ok(frame));
         }

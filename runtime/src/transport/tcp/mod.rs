@@ -13,6 +13,7 @@
 pub mod auth;
 mod frame;
 mod proxy;
+pub(crate) mod record;
 mod ring;
 mod store;
 mod wire;
@@ -236,8 +237,8 @@ struct Inbox {
     arrived: Condvar,
 }
 
-/// The rings made so far, by link (plans of several shapes share a link's ring), and the peers connected.
-type Rings = (HashMap<super::LinkEnd, Arc<Ring>>, Vec<bool>);
+/// The rings made so far, by link and lane (plans of several shapes share a link's ring), and the peers connected.
+type Rings = (HashMap<(super::LinkEnd, u16), Arc<Ring>>, Vec<bool>);
 
 /// One rank's tcp fabric: its proxy, its links' rings, its peers' addresses, and the acceptor of its data port.
 pub(crate) struct Net {
@@ -245,6 +246,9 @@ pub(crate) struct Net {
     rings: Mutex<Rings>,
     rendezvous: Arc<Rendezvous>,
     addrs: Vec<SocketAddr>,
+    /// Each rank's host (`host_key`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    hosts: Vec<String>,
     inbox: Arc<Inbox>,
     stop: Arc<AtomicBool>,
     job: TcpJob,
@@ -264,15 +268,16 @@ pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Ren
     let data_addr = listener.local_addr().map_err(|e| config(format!("data port: {e}")))?;
     log::info(Subsys::Init, format_args!("rank {rank}: data port {data_addr} on {}", interface.name));
     let rendezvous = Arc::new(Rendezvous::join(&job.rendezvous, rank, n_ranks, hash, &job.token, timeout)?);
-    let blobs = rendezvous.all_gather(rank, data_addr.to_string().as_bytes(), 0, timeout)?;
-    let addrs = blobs
-        .iter()
-        .enumerate()
-        .map(|(r, blob)| {
-            let text = String::from_utf8_lossy(blob);
-            text.parse::<SocketAddr>().map_err(|_| config(format!("rank {r} gave `{text}` as its address")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    // Each rank's data address and host (which ranks share a host: a device rank reaches those through IPC).
+    let blobs = rendezvous.all_gather(rank, format!("{data_addr} {}", host_key()).as_bytes(), 0, timeout)?;
+    let mut addrs = Vec::with_capacity(blobs.len());
+    let mut hosts = Vec::with_capacity(blobs.len());
+    for (r, blob) in blobs.iter().enumerate() {
+        let text = String::from_utf8_lossy(blob);
+        let (addr, host) = text.split_once(' ').unwrap_or((&text, ""));
+        addrs.push(addr.parse::<SocketAddr>().map_err(|_| config(format!("rank {r} gave `{addr}` as its address")))?);
+        hosts.push(host.to_string());
+    }
     let inbox = Arc::new(Inbox::default());
     let stop = Arc::new(AtomicBool::new(false));
     listener.set_nonblocking(true).map_err(|e| config(format!("data port: {e}")))?;
@@ -288,6 +293,7 @@ pub(crate) fn join(job: &TcpJob, timeout: Duration) -> Result<(Arc<Net>, Arc<Ren
         rings: Mutex::new((HashMap::new(), vec![false; n_ranks as usize])),
         rendezvous: rendezvous.clone(),
         addrs,
+        hosts,
         inbox,
         stop,
         job: job.clone(),
@@ -419,7 +425,7 @@ impl Fabric for Net {
         for end in &plan.links {
             let peer = if end.from == self.job.rank { end.to } else { end.from };
             self.reach(connected, peer)?;
-            let ring = rings.entry(*end).or_insert_with(|| {
+            let ring = rings.entry((*end, 0)).or_insert_with(|| {
                 let ring = Arc::new(Ring::new(*end, peer, end.channel as usize % self.job.sockets.max(1) as usize));
                 self.proxy.shared.add_ring(ring.clone());
                 ring
@@ -427,15 +433,90 @@ impl Fabric for Net {
             links.push(TcpLink { ring: ring.clone(), proxy: self.proxy.shared.clone(), call: CallInfo::NONE });
         }
         drop(guard);
+        self.sync()?;
+        Ok(Box::new(Host { plan, links }))
+    }
+}
+
+/// What device ranks on different hosts use of a tcp fabric (the `cuda` transport's, `cuda/remote.rs`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+impl Net {
+    /// Whether `peer` runs on this rank's host (the same `host_key`).
+    pub(crate) fn same_host(&self, peer: u32) -> bool {
+        self.hosts.get(peer as usize) == self.hosts.get(self.job.rank as usize)
+    }
+
+    /// The ring carrying lane `lane` of the connection `end` between a device rank of this process and one on
+    /// another host: made the first time (its record from `record`, connecting to the peer), then shared by every
+    /// call shape with that link and lane. The record's device address is the caller's to keep.
+    pub(crate) fn carry_record(
+        &self,
+        end: super::LinkEnd,
+        lane: u16,
+        record: impl FnOnce() -> Result<record::Record, RuntimeError>,
+    ) -> Result<Arc<Ring>, RuntimeError> {
+        let mut guard = self.rings.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let (rings, connected) = &mut *guard;
+        if let Some(ring) = rings.get(&(end, lane)) {
+            return Ok(ring.clone());
+        }
+        let peer = if end.from == self.job.rank { end.to } else { end.from };
+        self.reach(connected, peer)?;
+        let socket = (end.channel as usize + lane as usize) % self.job.sockets.max(1) as usize;
+        let ring = Arc::new(Ring::over_record(end, lane, peer, socket, record()?));
+        rings.insert((end, lane), ring.clone());
+        self.proxy.shared.add_ring(ring.clone());
+        Ok(ring)
+    }
+
+    /// Waits until the proxy carries every ring handed to it (before a plan's first call).
+    pub(crate) fn sync(&self) -> Result<(), RuntimeError> {
         self.proxy.shared.sync().map_err(|(peer, how)| RuntimeError::PeerFailed {
             rank: self.job.rank,
             what: "preparing a call".into(),
             at: "its links".into(),
             peer,
             how,
-        })?;
-        Ok(Box::new(Host { plan, links }))
+        })
     }
+
+    /// What the proxy found wrong (a peer that broke its connection or the protocol, a proxy gone or stalled).
+    pub(crate) fn fault(&self) -> Option<(u32, String)> {
+        self.proxy.shared.fault()
+    }
+}
+
+/// Joins a tcp job for device ranks on several hosts (the `cuda` transport across hosts): as `join`, with the
+/// network proxy always a thread (no host executor pumps the wire).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+pub(crate) fn join_devices(launch: &Launch, timeout: Duration) -> Result<(Arc<Net>, Arc<Rendezvous>), RuntimeError> {
+    let mut job = TcpJob::from_launch(launch).map_err(RuntimeError::Config)?;
+    if std::env::var("COLLC_NET_PROXY").is_ok_and(|v| v.trim() == "0") {
+        return Err(RuntimeError::Config(format!(
+            "rank {}: COLLC_NET_PROXY=0, but a GPU rank's connections to other hosts need the network proxy thread \
+             (its device posts into host memory the proxy sends from): unset it or set 1",
+            launch.rank
+        )));
+    }
+    job.proxy = proxy::Mode::Thread;
+    join(&job, timeout)
+}
+
+/// Which host this process runs on, as ranks compare it: `COLLC_HOSTID` where set (NCCL_HOSTID's role), else the
+/// host name, the boot id and the network namespace (ranks in two namespaces or containers of one machine count
+/// as two hosts, as they reach each other only through the network).
+pub(crate) fn host_key() -> String {
+    if let Ok(id) = std::env::var("COLLC_HOSTID") {
+        return format!("id:{}", id.trim());
+    }
+    let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default();
+    let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
+    let key = format!(
+        "{}/{}/{netns}",
+        read("/proc/sys/kernel/hostname"),
+        read("/proc/sys/kernel/random/boot_id")
+    );
+    key.replace(' ', "_")
 }
 
 /// One end of a link over tcp: its ring, which the proxy carries, and the call its messages belong to.

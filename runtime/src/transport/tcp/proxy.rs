@@ -25,6 +25,9 @@ use std::time::{Duration, Instant};
 /// How long an idle proxy spins (yielding) before it sleeps, and the longest it sleeps.
 const SPIN: Duration = Duration::from_micros(200);
 const SLEEP_MS: i32 = 10;
+/// The same where it carries device records: a device posts without waking it, so it looks at least this often.
+const DEVICE_SPIN: Duration = Duration::from_millis(2);
+const DEVICE_SLEEP_MS: i32 = 1;
 /// A proxy thread that has not begun a round for this long (it sleeps at most `SLEEP_MS` between rounds) has fallen
 /// behind for good: stuck, or starved of a core.
 const STALLED: Duration = Duration::from_secs(5);
@@ -389,7 +392,8 @@ fn run(shared: &Shared) {
             continue;
         }
         let since = *idle_since.get_or_insert_with(Instant::now);
-        if since.elapsed() < SPIN {
+        let (spin, sleep_ms) = if wire.has_records() { (DEVICE_SPIN, DEVICE_SLEEP_MS) } else { (SPIN, SLEEP_MS) };
+        if since.elapsed() < spin {
             drop(wire);
             std::thread::yield_now();
             continue;
@@ -408,7 +412,7 @@ fn run(shared: &Shared) {
         drop(wire);
         if !shared.stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.
-            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, SLEEP_MS) };
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, sleep_ms) };
         }
         if fds[0].revents != 0 {
             let mut count = 0u64;

@@ -5,8 +5,13 @@
 //! body into a slot, records its header and raises `received`; the executor consumes it and raises `consumed`,
 //! which the proxy turns into credits. Each counter has one writer; a slot is written only by the side whose turn
 //! it is, as the counters say.
+//!
+//! A device rank's ring (`Ring::over_record`) has no executor on the host: its slots are those of the connection
+//! record the device interpreter posts into and reads from (host-mapped memory), and the proxy stands in for the
+//! executor through the record's words (`record.rs`).
 
 use super::frame::Frame;
+use super::record::Record;
 use crate::transport::{CallInfo, LinkEnd, Stamp, SLOTS};
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,11 +28,16 @@ pub(crate) struct Meta {
 
 pub(crate) struct Ring {
     pub end: LinkEnd,
+    /// The lane of a device rank's channel (0 for host ranks).
+    pub lane: u16,
     pub peer: u32,
     /// Which of the peer's sockets carries it.
     pub socket: usize,
-    storage: UnsafeCell<Vec<u8>>,
-    offset: usize,
+    /// The first slot (64-byte aligned), in `_storage` or in a device's record.
+    base: *mut u8,
+    _storage: Vec<u8>,
+    /// A device rank's connection record, whose slots these are.
+    pub record: Option<Record>,
     /// Sender: messages posted (executor), taken by the socket (proxy), and consumed by the receiver as its last
     /// credit said (proxy).
     pub posted: AtomicU64,
@@ -47,14 +57,37 @@ unsafe impl Send for Ring {}
 
 impl Ring {
     pub fn new(end: LinkEnd, peer: u32, socket: usize) -> Ring {
-        let storage = vec![0u8; SLOTS_U * end.slot_bytes + 64];
+        let mut storage = vec![0u8; SLOTS_U * end.slot_bytes + 64];
         let offset = storage.as_ptr().align_offset(64);
+        // SAFETY: within the vector (64 spare bytes); its heap buffer does not move when the vector does.
+        let base = unsafe { storage.as_mut_ptr().add(offset) };
+        Ring::with_slots(end, 0, peer, socket, base, storage, None)
+    }
+
+    /// The ring of a device rank's connection record (lane `lane` of its channel): the record's slots, the proxy
+    /// standing in for the executor.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn over_record(end: LinkEnd, lane: u16, peer: u32, socket: usize, record: Record) -> Ring {
+        Ring::with_slots(end, lane, peer, socket, record.slots(), Vec::new(), Some(record))
+    }
+
+    fn with_slots(
+        end: LinkEnd,
+        lane: u16,
+        peer: u32,
+        socket: usize,
+        base: *mut u8,
+        storage: Vec<u8>,
+        record: Option<Record>,
+    ) -> Ring {
         Ring {
             end,
+            lane,
             peer,
             socket,
-            storage: UnsafeCell::new(storage),
-            offset,
+            base,
+            _storage: storage,
+            record,
             posted: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             credited: AtomicU64::new(0),
@@ -68,8 +101,8 @@ impl Ring {
     /// The slot of message number `message` (64-byte aligned, `end.slot_bytes` long).
     pub fn slot(&self, message: u64) -> *mut u8 {
         let index = (message % SLOTS) as usize;
-        // SAFETY: in bounds (SLOTS slots after the alignment offset); only a pointer is made here.
-        unsafe { (*self.storage.get()).as_mut_ptr().add(self.offset + index * self.end.slot_bytes) }
+        // SAFETY: in bounds (`base` starts SLOTS slots); only a pointer is made here.
+        unsafe { self.base.add(index * self.end.slot_bytes) }
     }
 
     // --- the executor's side ---------------------------------------------------------------------------------
@@ -116,6 +149,12 @@ impl Ring {
     pub fn meta(&self, message: u64) -> Meta {
         // SAFETY: written before `posted` passed `message` (the caller has seen it), not again before credits free it.
         unsafe { *self.meta[(message % SLOTS) as usize].get() }.expect("a posted message has its meta")
+    }
+
+    /// The header of arrived message `message` (below `received`, not consumed).
+    pub fn arrived(&self, message: u64) -> Option<Frame> {
+        // SAFETY: written by the proxy (the caller) before `received` passed `message`.
+        unsafe { *self.arrived[(message % SLOTS) as usize].get() }
     }
 
     /// Records the header of arriving message `message` (before its body is read; `received` is raised after).

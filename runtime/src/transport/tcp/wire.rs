@@ -16,6 +16,7 @@
 //!   does not need before then.
 
 use super::frame::{self, Frame, Kind};
+use super::record;
 use super::ring::{Ring, SLOTS_U};
 use crate::transport::{LinkEnd, SLOTS};
 use std::collections::{HashMap, VecDeque};
@@ -104,7 +105,9 @@ pub(crate) struct Wire {
     /// Sockets to each peer (empty until a plan needs the peer).
     pub peers: Vec<Vec<Socket>>,
     links: Vec<LinkState>,
-    by_end: HashMap<LinkEnd, u32>,
+    by_end: HashMap<(LinkEnd, u16), u32>,
+    /// The links whose rings are device records (`record.rs`), which each round looks at.
+    records: Vec<u32>,
     pub fault: Option<Fault>,
     /// The parked frames the executors were last told of (`proxy::Shared::publish`).
     pub published_parked: Vec<(u32, Frame)>,
@@ -141,6 +144,7 @@ impl Wire {
             peers: (0..n_ranks).map(|_| Vec::new()).collect(),
             links: Vec::new(),
             by_end: HashMap::new(),
+            records: Vec::new(),
             fault: None,
             published_parked: Vec::new(),
         }
@@ -148,10 +152,13 @@ impl Wire {
 
     /// Takes `ring` on (its peer's sockets must be up).
     pub fn register(&mut self, ring: Arc<Ring>) {
-        if self.by_end.contains_key(&ring.end) {
+        let key = (ring.end, ring.lane);
+        if self.by_end.contains_key(&key) {
             return;
         }
-        let end = ring.end;
+        if ring.record.is_some() {
+            self.records.push(self.links.len() as u32);
+        }
         self.links.push(LinkState {
             ring,
             queued: 0,
@@ -159,7 +166,21 @@ impl Wire {
             reported: 0,
             credit_queued: false,
         });
-        self.by_end.insert(end, (self.links.len() - 1) as u32);
+        self.by_end.insert(key, (self.links.len() - 1) as u32);
+    }
+
+    /// Whether any ring is a device's record, which the proxy must look at while a launch runs.
+    pub fn has_records(&self) -> bool {
+        !self.records.is_empty()
+    }
+
+    /// Looks at every device record (`record::bridge`); whether anything moved.
+    fn bridge(&mut self) -> bool {
+        let mut moved = false;
+        for &link in &self.records {
+            moved |= record::bridge(&self.links[link as usize].ring);
+        }
+        moved
     }
 
     fn fail(&mut self, peer: u32, how: String) {
@@ -171,13 +192,17 @@ impl Wire {
     /// waits for room while this rank waits for its next message would otherwise wait for good). Whether anything
     /// moved.
     pub fn pump(&mut self, idle: bool) -> bool {
-        let mut moved = self.queue_posted();
+        let mut moved = self.bridge();
+        moved |= self.queue_posted();
         moved |= self.queue_credits(idle);
         for peer in 0..self.peers.len() as u32 {
             for socket in 0..self.peers[peer as usize].len() {
                 moved |= self.pump_out(peer, socket);
                 moved |= self.pump_in(peer, socket);
             }
+        }
+        if !self.records.is_empty() {
+            moved |= self.bridge();
         }
         moved
     }
@@ -215,11 +240,11 @@ impl Wire {
             while self.links[link].queued < posted {
                 let (ring, message) = (self.links[link].ring.clone(), self.links[link].queued);
                 let meta = ring.meta(message);
-                let end = ring.end;
-                let mut header =
-                    Frame::data(end.channel, end.slot_bytes as u32, meta.len as u32, meta.stamp, self.job, meta.call);
+                let (end, lane) = (ring.end, ring.lane);
+                let (key, len) = ((end.channel, lane), meta.len as u32);
+                let mut header = Frame::data(key, end.slot_bytes as u32, len, meta.stamp, self.job, meta.call);
                 let back = LinkEnd { from: end.to, to: end.from, ..end };
-                if let Some(&back) = self.by_end.get(&back) {
+                if let Some(&back) = self.by_end.get(&(back, lane)) {
                     let back = &mut self.links[back as usize];
                     let consumed = back.ring.consumed.load(Ordering::Acquire);
                     if consumed > back.reported {
@@ -306,7 +331,8 @@ impl Wire {
                     let header = *s.credit.get_or_insert_with(|| {
                         state.credit_queued = false;
                         let end = state.ring.end;
-                        Frame::credit(end.channel, end.slot_bytes as u32, state.reported, self.job).encode()
+                        let key = (end.channel, state.ring.lane);
+                        Frame::credit(key, end.slot_bytes as u32, state.reported, self.job).encode()
                     });
                     s.stream.write(&header[s.written..]).map(|n| (n, frame::HEADER))
                 }
@@ -411,7 +437,7 @@ impl Wire {
                         channel: frame.channel,
                         slot_bytes: frame.slot_bytes as usize,
                     };
-                    let Some(&link) = self.by_end.get(&end) else { return false };
+                    let Some(&link) = self.by_end.get(&(end, frame.lane)) else { return false };
                     if !self.accept_data(peer, socket, link, frame) {
                         return false;
                     }
@@ -459,7 +485,7 @@ impl Wire {
                         Kind::Credit => {
                             // A credit is for the link this rank sends on.
                             let ours = LinkEnd { from: self.rank, to: peer, ..end };
-                            let Some(&link) = self.by_end.get(&ours) else {
+                            let Some(&link) = self.by_end.get(&(ours, frame.lane)) else {
                                 return self.protocol_fault(
                                     peer,
                                     socket,
@@ -473,7 +499,7 @@ impl Wire {
                         Kind::Data => {
                             if frame.credit != 0 {
                                 let ours = LinkEnd { from: self.rank, to: peer, ..end };
-                                let Some(&back) = self.by_end.get(&ours) else {
+                                let Some(&back) = self.by_end.get(&(ours, frame.lane)) else {
                                     let how = format!("sent a credit for no link ({ours:?})");
                                     return self.protocol_fault(peer, socket, how);
                                 };
@@ -481,7 +507,7 @@ impl Wire {
                                     return false;
                                 }
                             }
-                            match self.by_end.get(&end) {
+                            match self.by_end.get(&(end, frame.lane)) {
                                 Some(&link) => {
                                     if !self.accept_data(peer, socket, link, frame) {
                                         return false;

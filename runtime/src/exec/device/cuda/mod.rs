@@ -17,6 +17,7 @@ mod target;
 
 pub use bench::{copy_rates, empty_launch_us};
 pub use memory::{is_device_memory, DeviceAlloc};
+pub(crate) use memory::Pinned;
 pub(crate) use target::{CudaExec, CudaTarget};
 
 use super::encode::{self, THREADS};

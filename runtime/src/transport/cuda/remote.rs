@@ -1,0 +1,151 @@
+//! The `cuda` transport across hosts (NCCL's network transport with host staging): rank processes join through the
+//! tcp rendezvous (MASTER_ADDR:MASTER_PORT and the job's token, as the tcp transport), ranks on one host keep CUDA
+//! IPC between them (`ipc.rs`), and a connection to a rank on another host is carried by this process's network
+//! proxy thread: both ends' connection records live in host-mapped memory, the device interpreter posts into and
+//! reads from them as from any record, and the proxy moves the messages between them and the sockets
+//! (`tcp/record.rs`). GPUDirect (the NIC reading device memory) comes with InfiniBand.
+
+use crate::comm::{Communicator, Options};
+use crate::error::RuntimeError;
+use crate::exec::cuda::{Gpu, Pinned};
+use crate::exec::encode::{self, conn};
+use crate::exec::Plan;
+use crate::launch::Launch;
+use crate::link::{Bootstrap, CallInfo, LinkEnd, Status};
+use crate::transport::tcp::record::{Lengths, Record};
+use crate::transport::tcp::{self, Net, Rendezvous};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// A process's way to ranks on other hosts: its tcp fabric (sockets, proxy) and the device addresses of the
+/// records it carries.
+pub(crate) struct Remote {
+    pub net: Arc<Net>,
+    /// By link and lane: the record's device address (the proxy's ring keeps its memory).
+    records: Mutex<HashMap<(LinkEnd, u16), u64>>,
+}
+
+impl Remote {
+    /// Whether `peer` runs on another host.
+    pub fn is_remote(&self, peer: u32) -> bool {
+        !self.net.same_host(peer)
+    }
+
+    /// The device address of the record of lane `lane` (of `lanes`) of `plan`'s link `link`, to or from a rank on
+    /// another host: host-mapped memory the proxy carries, made the first time; a sending end learns the lengths of
+    /// this plan's messages.
+    pub fn record(&self, gpu: &Arc<Gpu>, plan: &Plan, link: u16, lane: u32, lanes: u32) -> Result<u64, RuntimeError> {
+        let end = plan.links[link as usize];
+        let key = (end, lane as u16);
+        let config = |e: String| {
+            RuntimeError::Config(format!(
+                "rank {}: cannot map host memory for its connection to rank {} on another host (channel {}, {} \
+                 bytes a slot): {e}",
+                plan.rank,
+                if end.from == plan.rank { end.to } else { end.from },
+                end.channel,
+                end.slot_bytes
+            ))
+        };
+        let mut records = self.records.lock().map_err(|_| RuntimeError::Poisoned)?;
+        let mut address = records.get(&key).copied();
+        let ring = self.net.carry_record(end, key.1, || {
+            let memory = Pinned::new(gpu, encode::record_bytes(end.slot_bytes).div_ceil(8)).map_err(config)?;
+            memory.set(conn::SLOT_BYTES, end.slot_bytes as u64);
+            address = Some(memory.dev);
+            let words = memory.host;
+            Ok(Record::new(words, Box::new(memory)))
+        })?;
+        let address = address.expect("a carried record has its address");
+        records.insert(key, address);
+        if end.from == plan.rank {
+            let record = ring.record.as_ref().expect("a device ring has its record");
+            record.learn(plan.fingerprint, Lengths::new(plan, link, lane, lanes));
+        }
+        Ok(address)
+    }
+}
+
+/// Rank `launch.rank` of a job whose ranks are on several hosts, on GPU `rank mod G` of its host.
+pub(crate) fn process(launch: &Launch, gpus: Option<u32>, options: Options) -> Result<Communicator, RuntimeError> {
+    let (rank, n_ranks) = (launch.rank, launch.world_size);
+    crate::comm::check_world(rank, n_ranks)?;
+    crate::recorder::catch_dump_requests();
+    let (net, rendezvous) = tcp::join_devices(launch, options.timeout).inspect_err(|error| {
+        if matches!(error, RuntimeError::PeerFailed { .. } | RuntimeError::Timeout { .. }) {
+            let recorder = crate::recorder::Recorder::new(rank, n_ranks, &launch.job);
+            let _ = recorder.dump(crate::exec::dump_reason(error), None);
+        }
+    })?;
+    let local = (0..n_ranks).filter(|&r| net.same_host(r)).count() as u32;
+    let remote = Remote { net: net.clone(), records: Mutex::new(HashMap::new()) };
+    let fabric = super::ipc::IpcFabric::across_hosts(rank, n_ranks, local, gpus, remote)
+        .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))?;
+    let bootstrap = Arc::new(NetBootstrap { rendezvous, net });
+    Communicator::process(Arc::new(fabric), bootstrap, (rank, n_ranks), &launch.job, options)
+}
+
+/// The rendezvous, with the proxy's faults (a peer that broke its connection, a proxy gone or stalled) among the
+/// failures its health reports: device ranks have no host executor to look at the proxy.
+struct NetBootstrap {
+    rendezvous: Arc<Rendezvous>,
+    net: Arc<Net>,
+}
+
+impl Bootstrap for NetBootstrap {
+    fn join(&self, rank: u32) -> Result<(), RuntimeError> {
+        self.rendezvous.join(rank)
+    }
+
+    fn leave(&self, rank: u32, status: Status) -> bool {
+        self.rendezvous.leave(rank, status)
+    }
+
+    fn abort(&self, rank: u32) {
+        self.rendezvous.abort(rank)
+    }
+
+    fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
+        self.rendezvous.health(peers)?;
+        self.net.fault().map_or(Ok(()), Err)
+    }
+
+    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
+        self.rendezvous.barrier(rank, generation, timeout, at)
+    }
+
+    fn all_gather(
+        &self,
+        rank: u32,
+        blob: &[u8],
+        generation: u64,
+        timeout: Duration,
+    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
+        self.rendezvous.all_gather(rank, blob, generation, timeout)
+    }
+
+    fn publish_call(&self, rank: u32, call: CallInfo) {
+        self.rendezvous.publish_call(rank, call)
+    }
+
+    fn publish_source(&self, rank: u32, fingerprint: u64, source: &str) {
+        self.rendezvous.publish_source(rank, fingerprint, source)
+    }
+
+    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String> {
+        self.rendezvous.source_of(rank, fingerprint)
+    }
+
+    fn report_failure(&self, peer: u32, how: &str) {
+        self.rendezvous.report_failure(peer, how)
+    }
+
+    fn stalled(&self, waits_on: Option<u32>) -> Option<u32> {
+        self.rendezvous.stalled(waits_on)
+    }
+
+    fn call_of(&self, rank: u32) -> CallInfo {
+        self.rendezvous.call_of(rank)
+    }
+}

@@ -22,7 +22,7 @@ pub(crate) struct IpcFabric {
     gpu: Arc<Gpu>,
     gpus: u32,
     n_ranks: u32,
-    /// Ranks on this host.
+    /// Ranks on a host (the most on any).
     local: u32,
     /// The job's shared memory, where the bootstrap's control block is (ranks all on this host).
     bootstrap_memory: Option<Arc<crate::transport::shm::Memory>>,
@@ -41,16 +41,16 @@ impl IpcFabric {
         Ok(IpcFabric { gpu, gpus, n_ranks, local: n_ranks, bootstrap_memory: Some(bootstrap_memory), remote: None })
     }
 
-    /// Rank `rank` of a job on several hosts, `local` of its ranks on this one (given consecutive ranks, as
-    /// torchrun and mpirun's default mapping do, rank r is on GPU `r mod G`).
+    /// A rank of a job on several hosts, the `index`-th of its host (on GPU `index mod G`), `local` ranks on the
+    /// host that has the most.
     pub fn across_hosts(
-        rank: u32,
+        index: u32,
         n_ranks: u32,
         local: u32,
         gpus: Option<u32>,
         remote: Remote,
     ) -> Result<IpcFabric, String> {
-        let (gpu, gpus) = open_gpu(rank, gpus)?;
+        let (gpu, gpus) = open_gpu(index, gpus)?;
         Ok(IpcFabric { gpu, gpus, n_ranks, local, bootstrap_memory: None, remote: Some(remote) })
     }
 
@@ -65,11 +65,11 @@ impl IpcFabric {
     }
 }
 
-/// GPU `rank mod G` of the first `gpus` (every one when `None`), and G.
-fn open_gpu(rank: u32, gpus: Option<u32>) -> Result<(Arc<Gpu>, u32), String> {
+/// GPU `index mod G` of the first `gpus` (every one when `None`), and G.
+fn open_gpu(index: u32, gpus: Option<u32>) -> Result<(Arc<Gpu>, u32), String> {
     let driver = driver()?;
     let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
-    Ok((gpu((rank % gpus) as i32)?, gpus))
+    Ok((gpu((index % gpus) as i32)?, gpus))
 }
 
 /// What each rank publishes of one incoming record: (sender, channel, lane, slot bytes, offset in its allocation).

@@ -67,7 +67,8 @@ impl Remote {
     }
 }
 
-/// Rank `launch.rank` of a job whose ranks are on several hosts, on GPU `rank mod G` of its host.
+/// Rank `launch.rank` of a job whose ranks are on several hosts, on GPU `i mod G` of its host, where it is the
+/// host's `i`-th rank.
 pub(crate) fn process(launch: &Launch, gpus: Option<u32>, options: Options) -> Result<Communicator, RuntimeError> {
     let (rank, n_ranks) = (launch.rank, launch.world_size);
     crate::comm::check_world(rank, n_ranks)?;
@@ -78,9 +79,12 @@ pub(crate) fn process(launch: &Launch, gpus: Option<u32>, options: Options) -> R
             let _ = recorder.dump(crate::exec::dump_reason(error), None);
         }
     })?;
-    let local = (0..n_ranks).filter(|&r| net.same_host(r)).count() as u32;
+    // This rank's place among its host's ranks chooses its GPU; the most ranks on any host, the lanes (every rank
+    // computes the same).
+    let index = (0..rank).filter(|&r| net.same_host(r)).count() as u32;
+    let most = (0..n_ranks).map(|r| (0..n_ranks).filter(|&s| net.same_host_as(r, s)).count()).max().unwrap_or(1);
     let remote = Remote { net: net.clone(), records: Mutex::new(HashMap::new()) };
-    let fabric = super::ipc::IpcFabric::across_hosts(rank, n_ranks, local, gpus, remote)
+    let fabric = super::ipc::IpcFabric::across_hosts(index, n_ranks, most as u32, gpus, remote)
         .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))?;
     let bootstrap = Arc::new(NetBootstrap { rendezvous, net });
     Communicator::process(Arc::new(fabric), bootstrap, (rank, n_ranks), &launch.job, options)

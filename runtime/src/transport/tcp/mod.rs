@@ -443,7 +443,12 @@ impl Fabric for Net {
 impl Net {
     /// Whether `peer` runs on this rank's host (the same `host_key`).
     pub(crate) fn same_host(&self, peer: u32) -> bool {
-        self.hosts.get(peer as usize) == self.hosts.get(self.job.rank as usize)
+        self.same_host_as(peer, self.job.rank)
+    }
+
+    /// Whether ranks `a` and `b` run on one host.
+    pub(crate) fn same_host_as(&self, a: u32, b: u32) -> bool {
+        self.hosts.get(a as usize) == self.hosts.get(b as usize)
     }
 
     /// The ring carrying lane `lane` of the connection `end` between a device rank of this process and one on

@@ -4,6 +4,8 @@
 //! CUDA IPC between rank processes, `collc gpu` and `tests/gpu/run.sh` run as on a GPU; the speed is the CPU's.
 #![cfg(feature = "cuda")]
 
+mod netns;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
@@ -281,4 +283,124 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
     let instructions = dump["current"]["instructions"].as_array().expect("the call's instructions");
     assert!(!instructions.is_empty(), "{dump}");
     assert!(instructions.iter().all(|i| ["done", "waiting"].contains(&i["state"].as_str().unwrap_or(""))), "{dump}");
+}
+
+/// Device ranks on two hosts (network namespaces) of two GPUs each, under a torchrun environment: `collc run
+/// --transport cuda` on every rank, the GPUs of one host over CUDA IPC, the hosts through each process's network
+/// proxy. With `--host-pinned BYTES` on rank `r`, that rank's driver has no more host-mapped memory than that.
+mod across_hosts {
+    use super::netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher};
+    use super::{cache_dir, driver_dir};
+    use std::process::{Command, Output};
+    use std::time::Duration;
+
+    /// Ranks 0, 1 on host 0 and 2, 3 on host 1.
+    const PLACEMENT: [usize; 4] = [0, 0, 1, 1];
+
+    fn start(hosts: &Hosts, args: &[&str], env: &[(&str, &str)], per_rank: impl Fn(usize, &mut Command)) -> Job {
+        let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+        let library = format!("{}:{path}", driver_dir().display());
+        let cache = cache_dir().display().to_string();
+        let mut all = vec![("LD_LIBRARY_PATH", library.as_str()), ("XDG_CACHE_HOME", &cache), ("COLLC_HOST_GPUS", "2")];
+        all.extend_from_slice(env);
+        Job::start_on(hosts, &PLACEMENT, Launcher::Torchrun, args, &all, per_rank)
+    }
+
+    fn run_checked(hosts: &Hosts, algorithm: &str) -> Vec<Output> {
+        let args = [algorithm, "--transport", "cuda", "-b", "8", "-e", "256K", "-f", "32", "-n", "1", "-w", "1"];
+        let env = [("COLLC_TIMEOUT", "60"), ("COLLC_DEBUG", "INFO")];
+        let outputs = wait_within(start(hosts, &[&args[..], &["-c", "1"]].concat(), &env, |_, _| ()), LIMIT, algorithm);
+        for (rank, out) in outputs.iter().enumerate() {
+            assert!(out.status.success(), "{algorithm} rank {rank}: {}\n{}", out.status, printed(out));
+        }
+        let table = printed(&outputs[0]);
+        assert!(table.contains("4 ranks, transport cuda"), "{algorithm}: {table}");
+        assert!(table.contains("# Out of bounds values : 0 OK"), "{algorithm}: {table}");
+        outputs
+    }
+
+    /// How long one run may take on the driver for the CPU, four rank processes on two cores.
+    const LIMIT: Duration = Duration::from_secs(180);
+
+    /// Every library allreduce and one algorithm of each other collective, every row checked: 0 wrong. The ranks
+    /// of a host reach each other through IPC and the other host's through the proxy (its sockets named at INFO).
+    #[test]
+    fn every_library_allreduce_and_one_of_each_collective_run_on_two_hosts_of_two_gpus() {
+        let hosts = Hosts::new(2);
+        let ring = run_checked(&hosts, "allreduce/ring");
+        // The ring's hops 1 -> 2 and 3 -> 0 cross the hosts; 0 -> 1 and 2 -> 3 stay on them.
+        let (zero, one) = (printed(&ring[0]), printed(&ring[1]));
+        assert!(one.contains("rank 1: connected to rank 2 via NET/Socket"), "{one}");
+        assert!(zero.contains("rank 0: connected to rank 3 via NET/Socket"), "{zero}");
+        assert!(!zero.contains("connected to rank 1 via NET"), "ranks of one host use IPC: {zero}");
+        for name in ["tree", "one_shot", "two_shot", "rabenseifner", "recursive_doubling", "naive", "hierarchical"] {
+            run_checked(&hosts, &format!("allreduce/{name}"));
+        }
+        for algorithm in [
+            "allgather/ring",
+            "reducescatter/ring",
+            "broadcast/binomial",
+            "reduce/binomial",
+            "gather/binomial",
+            "scatter/binomial",
+            "alltoall/pairwise",
+            "sendrecv/direct",
+        ] {
+            run_checked(&hosts, algorithm);
+        }
+    }
+
+    /// A run that lasts until something stops it.
+    const ENDLESS: [&str; 13] =
+        ["allreduce/ring", "--transport", "cuda", "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "1", "-c", "0"];
+
+    /// A rank killed on the other host is named by every survivor, on both hosts, within the timeout, and `collc
+    /// fr analyze` reads the survivors' dumps: it finds the dead rank missing. A host cut off (its link down): the
+    /// other host's ranks name a rank of it once they time out. A rank short of host-mapped memory for its
+    /// connections to the other host: an error on every rank naming it.
+    #[test]
+    fn a_device_rank_killed_or_cut_off_on_the_other_host_is_named_by_every_survivor() {
+        let hosts = Hosts::new(2);
+        let dumps = std::env::temp_dir().join(format!("collc-gpu-hosts-dumps-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dumps);
+        let dir = dumps.display().to_string();
+        let env = [("COLLC_TIMEOUT", "10"), ("COLLC_DUMP_DIR", dir.as_str())];
+        let job = start(&hosts, &ENDLESS, &env, |_, _| ());
+        std::thread::sleep(Duration::from_secs(8));
+        signal(&job.ranks[3], libc::SIGKILL);
+        let outputs = wait_within(job, Duration::from_secs(15), "SIGKILL of rank 3");
+        assert_survivors_fail(&outputs, &[0, 1, 2], "rank 3", "SIGKILL of rank 3");
+        let analyze = Command::new(env!("CARGO_BIN_EXE_collc")).args(["fr", "analyze", &dir]).output().expect("runs");
+        let _ = std::fs::remove_dir_all(&dumps);
+        let report = printed(&analyze);
+        assert!(analyze.status.success(), "{report}");
+        assert!(report.contains("3 of 4 ranks dumped") && report.contains("rank 3: MISSING"), "{report}");
+        assert!(report.contains("for a message from rank 3"), "the survivors' device state: {report}");
+
+        let job = start(&hosts, &ENDLESS, &[("COLLC_TIMEOUT", "5")], |_, _| ());
+        std::thread::sleep(Duration::from_secs(8));
+        hosts.link_down(1);
+        let outputs = wait_within(job, Duration::from_secs(30), "host 1 cut off");
+        for rank in [0, 1] {
+            let text = printed(&outputs[rank]);
+            assert!(text.contains("rank 2 did not go on") || text.contains("rank 3 did not go on"), "{text}");
+        }
+        assert_survivors_fail(&outputs, &[0, 1], "did not go on", "host 1 cut off");
+
+        let hosts = Hosts::new(2);
+        let args = ["allreduce/ring", "--transport", "cuda", "-b", "4M", "-e", "4M", "-n", "1", "-w", "0", "-c", "1"];
+        let short = |rank: usize, command: &mut Command| {
+            if rank == 2 {
+                command.env("COLLC_HOST_GPU_PINNED", "1048576");
+            }
+        };
+        let outputs = wait_within(start(&hosts, &args, &[("COLLC_TIMEOUT", "30")], short), LIMIT, "rank 2 short");
+        let two = printed(&outputs[2]);
+        assert!(two.contains("rank 2: cannot map host memory for its connection to rank 1 on another host"), "{two}");
+        for rank in [0, 1, 3] {
+            let text = printed(&outputs[rank]);
+            assert!(!outputs[rank].status.success(), "{text}");
+            assert!(text.contains("rank 2 could not map its peers' connection records"), "rank {rank}: {text}");
+        }
+    }
 }

@@ -3,9 +3,8 @@
 
 mod netns;
 
-use netns::{printed, Hosts, Job, Launcher};
-use std::process::Output;
-use std::time::{Duration, Instant};
+use netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher};
+use std::time::Duration;
 
 /// Runs `collc run ALGO` on `ranks` hosts with the data check; asserts every rank exits 0 and rank 0 counted no
 /// wrong element.
@@ -42,47 +41,12 @@ fn every_library_allreduce_and_one_of_each_collective_run_across_four_hosts() {
     }
 }
 
-/// Every rank's output, each within `limit` of now; a rank still running then is killed and the test fails.
-fn wait_within(job: Job, limit: Duration, what: &str) -> Vec<Output> {
-    let deadline = Instant::now() + limit;
-    let mut ranks = job.ranks;
-    for (rank, child) in ranks.iter_mut().enumerate() {
-        while child.try_wait().expect("try_wait").is_none() {
-            if Instant::now() > deadline {
-                for child in &mut ranks {
-                    let _ = child.kill();
-                }
-                panic!("{what}: rank {rank} still running after {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-    ranks.into_iter().map(|child| child.wait_with_output().expect("a rank ends")).collect()
-}
-
-fn signal(child: &std::process::Child, signal: i32) {
-    // SAFETY: signalling a child this test started and has not reaped.
-    unsafe { libc::kill(child.id() as i32, signal) };
-}
-
 /// A run that lasts until something stops it: 1 MiB allreduces, a million of them.
 const ENDLESS: [&str; 13] =
     ["allreduce/ring", "--transport", "tcp", "-b", "1M", "-e", "1M", "-n", "1000000", "-w", "1", "-c", "0"];
 
 fn no_args(_: usize) -> Vec<String> {
     Vec::new()
-}
-
-/// The survivors of a fault exit non-zero in time, each with an error that names a rank, the instruction and the
-/// `.coll` line it was at.
-fn assert_survivors_fail(outputs: &[Output], survivors: &[usize], needle: &str, what: &str) {
-    for &rank in survivors {
-        let text = printed(&outputs[rank]);
-        assert!(!outputs[rank].status.success(), "{what}: rank {rank} succeeded:\n{text}");
-        assert!(text.contains(&format!("rank {rank}:")), "{what}: rank {rank} does not name itself:\n{text}");
-        assert!(text.contains(needle), "{what}: rank {rank} does not mention `{needle}`:\n{text}");
-        assert!(text.contains("instruction #") && text.contains(" line "), "{what}: rank {rank}:\n{text}");
-    }
 }
 
 #[test]

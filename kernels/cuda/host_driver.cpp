@@ -331,11 +331,24 @@ CUresult cuMemFree_v2(unsigned long long ptr) {
     return SUCCESS;
 }
 
+// Host-mapped memory allocated so far; `COLLC_HOST_GPU_PINNED` bounds it (bytes), as a host short of pinnable
+// memory would.
+unsigned long long pinned;
+
 CUresult cuMemHostAlloc(void** host, size_t bytes, unsigned flags) {
     (void)flags;
+    {
+        std::lock_guard<std::mutex> guard(allocations_lock);
+        const char* limit = getenv("COLLC_HOST_GPU_PINNED");
+        if (limit && *limit && pinned + bytes > strtoull(limit, nullptr, 10)) return OUT_OF_MEMORY;
+        pinned += bytes;
+    }
     void* memory = aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-    if (!memory) return OUT_OF_MEMORY;
     std::lock_guard<std::mutex> guard(allocations_lock);
+    if (!memory) {
+        pinned -= bytes;
+        return OUT_OF_MEMORY;
+    }
     allocations[(unsigned long long)memory] = {bytes, current, HOST, -1};
     *host = memory;
     return SUCCESS;
@@ -354,6 +367,7 @@ CUresult cuMemFreeHost(void* host) {
     std::lock_guard<std::mutex> guard(allocations_lock);
     auto it = allocations.find((unsigned long long)host);
     if (it == allocations.end() || it->second.kind != HOST) return INVALID_VALUE;
+    pinned -= it->second.bytes;
     free(host);
     allocations.erase(it);
     return SUCCESS;

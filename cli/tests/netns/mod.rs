@@ -2,10 +2,12 @@
 //! other end sits on a bridge in a "switch" namespace of the test's own, so nothing touches the host's network.
 //! Everything is removed when the `Hosts` is dropped (a failing test unwinds through the drop too), and namespaces
 //! that a killed test run left behind are removed by the next one. Needs root and iproute2 (`ip`, `tc`), which
-//! `.ci/run` installs.
+//! `.ci/run` installs. Shared by the test binaries that run across hosts, each using part of it.
+#![allow(dead_code)]
 
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 const PREFIX: &str = "collc-t";
 
@@ -96,7 +98,7 @@ impl Drop for Hosts {
     }
 }
 
-/// A job of one rank per host, started by hand with a launcher's environment.
+/// A job of ranks on hosts, started by hand with a launcher's environment.
 pub struct Job {
     pub ranks: Vec<Child>,
 }
@@ -121,25 +123,45 @@ impl Job {
         env: &[(&str, &str)],
         per_rank: impl Fn(usize) -> Vec<String>,
     ) -> Job {
+        let per_rank = |i: usize, command: &mut Command| {
+            command.args(per_rank(i));
+        };
+        Job::start_on(hosts, &(0..ranks).collect::<Vec<_>>(), launcher, args, env, per_rank)
+    }
+
+    /// As `start`, rank i on host `placement[i]` (several ranks on a host: its local world size says how many);
+    /// `per_rank(i, command)` adds what rank i's command has of its own (arguments, variables).
+    pub fn start_on(
+        hosts: &Hosts,
+        placement: &[usize],
+        launcher: Launcher,
+        args: &[&str],
+        env: &[(&str, &str)],
+        per_rank: impl Fn(usize, &mut Command),
+    ) -> Job {
         static PORT: AtomicUsize = AtomicUsize::new(29500);
         let port = PORT.fetch_add(1, Ordering::Relaxed).to_string();
         let run_id = format!("netns-{}-{port}", std::process::id());
+        let ranks = placement.len();
         let ranks = (0..ranks)
             .map(|i| {
-                let mut command = hosts.command(i, env!("CARGO_BIN_EXE_collc"));
-                command.arg("run").args(args).args(per_rank(i));
+                let host = placement[i];
+                let local = placement.iter().filter(|&&h| h == host).count().to_string();
+                let mut command = hosts.command(host, env!("CARGO_BIN_EXE_collc"));
+                command.arg("run").args(args);
+                per_rank(i, &mut command);
                 match launcher {
                     Launcher::Torchrun => command
                         .env("RANK", i.to_string())
                         .env("WORLD_SIZE", ranks.to_string())
-                        .env("LOCAL_WORLD_SIZE", "1")
+                        .env("LOCAL_WORLD_SIZE", &local)
                         .env("MASTER_ADDR", Hosts::addr(0))
                         .env("MASTER_PORT", &port)
                         .env("TORCHELASTIC_RUN_ID", &run_id),
                     Launcher::OpenMpi => command
                         .env("OMPI_COMM_WORLD_RANK", i.to_string())
                         .env("OMPI_COMM_WORLD_SIZE", ranks.to_string())
-                        .env("OMPI_COMM_WORLD_LOCAL_SIZE", "1")
+                        .env("OMPI_COMM_WORLD_LOCAL_SIZE", &local)
                         .env("PMIX_NAMESPACE", &run_id)
                         .env("COLLC_RENDEZVOUS", format!("{}:{port}", Hosts::addr(0))),
                 };
@@ -164,4 +186,39 @@ impl Job {
 /// What a rank printed, stdout then stderr.
 pub fn printed(out: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+/// Every rank's output, each within `limit` of now; a rank still running then is killed and the test fails.
+pub fn wait_within(job: Job, limit: Duration, what: &str) -> Vec<Output> {
+    let deadline = Instant::now() + limit;
+    let mut ranks = job.ranks;
+    for (rank, child) in ranks.iter_mut().enumerate() {
+        while child.try_wait().expect("try_wait").is_none() {
+            if Instant::now() > deadline {
+                for child in &mut ranks {
+                    let _ = child.kill();
+                }
+                panic!("{what}: rank {rank} still running after {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    ranks.into_iter().map(|child| child.wait_with_output().expect("a rank ends")).collect()
+}
+
+pub fn signal(child: &std::process::Child, signal: i32) {
+    // SAFETY: signalling a child this test started and has not reaped.
+    unsafe { libc::kill(child.id() as i32, signal) };
+}
+
+/// The survivors of a fault exit non-zero in time, each with an error that names a rank, the instruction and the
+/// `.coll` line it was at.
+pub fn assert_survivors_fail(outputs: &[Output], survivors: &[usize], needle: &str, what: &str) {
+    for &rank in survivors {
+        let text = printed(&outputs[rank]);
+        assert!(!outputs[rank].status.success(), "{what}: rank {rank} succeeded:\n{text}");
+        assert!(text.contains(&format!("rank {rank}:")), "{what}: rank {rank} does not name itself:\n{text}");
+        assert!(text.contains(needle), "{what}: rank {rank} does not mention `{needle}`:\n{text}");
+        assert!(text.contains("instruction #") && text.contains(" line "), "{what}: rank {rank}:\n{text}");
+    }
 }

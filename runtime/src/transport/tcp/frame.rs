@@ -67,7 +67,18 @@ impl Frame {
         let (channel, lane) = key;
         let call = CallInfo { seq: consumed, ..CallInfo::NONE };
         let fingerprint = 0;
-        Frame { kind: Kind::Credit, channel, lane, slot_bytes, len: 0, seq: consumed, fingerprint, job, call, credit: 0 }
+        Frame {
+            kind: Kind::Credit,
+            channel,
+            lane,
+            slot_bytes,
+            len: 0,
+            seq: consumed,
+            fingerprint,
+            job,
+            call,
+            credit: 0,
+        }
     }
 
     pub fn stamp(&self) -> Stamp {

@@ -516,11 +516,7 @@ pub(crate) fn host_key() -> String {
     }
     let read = |path: &str| std::fs::read_to_string(path).map(|s| s.trim().to_string()).unwrap_or_default();
     let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
-    let key = format!(
-        "{}/{}/{netns}",
-        read("/proc/sys/kernel/hostname"),
-        read("/proc/sys/kernel/random/boot_id")
-    );
+    let key = format!("{}/{}/{netns}", read("/proc/sys/kernel/hostname"), read("/proc/sys/kernel/random/boot_id"));
     key.replace(' ', "_")
 }
 

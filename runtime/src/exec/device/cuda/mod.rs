@@ -16,8 +16,8 @@ mod memory;
 mod target;
 
 pub use bench::{copy_rates, empty_launch_us};
-pub use memory::{is_device_memory, DeviceAlloc};
 pub(crate) use memory::Pinned;
+pub use memory::{is_device_memory, DeviceAlloc};
 pub(crate) use target::{CudaExec, CudaTarget};
 
 use super::encode::{self, THREADS};

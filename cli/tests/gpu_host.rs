@@ -63,8 +63,9 @@ fn gpu_info_reports_the_driver_and_the_libraries_loaded() {
 }
 
 /// The device script itself (`tests/gpu/run.sh`, what a GPU machine runs), small: the matrix of every library
-/// algorithm x dtype x op at 2 and 4 rank threads, the same as 2 rank processes through CUDA IPC, and `collc gpu
-/// bench`; every row checked against the collective's definition.
+/// algorithm x dtype x op at 2 and 4 rank threads, the same as 2 rank processes through CUDA IPC, two algorithms
+/// from rank processes on two "hosts" (2 x 1 and 2 x 2, through the network proxy), and `collc gpu bench`; every row
+/// checked against the collective's definition.
 #[test]
 fn the_device_script_passes_on_the_driver_for_the_cpu() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/gpu/run.sh");
@@ -75,6 +76,7 @@ fn the_device_script_passes_on_the_driver_for_the_cpu() {
         .env("LD_LIBRARY_PATH", format!("{}:{path}", driver_dir().display()))
         .env("XDG_CACHE_HOME", cache_dir())
         .envs([("RANKS", "2 4"), ("SIZES", "-b 8 -e 4K -f 8"), ("IPC_SIZES", "-b 8 -e 4K -f 8")])
+        .envs([("HOSTS_SIZES", "-b 8 -e 4K -f 8"), ("HOSTS_ALGOS", "allreduce/ring alltoall/pairwise")])
         .env("BENCH_BYTES", "1M")
         .output()
         .expect("bash runs");
@@ -88,6 +90,7 @@ fn the_device_script_passes_on_the_driver_for_the_cpu() {
     assert!(runs("matrix: ") >= 40, "{text}");
     assert!(text.contains(" 0 wrong\n"), "{text}");
     assert!(runs("ipc matrix: ") >= 20 && text.contains("ipc matrix: ") && text.contains(" 0 failed"), "{text}");
+    assert!(runs("hosts matrix: ") == 4 && text.contains("hosts matrix: 4 runs, 0 failed"), "{text}");
     assert!(text.contains("allreduce 8 B x 8 ranks:") && text.contains("HBM bound"), "{text}");
     // The rank processes' jobs (`gpuipc<pid>_<n>`) left no shared memory behind.
     assert_eq!(leftovers("gpuipc"), Vec::<String>::new());

@@ -5,7 +5,10 @@
 #     in and out of place, each row checked against the collective's definition (`collc run -c 1`, `#wrong`);
 #  2. the same with 2 ranks as processes (COLLC_RANK/COLLC_WORLD_SIZE, collc's own launch convention) sharing GPU 0
 #     through CUDA IPC (without MPS the GPU time-slices the two processes' kernels: slow, so smaller sizes);
-#  3. `collc gpu bench`: the copy kernel against cuMemcpyDtoD at 256 MB, the 8-byte allreduce against an empty
+#  3. across hosts: the same call from 2 and from 4 rank processes on GPU 0 split into two "hosts" (COLLC_HOSTID),
+#     every library allreduce and one algorithm of each other collective, the hosts joined through each process's
+#     network proxy over the loopback (torchrun's environment);
+#  4. `collc gpu bench`: the copy kernel against cuMemcpyDtoD at 256 MB, the 8-byte allreduce against an empty
 #     launch, and the 8-rank allreduce at 256 MB against the HBM bound, measured in the same run.
 # It reports which CUDA libraries the binary loaded and exits non-zero on any wrong element or failed run.
 #
@@ -13,6 +16,7 @@
 # Prepare (here, where cargo and NVRTC are): cargo build --release -p collc --features cuda &&
 #   target/release/collc gpu ptx --output target/collc-kernels.ptx    (then carry both)
 # Env: RANKS ["2 4 8"]  SIZES ["-b 8 -e 1M -f 128"]  IPC_SIZES ["-b 8 -e 64K -f 64"]  BENCH_BYTES [256M]
+#      HOSTS_SIZES ["-b 8 -e 64K -f 64"]  HOSTS_ALGOS [every library allreduce and one of each collective]
 #      ALGOS [every library algorithm]
 #      TRANSPORT [cuda]: `twin` runs the matrix on the CPU twin instead (to try the script without a GPU)
 set -uo pipefail
@@ -25,6 +29,7 @@ collc=${collc:-$(realpath target/release/collc)}
 ranks_list=${RANKS:-2 4 8}
 read -r -a sizes <<<"${SIZES:--b 8 -e 1M -f 128}"
 read -r -a ipc_sizes <<<"${IPC_SIZES:--b 8 -e 64K -f 64}"
+read -r -a hosts_sizes <<<"${HOSTS_SIZES:--b 8 -e 64K -f 64}"
 export COLLC_CUDA_GPUS=1 COLLC_TIMEOUT=${COLLC_TIMEOUT:-30}
 # NVRTC from the CUDA toolkit when the loader does not find it on its own; the driver's libcuda.so.1 is the system's.
 if ! ldconfig -p 2>/dev/null | grep -q 'libnvrtc.so.1[23]'; then
@@ -107,7 +112,50 @@ if [ "$transport" = cuda ]; then
 fi
 
 if [ "$transport" = cuda ]; then
-  echo "== 3. collc gpu bench --bytes ${BENCH_BYTES:-256M} --ranks 8"
+  # Two hosts on this machine: ranks told apart by COLLC_HOSTID (NCCL_HOSTID's role), joined by a torchrun
+  # environment over the loopback. Connections within a "host" use CUDA IPC, between them the network proxy (the
+  # device posts into host-mapped records that each process's proxy thread sends over TCP).
+  echo "== 3. across hosts: 2 hosts x 1 and 2 hosts x 2 rank processes on GPU 0, ${hosts_sizes[*]}"
+  hosts_algos=${HOSTS_ALGOS:-$(grep -E '^allreduce/' <<<"$algos")
+allgather/ring reducescatter/ring broadcast/binomial reduce/binomial gather/binomial scatter/binomial
+alltoall/pairwise sendrecv/direct}
+  hosts_runs=0 hosts_fail=0
+  for placement in "0 1" "0 0 1 1"; do
+    read -r -a hosts_of <<<"$placement"
+    world=${#hosts_of[@]}
+    for algo in $hosts_algos; do
+      job=gpuhosts$$_$hosts_runs
+      port=$((29600 + hosts_runs % 300))
+      pids=()
+      for r in $(seq 0 $((world - 1))); do
+        RANK=$r WORLD_SIZE=$world LOCAL_WORLD_SIZE=$((world / 2)) MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+          TORCHELASTIC_RUN_ID=$job COLLC_JOB_TOKEN=gpu-hosts-token-$$-0123456789 COLLC_HOSTID=host${hosts_of[$r]} \
+          timeout 300 "$collc" run "$algo" --transport cuda "${hosts_sizes[@]}" -n 1 -w 1 -c 1 >"/tmp/$job.$r" 2>&1 &
+        pids+=($!)
+      done
+      codes=() failed=0
+      for pid in "${pids[@]}"; do
+        wait "$pid"
+        code=$?
+        codes+=($code)
+        [ $code -eq 0 ] || failed=1
+      done
+      hosts_runs=$((hosts_runs + 1))
+      if grep -q 'does not compile for' "/tmp/$job.0"; then
+        :
+      elif [ $failed -ne 0 ] || ! grep -q 'Out of bounds values : 0 OK' "/tmp/$job.0"; then
+        fail=1 hosts_fail=$((hosts_fail + 1))
+        echo "FAIL: $algo on hosts {$placement} (exit ${codes[*]}):"
+        grep -hE 'error|Out of bounds' /tmp/"$job".* | head -5
+      fi
+      rm -f /tmp/"$job".*
+    done
+  done
+  echo "hosts matrix: $hosts_runs runs, $hosts_fail failed"
+fi
+
+if [ "$transport" = cuda ]; then
+  echo "== 4. collc gpu bench --bytes ${BENCH_BYTES:-256M} --ranks 8"
   "$collc" gpu bench --bytes "${BENCH_BYTES:-256M}" --ranks 8 || fail=1
 fi
 echo "== done in $(($(date +%s) - started)) s: $([ $fail -eq 0 ] && echo PASS || echo FAIL)"

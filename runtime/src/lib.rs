@@ -43,5 +43,7 @@ pub use exec::build_host_driver;
 pub use exec::Plan;
 pub use layout::ChunkLayout;
 pub use reference::run;
+#[cfg(feature = "ib")]
+pub use transport::ib::soft::build_soft_verbs;
 pub use transport::shm::{mark_rank_failed as mark_shm_rank_failed, segment_bytes as fifo_bytes, Shm};
 pub use transport::{backends, Backend, Ranks, SlotPolicy, Transport};

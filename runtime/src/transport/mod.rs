@@ -13,6 +13,7 @@
 //! static, and one line in `backends()` (ARCHITECTURE.md, "Adding a transport").
 
 pub(crate) mod cuda;
+pub mod ib;
 pub mod ifname;
 pub(crate) mod joining;
 pub(crate) mod shm;

@@ -16,6 +16,7 @@ pub(crate) mod cuda;
 pub mod ib;
 pub mod ifname;
 pub(crate) mod joining;
+pub(crate) mod net;
 pub(crate) mod shm;
 pub mod tcp;
 pub(crate) mod twin;

@@ -12,7 +12,7 @@ use crate::exec::encode::{self, conn};
 use crate::exec::Plan;
 use crate::launch::Launch;
 use crate::link::{Bootstrap, CallInfo, LinkEnd, Status};
-use crate::transport::tcp::record::{Lengths, Record};
+use crate::transport::net::record::{Lengths, Record};
 use crate::transport::tcp::{self, Net, Rendezvous};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -11,24 +11,23 @@
 //! connects, the higher accepts), `sockets` per pair, each authenticated.
 
 pub mod auth;
-mod frame;
-mod proxy;
-pub(crate) mod record;
-mod ring;
 mod store;
 mod wire;
 
 pub use auth::Token;
 
 use super::ifname::{self, IfPattern};
-use super::{Backend, Bootstrap, CallInfo, Fabric, Link, LinkFault, Ranks, SlotPolicy, Stamp, Transport};
+use super::{Backend, Bootstrap, Fabric, Ranks, SlotPolicy, Transport};
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
 use crate::exec::{Executor, Host, Plan};
 use crate::launch::Launch;
 use crate::log::{self, Subsys};
+use crate::transport::net::link::RingLink;
+use crate::transport::net::proxy;
+use crate::transport::net::record;
+use crate::transport::net::ring::Ring;
 use auth::{Hello, Purpose, Refusal};
-use ring::{Meta, Ring};
 use std::collections::HashMap;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -242,7 +241,7 @@ type Rings = (HashMap<(super::LinkEnd, u16), Arc<Ring>>, Vec<bool>);
 
 /// One rank's tcp fabric: its proxy, its links' rings, its peers' addresses, and the acceptor of its data port.
 pub(crate) struct Net {
-    proxy: proxy::Proxy,
+    proxy: proxy::Proxy<Wire>,
     rings: Mutex<Rings>,
     rendezvous: Arc<Rendezvous>,
     addrs: Vec<SocketAddr>,
@@ -373,7 +372,7 @@ impl Net {
         }
         let (n, mode) = (sockets.len(), self.job.proxy.name());
         log::info(Subsys::Init, format_args!("rank {rank}: connected to rank {peer} via NET/Socket/{n} ({mode})"));
-        self.proxy.shared.add_sockets(peer, sockets);
+        self.proxy.shared.add_peer(peer, sockets);
         connected[peer as usize] = true;
         Ok(())
     }
@@ -430,7 +429,7 @@ impl Fabric for Net {
                 self.proxy.shared.add_ring(ring.clone());
                 ring
             });
-            links.push(TcpLink { ring: ring.clone(), proxy: self.proxy.shared.clone(), call: CallInfo::NONE });
+            links.push(RingLink::new(ring.clone(), self.proxy.shared.clone()));
         }
         drop(guard);
         self.sync()?;
@@ -518,74 +517,6 @@ pub(crate) fn host_key() -> String {
     let netns = std::fs::read_link("/proc/self/ns/net").map(|p| p.display().to_string()).unwrap_or_default();
     let key = format!("{}/{}/{netns}", read("/proc/sys/kernel/hostname"), read("/proc/sys/kernel/random/boot_id"));
     key.replace(' ', "_")
-}
-
-/// One end of a link over tcp: its ring, which the proxy carries, and the call its messages belong to.
-pub(crate) struct TcpLink {
-    ring: Arc<Ring>,
-    proxy: Arc<proxy::Shared>,
-    call: CallInfo,
-}
-
-impl Link for TcpLink {
-    fn reserve(&mut self) -> Option<*mut u8> {
-        self.ring.reserve().or_else(|| {
-            // Credits come with the peer's frames: inline, read them.
-            self.proxy.missed(&self.ring);
-            self.ring.reserve()
-        })
-    }
-
-    fn post(&mut self, stamp: Stamp, len: usize) {
-        self.ring.post(Meta { stamp, len, call: self.call });
-        self.proxy.posted(&self.ring);
-    }
-
-    fn peek(&mut self) -> Option<(Stamp, *const u8)> {
-        let arrived = self.ring.peek().or_else(|| {
-            self.proxy.missed(&self.ring);
-            self.ring.peek()
-        });
-        arrived.map(|(frame, slot)| (frame.stamp(), slot))
-    }
-
-    fn release(&mut self) {
-        self.ring.release();
-        self.proxy.released();
-    }
-
-    fn sender_call(&self) -> Option<CallInfo> {
-        self.ring.peek().map(|(frame, _)| frame.call)
-    }
-
-    fn start(links: &mut [Self], call: &CallInfo) {
-        for link in links {
-            link.call = *call;
-        }
-    }
-
-    fn progress(links: &mut [Self], ours: Stamp, block: bool) -> Result<(), LinkFault> {
-        let Some(link) = links.first() else { return Ok(()) };
-        link.proxy.progress(block);
-        if let Some((peer, how)) = link.proxy.fault() {
-            return Err(LinkFault::Peer(peer, how));
-        }
-        // A peer's frame waiting for a link this rank has not opened, from the same call: the calls differ.
-        if let Some((peer, frame)) = link.proxy.parked_in(ours.seq) {
-            return Err(LinkFault::Mismatch { peer, theirs: frame.stamp(), call: Some(frame.call) });
-        }
-        Ok(())
-    }
-
-    fn flushed(links: &mut [Self]) -> bool {
-        let flushed = links.iter().all(|link| link.ring.flushed());
-        if !flushed {
-            if let Some(link) = links.first() {
-                link.proxy.progress(false);
-            }
-        }
-        flushed
-    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
-//! The data plane of the tcp transport, as the network proxy runs it (`proxy.rs`): one rank's sockets to its peers
-//! and the links' rings (`ring.rs`), which the executor fills and drains without a lock.
+//! The data plane of the tcp transport, as the network proxy runs it (`net/proxy.rs`): one rank's sockets to its peers
+//! and the links' rings (`net/ring.rs`), which the executor fills and drains without a lock; its `Carrier`.
 //!
 //! - A message the executor posted goes onto its socket at once with one `writev` (header + message), or as much of
 //!   it as the socket takes, the rest at the next pump; `Ring::sent` then says the slot may be reused.
@@ -15,9 +15,9 @@
 //!   a plan opens that link; frames after it on that socket belong to that call or later ones, which this rank
 //!   does not need before then.
 
-use super::frame::{self, Frame, Kind};
-use super::record;
-use super::ring::{Ring, SLOTS_U};
+use crate::transport::net::frame::{self, Frame, Kind};
+use crate::transport::net::proxy::{Carrier, Fault};
+use crate::transport::net::ring::{Ring, SLOTS_U};
 use crate::transport::{LinkEnd, SLOTS};
 use std::collections::{HashMap, VecDeque};
 use std::io::{IoSlice, Read, Write};
@@ -95,9 +95,6 @@ impl Socket {
     }
 }
 
-/// A fault on the data plane: the peer, and what happened.
-pub(crate) type Fault = (u32, String);
-
 /// One rank's sockets and links, owned by its proxy thread.
 pub(crate) struct Wire {
     pub rank: u32,
@@ -106,11 +103,7 @@ pub(crate) struct Wire {
     pub peers: Vec<Vec<Socket>>,
     links: Vec<LinkState>,
     by_end: HashMap<(LinkEnd, u16), u32>,
-    /// The links whose rings are device records (`record.rs`), which each round looks at.
-    records: Vec<u32>,
     pub fault: Option<Fault>,
-    /// The parked frames the executors were last told of (`proxy::Shared::publish`).
-    pub published_parked: Vec<(u32, Frame)>,
 }
 
 /// `writev` that does not raise SIGPIPE when the peer has gone (`sendmsg` with `MSG_NOSIGNAL`, as std's own
@@ -144,9 +137,7 @@ impl Wire {
             peers: (0..n_ranks).map(|_| Vec::new()).collect(),
             links: Vec::new(),
             by_end: HashMap::new(),
-            records: Vec::new(),
             fault: None,
-            published_parked: Vec::new(),
         }
     }
 
@@ -155,9 +146,6 @@ impl Wire {
         let key = (ring.end, ring.lane);
         if self.by_end.contains_key(&key) {
             return;
-        }
-        if ring.record.is_some() {
-            self.records.push(self.links.len() as u32);
         }
         self.links.push(LinkState {
             ring,
@@ -169,20 +157,6 @@ impl Wire {
         self.by_end.insert(key, (self.links.len() - 1) as u32);
     }
 
-    /// Whether any ring is a device's record, which the proxy must look at while a launch runs.
-    pub fn has_records(&self) -> bool {
-        !self.records.is_empty()
-    }
-
-    /// Looks at every device record (`record::bridge`); whether anything moved.
-    fn bridge(&mut self) -> bool {
-        let mut moved = false;
-        for &link in &self.records {
-            moved |= record::bridge(&self.links[link as usize].ring);
-        }
-        moved
-    }
-
     fn fail(&mut self, peer: u32, how: String) {
         self.fault.get_or_insert((peer, how));
     }
@@ -192,17 +166,13 @@ impl Wire {
     /// waits for room while this rank waits for its next message would otherwise wait for good). Whether anything
     /// moved.
     pub fn pump(&mut self, idle: bool) -> bool {
-        let mut moved = self.bridge();
-        moved |= self.queue_posted();
+        let mut moved = self.queue_posted();
         moved |= self.queue_credits(idle);
         for peer in 0..self.peers.len() as u32 {
             for socket in 0..self.peers[peer as usize].len() {
                 moved |= self.pump_out(peer, socket);
                 moved |= self.pump_in(peer, socket);
             }
-        }
-        if !self.records.is_empty() {
-            moved |= self.bridge();
         }
         moved
     }
@@ -581,5 +551,50 @@ impl Wire {
             }
         }
         found
+    }
+}
+
+/// The proxy carries a rank's sockets: `Peer` is a peer's sockets.
+impl Carrier for Wire {
+    type Peer = Vec<Socket>;
+
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn add_peer(&mut self, peer: u32, sockets: Vec<Socket>) {
+        self.peers[peer as usize] = sockets;
+    }
+
+    fn register(&mut self, ring: Arc<Ring>) {
+        Wire::register(self, ring);
+    }
+
+    fn pump(&mut self, idle: bool) -> bool {
+        Wire::pump(self, idle)
+    }
+
+    fn send_posted(&mut self, ring: &Ring) {
+        Wire::send_posted(self, ring.peer, ring.socket);
+    }
+
+    fn send_credits(&mut self) {
+        Wire::send_credits(self);
+    }
+
+    fn receive(&mut self, ring: &Ring) {
+        Wire::receive(self, ring.peer, ring.socket);
+    }
+
+    fn poll_fds(&self, fds: &mut Vec<libc::pollfd>) {
+        Wire::poll_fds(self, fds);
+    }
+
+    fn fault(&self) -> Option<&Fault> {
+        self.fault.as_ref()
+    }
+
+    fn parked(&self) -> Vec<(u32, Frame)> {
+        Wire::parked(self)
     }
 }

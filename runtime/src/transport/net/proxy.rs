@@ -1,10 +1,12 @@
-//! The network proxy (NCCL's proxy thread): per rank, one thread owns the progress of its sockets and moves the
-//! links' messages between them and the rings (`wire.rs`), so socket copies overlap the executor's reductions and
-//! copies, and the executor's link operations are a few atomic operations on a ring (`ring.rs`).
+//! The network proxy (NCCL's proxy thread): per rank, one thread owns the progress of its network (a `Carrier`: the
+//! tcp transport's sockets, `tcp/wire.rs`) and moves the links' messages between it and the rings (`ring.rs`), so
+//! network copies overlap the executor's reductions and copies, and the executor's link operations are a few atomic
+//! operations on a ring. It also stands in for the executor of a device's connection records (`record.rs`).
 //!
 //! The proxy pumps while there is anything to move, spins a little (yielding the core) when there is not, then
-//! sends every credit it owes and sleeps in `poll` on the sockets and an eventfd; an executor that posts or
-//! consumes while it sleeps wakes it through the eventfd (`Shared::notify`). New sockets and rings reach it through
+//! sends every credit it owes and sleeps in `poll` on the carrier's descriptors and an eventfd (at most 10 ms, 1 ms
+//! while it carries device records, which post without waking it); an executor that posts or consumes while it
+//! sleeps wakes it through the eventfd (`Shared::notify`). What reaches a peer (sockets) and rings reach it through
 //! a queue it looks at each round; what it finds wrong (a peer that broke its connection or the protocol, a frame
 //! of another call parked on a socket) it publishes for the executors to report. A proxy that stops (it panicked)
 //! is a fault naming this rank.
@@ -15,8 +17,8 @@
 //! chooses: `auto` (default), `1` (a thread), `0` (inline).
 
 use super::frame::Frame;
+use super::record;
 use super::ring::Ring;
-use super::wire::{Fault, Socket, Wire};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,19 +75,60 @@ impl Mode {
     }
 }
 
-/// What the executors hand the proxy: sockets to a peer, and rings to carry.
-#[derive(Default)]
-struct Pending {
-    sockets: Vec<(u32, Vec<Socket>)>,
+/// A fault on the data plane: the peer, and what happened.
+pub(crate) type Fault = (u32, String);
+
+/// What a proxy pumps: one rank's network connections and the rings registered with them.
+pub(crate) trait Carrier: Send + 'static {
+    /// What reaches the carrier for a peer (its sockets; its queue pair).
+    type Peer: Send;
+    fn rank(&self) -> u32;
+    fn add_peer(&mut self, peer: u32, what: Self::Peer);
+    /// Takes `ring` on (its peer added before).
+    fn register(&mut self, ring: Arc<Ring>);
+    /// One round: moves what can move without waiting; every credit owed when `idle` (the proxy is about to wait).
+    /// Whether anything moved.
+    fn pump(&mut self, idle: bool) -> bool;
+    /// Inline, after the executor posted on `ring`: its message out now.
+    fn send_posted(&mut self, ring: &Ring);
+    /// Inline, after the executor consumed a message: the credits owed for half a ring or more.
+    fn send_credits(&mut self);
+    /// Inline, `ring` was empty (or full, waiting for credits): what its peer sent, now.
+    fn receive(&mut self, ring: &Ring);
+    /// The descriptors to wait on and the events, for `poll`.
+    fn poll_fds(&self, fds: &mut Vec<libc::pollfd>);
+    /// The first fault found.
+    fn fault(&self) -> Option<&Fault>;
+    /// Frames waiting for a link this rank has not opened (a peer in another call): the peer and the frame.
+    fn parked(&self) -> Vec<(u32, Frame)>;
+}
+
+/// What the executors hand the proxy: what reaches a peer, and rings to carry.
+struct Pending<C: Carrier> {
+    peers: Vec<(u32, C::Peer)>,
     rings: Vec<Arc<Ring>>,
 }
 
+impl<C: Carrier> Default for Pending<C> {
+    fn default() -> Self {
+        Pending { peers: Vec::new(), rings: Vec::new() }
+    }
+}
+
+/// What the pumping side keeps between rounds (under the carrier's lock).
+struct Round {
+    /// Rings of device records, which each round looks at (`record::bridge`).
+    records: Vec<Arc<Ring>>,
+    /// The parked frames the executors were last told of.
+    published_parked: Vec<(u32, Frame)>,
+}
+
 /// What a rank's executors and its proxy share.
-pub(crate) struct Shared {
+pub(crate) struct Shared<C: Carrier> {
     rank: u32,
     pub mode: Mode,
-    wire: Mutex<Wire>,
-    pending: Mutex<Pending>,
+    wire: Mutex<(C, Round)>,
+    pending: Mutex<Pending<C>>,
     has_pending: AtomicBool,
     /// Hand-overs made (`add_*`) and taken, its frames re-read for the new rings and published.
     added: AtomicU64,
@@ -111,14 +154,14 @@ pub(crate) struct Shared {
     looked_at: AtomicU64,
 }
 
-impl Shared {
+impl<C: Carrier> Shared<C> {
     /// After the executor posted on `ring`: wakes the proxy thread if it sleeps (the post's `Release` store is
     /// ordered before); inline, puts the message on its socket now.
     #[inline]
     pub fn posted(&self, ring: &Ring) {
         match self.mode {
             Mode::Thread => self.notify(),
-            Mode::Inline => self.inline(|wire| wire.send_posted(ring.peer, ring.socket)),
+            Mode::Inline => self.inline(|wire| wire.send_posted(ring)),
         }
     }
 
@@ -136,7 +179,7 @@ impl Shared {
     #[inline]
     pub fn missed(&self, ring: &Ring) {
         if self.mode == Mode::Inline {
-            self.inline(|wire| wire.receive(ring.peer, ring.socket));
+            self.inline(|wire| wire.receive(ring));
         }
     }
 
@@ -150,13 +193,13 @@ impl Shared {
 
     /// Runs `work` on the wire for the executor (inline), after a whole round if something was handed over (its
     /// sockets read again for the new rings before the hand-over counts as taken), and publishes what it finds.
-    fn inline(&self, work: impl FnOnce(&mut Wire)) {
-        if let Ok(mut wire) = self.wire.try_lock() {
+    fn inline(&self, work: impl FnOnce(&mut C)) {
+        if let Ok(mut guard) = self.wire.try_lock() {
             if self.has_pending.load(Ordering::Acquire) {
-                self.pump(&mut wire, false);
+                self.pump(&mut guard, false);
             }
-            work(&mut wire);
-            self.publish(&mut wire);
+            work(&mut guard.0);
+            self.publish(&mut guard);
         }
     }
 
@@ -174,7 +217,7 @@ impl Shared {
         let Ok(mut wire) = self.wire.try_lock() else { return };
         if sleep && !self.pump(&mut wire, true) {
             let mut fds = Vec::new();
-            wire.poll_fds(&mut fds);
+            wire.0.poll_fds(&mut fds);
             drop(wire);
             if fds.is_empty() {
                 std::thread::sleep(Duration::from_micros(100));
@@ -193,9 +236,9 @@ impl Shared {
         unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
     }
 
-    /// Hands the proxy `peer`'s sockets.
-    pub fn add_sockets(&self, peer: u32, sockets: Vec<Socket>) {
-        self.pending.lock().unwrap_or_else(|p| p.into_inner()).sockets.push((peer, sockets));
+    /// Hands the proxy what reaches `peer`.
+    pub fn add_peer(&self, peer: u32, what: C::Peer) {
+        self.pending.lock().unwrap_or_else(|p| p.into_inner()).peers.push((peer, what));
         self.added.fetch_add(1, Ordering::AcqRel);
         self.has_pending.store(true, Ordering::Release);
         self.wake_now();
@@ -271,9 +314,17 @@ impl Shared {
 
     /// One round: takes what was handed over, moves what can move (every credit owed when `idle`), publishes faults
     /// and parked frames (so the hand-overs count as taken only after). Whether anything moved.
-    fn pump(&self, wire: &mut MutexGuard<'_, Wire>, idle: bool) -> bool {
+    fn pump(&self, wire: &mut MutexGuard<'_, (C, Round)>, idle: bool) -> bool {
         let took = self.take_pending(wire);
-        let moved = wire.pump(idle);
+        let (carrier, round) = &mut **wire;
+        let mut moved = false;
+        for ring in &round.records {
+            moved |= record::bridge(ring);
+        }
+        moved |= carrier.pump(idle);
+        for ring in &round.records {
+            moved |= record::bridge(ring);
+        }
         self.publish(wire);
         if let Some(added) = took {
             self.taken.store(added, Ordering::Release);
@@ -282,7 +333,7 @@ impl Shared {
     }
 
     /// Puts what was handed over into the wire; the hand-overs it took, if any.
-    fn take_pending(&self, wire: &mut Wire) -> Option<u64> {
+    fn take_pending(&self, wire: &mut (C, Round)) -> Option<u64> {
         // A load first: the executor's every inline step passes here, and a swap would be a locked instruction.
         if !self.has_pending.load(Ordering::Acquire) || !self.has_pending.swap(false, Ordering::AcqRel) {
             return None;
@@ -290,48 +341,53 @@ impl Shared {
         let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
         let took = self.added.load(Ordering::Acquire);
         let pending = std::mem::take(&mut *pending);
-        for (peer, sockets) in pending.sockets {
-            wire.peers[peer as usize] = sockets;
+        for (peer, what) in pending.peers {
+            wire.0.add_peer(peer, what);
         }
         for ring in pending.rings {
-            wire.register(ring);
+            if ring.record.is_some() {
+                wire.1.records.push(ring.clone());
+            }
+            wire.0.register(ring);
         }
         Some(took)
     }
 
     /// Tells the executors of a new fault, and of the frames parked on sockets when they change.
-    fn publish(&self, wire: &mut Wire) {
-        if let Some(fault) = wire.fault.as_ref().filter(|_| !self.faulted.load(Ordering::Relaxed)) {
+    fn publish(&self, wire: &mut (C, Round)) {
+        let (carrier, round) = wire;
+        if let Some(fault) = carrier.fault().filter(|_| !self.faulted.load(Ordering::Relaxed)) {
             *self.fault.lock().unwrap_or_else(|p| p.into_inner()) = Some(fault.clone());
             self.faulted.store(true, Ordering::Release);
         }
         // No allocation while nothing is parked (the usual case).
-        let parked = wire.parked();
-        if parked != wire.published_parked {
+        let parked = carrier.parked();
+        if parked != round.published_parked {
             self.has_parked.store(!parked.is_empty(), Ordering::Release);
             *self.parked.lock().unwrap_or_else(|p| p.into_inner()) = parked.clone();
-            wire.published_parked = parked;
+            round.published_parked = parked;
         }
     }
 }
 
-/// A rank's proxy: its thread, or the wire its executor pumps; stops when dropped.
-pub(crate) struct Proxy {
-    pub shared: Arc<Shared>,
+/// A rank's proxy: its thread, or the carrier its executor pumps; stops when dropped.
+pub(crate) struct Proxy<C: Carrier> {
+    pub shared: Arc<Shared<C>>,
 }
 
-impl Proxy {
-    pub fn start(wire: Wire, mode: Mode) -> std::io::Result<Proxy> {
+impl<C: Carrier> Proxy<C> {
+    pub fn start(wire: C, mode: Mode) -> std::io::Result<Proxy<C>> {
         // SAFETY: eventfd returns a new descriptor or -1.
         let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let rank = wire.rank;
+        let rank = wire.rank();
+        let round = Round { records: Vec::new(), published_parked: Vec::new() };
         let shared = Arc::new(Shared {
             rank,
             mode,
-            wire: Mutex::new(wire),
+            wire: Mutex::new((wire, round)),
             pending: Mutex::new(Pending::default()),
             has_pending: AtomicBool::new(false),
             added: AtomicU64::new(0),
@@ -360,7 +416,7 @@ impl Proxy {
     }
 }
 
-impl Drop for Proxy {
+impl<C: Carrier> Drop for Proxy<C> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake_now();
@@ -368,15 +424,15 @@ impl Drop for Proxy {
 }
 
 /// Marks the proxy gone when its thread ends, however it ends.
-struct Alive<'a>(&'a Shared);
+struct Alive<'a, C: Carrier>(&'a Shared<C>);
 
-impl Drop for Alive<'_> {
+impl<C: Carrier> Drop for Alive<'_, C> {
     fn drop(&mut self) {
         self.0.alive.store(false, Ordering::Release);
     }
 }
 
-fn run(shared: &Shared) {
+fn run<C: Carrier>(shared: &Shared<C>) {
     let _alive = Alive(shared);
     let mut idle_since: Option<Instant> = None;
     let mut fds: Vec<libc::pollfd> = Vec::new();
@@ -392,7 +448,8 @@ fn run(shared: &Shared) {
             continue;
         }
         let since = *idle_since.get_or_insert_with(Instant::now);
-        let (spin, sleep_ms) = if wire.has_records() { (DEVICE_SPIN, DEVICE_SLEEP_MS) } else { (SPIN, SLEEP_MS) };
+        let records = !wire.1.records.is_empty();
+        let (spin, sleep_ms) = if records { (DEVICE_SPIN, DEVICE_SLEEP_MS) } else { (SPIN, SLEEP_MS) };
         if since.elapsed() < spin {
             drop(wire);
             std::thread::yield_now();
@@ -408,7 +465,7 @@ fn run(shared: &Shared) {
         }
         fds.clear();
         fds.push(libc::pollfd { fd: shared.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 });
-        wire.poll_fds(&mut fds);
+        wire.0.poll_fds(&mut fds);
         drop(wire);
         if !shared.stop.load(Ordering::Acquire) {
             // SAFETY: `fds` is a valid array of `fds.len()` pollfd structures for the call's duration.

@@ -2,18 +2,40 @@
 //! ibverbs crate and its `ffi`, in a child process of this test binary that loads it (the loader reads
 //! LD_LIBRARY_PATH when a process starts): devices and ports, RC queue pairs through RESET, INIT, RTR and RTS with
 //! their attributes checked, RDMA write with immediate into registered memory, receiver-not-ready retries, and a
-//! wrong rkey, each with the completion statuses a NIC gives.
+//! wrong rkey, each with the completion statuses a NIC gives; then the faults it injects on request
+//! (`COLLC_SOFT_IB_FAULT`), each a child of its own.
 #![cfg(feature = "ib")]
 
 use ibverbs_sys as ffi;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-fn library_dir() -> PathBuf {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("soft-verbs");
-    collc_runtime::build_soft_verbs(&dir).unwrap_or_else(|e| panic!("{e}"));
-    dir
+/// The directory holding the library, built once per test process.
+fn library_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("soft-verbs");
+        collc_runtime::build_soft_verbs(&dir).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    })
+}
+
+/// Runs case `case` in a child that loads the software library, with `fault` injected; what it printed.
+fn run_child(test: &str, case: &str, fault: &str) -> String {
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    let out = Command::new(std::env::current_exe().expect("the test binary"))
+        .args([test, "--exact", "--nocapture"])
+        .env("LD_LIBRARY_PATH", format!("{}:{path}", library_dir().display()))
+        .env("COLLC_SOFT_VERBS_CHILD", case)
+        .env("COLLC_SOFT_IB_DEVICES", "soft_ib0,soft_ib1")
+        .env("COLLC_SOFT_IB_FAULT", fault)
+        .output()
+        .expect("the test binary runs");
+    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{case}: {said}");
+    said
 }
 
 #[test]
@@ -21,16 +43,52 @@ fn rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does() {
     if std::env::var_os("COLLC_SOFT_VERBS_CHILD").is_some() {
         return child();
     }
-    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
-    let out = Command::new(std::env::current_exe().expect("the test binary"))
-        .args(["rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does", "--exact", "--nocapture"])
-        .env("LD_LIBRARY_PATH", format!("{}:{path}", library_dir().display()))
-        .env("COLLC_SOFT_VERBS_CHILD", "1")
-        .env("COLLC_SOFT_IB_DEVICES", "soft_ib0,soft_ib1")
-        .output()
-        .expect("the test binary runs");
-    let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && said.contains("soft verbs child: 6 cases checked"), "{said}");
+    let said = run_child("rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does", "basic", "");
+    assert!(said.contains("soft verbs child: 6 cases checked"), "{said}");
+}
+
+/// Injected faults, from the responder's first request on: a silent responder (retries exceeded after the IB
+/// timeout), every write refused (a remote access error with a valid rkey), and the responder's queue pair moved
+/// to the error state (its receives flushed; the requester times out).
+#[test]
+fn injected_faults_complete_with_the_statuses_a_nic_gives() {
+    if let Ok(case) = std::env::var("COLLC_SOFT_VERBS_CHILD") {
+        return fault_child(&case);
+    }
+    let test = "injected_faults_complete_with_the_statuses_a_nic_gives";
+    for (case, fault) in [("silent", "silent@1"), ("access", "access@1"), ("error", "error@1")] {
+        let said = run_child(test, case, fault);
+        assert!(said.contains(&format!("fault child {case}: checked")), "{said}");
+    }
+}
+
+fn fault_child(case: &str) {
+    let devices: Vec<*mut ffi::ibv_device> = (0..2)
+        .map(|i| {
+            let mut n = 0;
+            // SAFETY: the list is freed at exit (the test's process).
+            unsafe { *ffi::ibv_get_device_list(&mut n).add(i) }
+        })
+        .collect();
+    let (mut a, b) = (End::new(devices[0]), End::new(devices[1]));
+    // A short IB timeout: 4.096 us x 2^8 = 1 ms, 2 tries.
+    a.connect_with(&b, 7, 8, 1);
+    b.connect_with(&a, 7, 8, 1);
+    assert_eq!(b.post_recv(90), 0);
+    let before = b.buf.clone();
+    a.buf[..256].fill(0x5a);
+    assert_eq!(a.write(1, 256, b.addr(), b.rkey(), Some(1)), 0);
+    let expected = match case {
+        "silent" | "error" => ffi::ibv_wc_status::IBV_WC_RETRY_EXC_ERR,
+        _ => ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR,
+    };
+    assert_eq!(status(&a.completions(1)[0]), expected, "{case}");
+    if case == "error" {
+        let flushed = b.completions(1);
+        assert_eq!((flushed[0].wr_id(), status(&flushed[0])), (90, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
+    }
+    assert_eq!(b.buf, before, "{case}: nothing written");
+    println!("fault child {case}: checked");
 }
 
 /// One end: a context's protection domain, completion queue, queue pair and a registered buffer.
@@ -89,6 +147,11 @@ impl End {
 
     /// RESET -> INIT -> RTR -> RTS towards `peer`, `rnr_retry` times on a receiver not ready.
     fn connect(&self, peer: &End, rnr_retry: u8) {
+        self.connect_with(peer, rnr_retry, 14, 7);
+    }
+
+    /// As `connect`, with the IB timeout (4.096 us x 2^timeout) and the transport retries.
+    fn connect_with(&self, peer: &End, rnr_retry: u8, timeout: u8, retry_cnt: u8) {
         use ffi::ibv_qp_attr_mask as m;
         let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
         let mut init = ffi::ibv_qp_attr {
@@ -124,8 +187,8 @@ impl End {
         assert_eq!(self.modify(&mut rtr, rtr_mask | m::IBV_QP_MIN_RNR_TIMER), 0);
         let mut rts = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
-            timeout: 14,
-            retry_cnt: 7,
+            timeout,
+            retry_cnt,
             rnr_retry,
             max_rd_atomic: 1,
             ..Default::default()

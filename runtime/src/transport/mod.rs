@@ -36,7 +36,7 @@ use std::str::FromStr;
 
 /// Every backend, in the order `--help` lists them. Adding a transport adds its line here.
 pub fn backends() -> &'static [&'static dyn Backend] {
-    static BACKENDS: [&dyn Backend; 5] = [&shm::THREADS, &shm::SHM, &tcp::TCP, &twin::TWIN, &cuda::CUDA];
+    static BACKENDS: [&dyn Backend; 6] = [&shm::THREADS, &shm::SHM, &tcp::TCP, &ib::IB, &twin::TWIN, &cuda::CUDA];
     &BACKENDS
 }
 

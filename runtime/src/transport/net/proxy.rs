@@ -97,6 +97,10 @@ pub(crate) trait Carrier: Send + 'static {
     fn receive(&mut self, ring: &Ring);
     /// The descriptors to wait on and the events, for `poll`.
     fn poll_fds(&self, fds: &mut Vec<libc::pollfd>);
+    /// Whether it must be polled rather than waited on (completion queues polled, no descriptor to wake on).
+    fn busy_poll(&self) -> bool {
+        false
+    }
     /// The first fault found.
     fn fault(&self) -> Option<&Fault>;
     /// Frames waiting for a link this rank has not opened (a peer in another call): the peer and the frame.
@@ -448,8 +452,8 @@ fn run<C: Carrier>(shared: &Shared<C>) {
             continue;
         }
         let since = *idle_since.get_or_insert_with(Instant::now);
-        let records = !wire.1.records.is_empty();
-        let (spin, sleep_ms) = if records { (DEVICE_SPIN, DEVICE_SLEEP_MS) } else { (SPIN, SLEEP_MS) };
+        let polled = !wire.1.records.is_empty() || wire.0.busy_poll();
+        let (spin, sleep_ms) = if polled { (DEVICE_SPIN, DEVICE_SLEEP_MS) } else { (SPIN, SLEEP_MS) };
         if since.elapsed() < spin {
             drop(wire);
             std::thread::yield_now();

@@ -65,19 +65,7 @@ impl Backend for Tcp {
 
     /// Rank threads of a job on the loopback: its rendezvous on a free port, a fresh token.
     fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
-        crate::comm::check_world(0, n_ranks)?;
-        let port = prebind()?;
-        let token = Token::new(Token::generate().map_err(RuntimeError::Config)?).map_err(RuntimeError::Config)?;
-        let tcp = TcpJob {
-            rendezvous: format!("127.0.0.1:{port}"),
-            rank: 0,
-            n_ranks,
-            job: super::shm::group_job_id(),
-            token,
-            ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
-            sockets: 1,
-            proxy: proxy::Mode::from_env(n_ranks).map_err(RuntimeError::Config)?,
-        };
+        let tcp = TcpJob::loopback(n_ranks)?;
         Communicator::rank_threads(n_ranks, &|rank| process(&TcpJob { rank, ..tcp.clone() }, options.clone()))
     }
 
@@ -142,6 +130,23 @@ pub struct TcpJob {
 }
 
 impl TcpJob {
+    /// Rank 0 of a job of `n_ranks` rank threads on the loopback: a rendezvous on a free port, a fresh token.
+    pub(crate) fn loopback(n_ranks: u32) -> Result<TcpJob, RuntimeError> {
+        crate::comm::check_world(0, n_ranks)?;
+        let port = prebind()?;
+        let token = Token::new(Token::generate().map_err(RuntimeError::Config)?).map_err(RuntimeError::Config)?;
+        Ok(TcpJob {
+            rendezvous: format!("127.0.0.1:{port}"),
+            rank: 0,
+            n_ranks,
+            job: super::shm::group_job_id(),
+            token,
+            ifname: Some("lo".parse().map_err(RuntimeError::Config)?),
+            sockets: 1,
+            proxy: proxy::Mode::from_env(n_ranks).map_err(RuntimeError::Config)?,
+        })
+    }
+
     /// As `from_env`, for a launch (whose ranks on this host choose the proxy's mode).
     pub fn from_launch(launch: &Launch) -> Result<TcpJob, String> {
         let local = launch.local_world_size.unwrap_or(launch.world_size);
@@ -225,7 +230,7 @@ fn first_node(list: &str) -> Option<String> {
     (!host.is_empty()).then_some(host)
 }
 
-fn job_hash(job: &str) -> u64 {
+pub(crate) fn job_hash(job: &str) -> u64 {
     job.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 

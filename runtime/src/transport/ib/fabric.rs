@@ -1,0 +1,275 @@
+//! The ib transport's fabric: a rank's device, its proxy (`Verbs`), and the queue pairs and links set up when a plan
+//! is first prepared, by all-gathers over the rendezvous (`prepare_collective`).
+
+use super::verbs::{Choice, Device, Endpoint, LinkMemory, Qp, Remote, Setups, Verbs};
+use crate::comm::{Communicator, Options};
+use crate::error::RuntimeError;
+use crate::exec::{Executor, Host, Plan};
+use crate::log::{self, Subsys};
+use crate::transport::net::link::RingLink;
+use crate::transport::net::proxy::{Mode, Proxy};
+use crate::transport::net::ring::Ring;
+use crate::transport::tcp::{job_hash, Rendezvous, TcpJob};
+use crate::transport::{Fabric, Gather, LinkEnd, Transport, BLOB_BYTES};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// Rank `job.rank` of an ib job: the rendezvous, then the device (`COLLC_IB_HCA`); returns once every rank has
+/// joined.
+pub(super) fn process(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
+    let (rank, n_ranks) = (job.rank, job.n_ranks);
+    crate::recorder::catch_dump_requests();
+    let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
+    let hash = job_hash(&job.job);
+    let rendezvous = Arc::new(Rendezvous::join(&job.rendezvous, rank, n_ranks, hash, &job.token, options.timeout)?);
+    let choice = Choice::from_env().map_err(config)?;
+    let device = Arc::new(Device::open(&choice).map_err(config)?);
+    log::info(
+        Subsys::Init,
+        format_args!("rank {rank}: NET/IB {} ({})", device.port, if device.ethernet { "RoCE" } else { "InfiniBand" }),
+    );
+    let timeout = env_u8("COLLC_IB_TIMEOUT", 20, 31).map_err(config)?;
+    let retry_cnt = env_u8("COLLC_IB_RETRY_CNT", 7, 7).map_err(config)?;
+    let setups = Setups::default();
+    let verbs = Verbs::new(rank, n_ranks, hash, device.clone(), setups.clone());
+    let mode = Mode::from_env(n_ranks.min(local_ranks()).max(1)).map_err(config)?;
+    let proxy = Proxy::start(verbs, mode).map_err(|e| config(format!("cannot start the network proxy thread: {e}")))?;
+    let fabric = IbNet {
+        rank,
+        device,
+        proxy,
+        setups,
+        state: Mutex::new(State { rings: HashMap::new(), connected: vec![false; n_ranks as usize], next_index: 0 }),
+        timeout,
+        retry_cnt,
+    };
+    Communicator::process(Arc::new(fabric), rendezvous, (rank, n_ranks), &job.job, options)
+}
+
+/// The ranks on this host, as the launcher says (every one when it does not).
+fn local_ranks() -> u32 {
+    ["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE"]
+        .iter()
+        .find_map(|v| std::env::var(v).ok().and_then(|t| t.trim().parse().ok()))
+        .unwrap_or(u32::MAX)
+}
+
+fn env_u8(name: &str, default: u8, most: u8) -> Result<u8, String> {
+    match std::env::var(name) {
+        Ok(text) => text
+            .trim()
+            .parse::<u8>()
+            .ok()
+            .filter(|&v| v <= most)
+            .ok_or(format!("{name}=`{text}` is not a number from 0 to {most}")),
+        Err(_) => Ok(default),
+    }
+}
+
+struct State {
+    rings: HashMap<LinkEnd, Arc<Ring>>,
+    /// Peers whose queue pair is connected.
+    connected: Vec<bool>,
+    /// The number the next receiving link gets (a sender's immediate names it).
+    next_index: u32,
+}
+
+pub(super) struct IbNet {
+    rank: u32,
+    device: Arc<Device>,
+    proxy: Proxy<Verbs>,
+    setups: Setups,
+    state: Mutex<State>,
+    timeout: u8,
+    retry_cnt: u8,
+}
+
+/// One entry of the all-gather: a queue pair for a peer, or one end of a link.
+const QP_ENTRY: u8 = 1;
+const LINK_ENTRY: u8 = 2;
+const ENTRY_BYTES: usize = 1 + 4 + 4 + 1 + 4 + 8 + 4 + 8 + 4 + 4;
+
+impl Fabric for IbNet {
+    fn transport(&self) -> Transport {
+        Transport::of(&super::IB)
+    }
+
+    fn remove_all(&self) {}
+
+    fn prepare(&self, _plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
+        Err(RuntimeError::Config("the ib transport's ranks prepare together (prepare_collective)".into()))
+    }
+
+    fn prepare_collective(&self, plan: Plan, gather: &mut Gather) -> Result<Box<dyn Executor>, RuntimeError> {
+        let rank = self.rank;
+        let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
+        let mut state = self.state.lock().map_err(|_| RuntimeError::Poisoned)?;
+        // New queue pairs (a peer this rank has none with yet) and new links, with what their peers need.
+        let mut entries: Vec<[u8; ENTRY_BYTES]> = Vec::new();
+        let mut new_qps: Vec<(u32, Qp)> = Vec::new();
+        let mut new_links: Vec<(LinkEnd, Arc<Ring>, LinkMemory, u32)> = Vec::new();
+        for end in &plan.links {
+            let peer = if end.from == rank { end.to } else { end.from };
+            if !state.connected[peer as usize] && !new_qps.iter().any(|(p, _)| *p == peer) {
+                let qp = self.device.queue_pair().map_err(config)?;
+                entries.push(entry(QP_ENTRY, peer, qp.number(), 0, 0, 0, 0, 0, 0));
+                new_qps.push((peer, qp));
+            }
+            if !state.rings.contains_key(end) {
+                let ring = Arc::new(Ring::new(*end, peer, 0));
+                let receiving = end.to == rank;
+                let memory = LinkMemory::new(&self.device, &ring, receiving).map_err(config)?;
+                let index = if receiving {
+                    state.next_index += 1;
+                    state.next_index
+                } else {
+                    0
+                };
+                entries.push(link_entry(end, &memory, index));
+                new_links.push((*end, ring, memory, index));
+            }
+        }
+        let mut head = self.device.gid.to_vec();
+        head.extend_from_slice(&self.device.lid.to_le_bytes());
+        let theirs = gather_entries(gather, &head, &entries)?;
+        // Connect the new queue pairs: each peer published the number of its queue pair for this rank.
+        for (peer, qp) in new_qps {
+            let (head, list) = &theirs[peer as usize];
+            let qpn = list
+                .iter()
+                .find(|e| e[0] == QP_ENTRY && u32_at(e, 1) == rank)
+                .map(|e| u32_at(e, 5))
+                .ok_or_else(|| config(format!("rank {peer} made no queue pair for this rank")))?;
+            let gid: [u8; 16] = head
+                .get(..16)
+                .and_then(|g| g.try_into().ok())
+                .ok_or_else(|| config(format!("rank {peer}'s GID is missing")))?;
+            let lid = head.get(16..18).map_or(0, |l| u16::from_le_bytes([l[0], l[1]]));
+            qp.connect(&Endpoint { qpn, gid, lid }, self.timeout, self.retry_cnt)
+                .map_err(|e| config(format!("connecting to rank {peer}: {e}")))?;
+            state.connected[peer as usize] = true;
+            log::info(
+                Subsys::Init,
+                format_args!("rank {rank}: connected to rank {peer} via NET/IB/{}", self.device.port),
+            );
+            self.proxy.shared.add_peer(peer, qp);
+        }
+        // The new links: the other end's registration, from the peer's entry for the same link.
+        for (end, ring, memory, index) in new_links {
+            let peer = ring.peer;
+            let other =
+                theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(e, &end)).ok_or_else(|| {
+                    config(format!(
+                        "rank {peer} did not open the link {} -> {} channel {}",
+                        end.from, end.to, end.channel
+                    ))
+                })?;
+            let remote = Remote {
+                slots: u64_at(other, 14),
+                slots_rkey: u32_at(other, 22),
+                words: u64_at(other, 26),
+                words_rkey: u32_at(other, 34),
+                index: u32_at(other, 38),
+            };
+            self.setups.lock().unwrap_or_else(|p| p.into_inner()).insert(end, (memory, remote, index));
+            self.proxy.shared.add_ring(ring.clone());
+            state.rings.insert(end, ring);
+        }
+        let links: Vec<RingLink<Verbs>> =
+            plan.links.iter().map(|end| RingLink::new(state.rings[end].clone(), self.proxy.shared.clone())).collect();
+        drop(state);
+        self.proxy.shared.sync().map_err(|(peer, how)| RuntimeError::PeerFailed {
+            rank,
+            what: "preparing a call".into(),
+            at: "its links".into(),
+            peer,
+            how,
+        })?;
+        Ok(Box::new(Host { plan, links }))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn entry(
+    kind: u8,
+    a: u32,
+    b: u32,
+    channel: u8,
+    slot_bytes: u32,
+    x: u64,
+    xk: u32,
+    y: u64,
+    yk: u32,
+) -> [u8; ENTRY_BYTES] {
+    let mut e = [0u8; ENTRY_BYTES];
+    e[0] = kind;
+    e[1..5].copy_from_slice(&a.to_le_bytes());
+    e[5..9].copy_from_slice(&b.to_le_bytes());
+    e[9] = channel;
+    e[10..14].copy_from_slice(&slot_bytes.to_le_bytes());
+    e[14..22].copy_from_slice(&x.to_le_bytes());
+    e[22..26].copy_from_slice(&xk.to_le_bytes());
+    e[26..34].copy_from_slice(&y.to_le_bytes());
+    e[34..38].copy_from_slice(&yk.to_le_bytes());
+    e
+}
+
+/// A link's end as its peer needs it: its slots and words (address, rkey) and its number.
+fn link_entry(end: &LinkEnd, memory: &LinkMemory, index: u32) -> [u8; ENTRY_BYTES] {
+    let (slots, words) = (&memory.slots, &memory.words);
+    let mut e = entry(
+        LINK_ENTRY,
+        end.from,
+        end.to,
+        end.channel,
+        end.slot_bytes as u32,
+        slots.addr(),
+        slots.rkey(),
+        words.addr(),
+        words.rkey(),
+    );
+    e[38..42].copy_from_slice(&index.to_le_bytes());
+    e
+}
+
+fn same_link(e: &[u8], end: &LinkEnd) -> bool {
+    u32_at(e, 1) == end.from
+        && u32_at(e, 5) == end.to
+        && e[9] == end.channel
+        && u32_at(e, 10) as usize == end.slot_bytes
+}
+
+fn u32_at(e: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(e[at..at + 4].try_into().expect("4 bytes"))
+}
+
+fn u64_at(e: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(e[at..at + 8].try_into().expect("8 bytes"))
+}
+
+/// Every rank's `head` and entries, over as many all-gathers as the rank with the most entries needs (a blob holds
+/// `BLOB_BYTES`): the first carries the heads and the counts.
+fn gather_entries(
+    gather: &mut Gather,
+    head: &[u8],
+    entries: &[[u8; ENTRY_BYTES]],
+) -> Result<Vec<(Vec<u8>, Vec<Vec<u8>>)>, RuntimeError> {
+    let mut first = head.to_vec();
+    first.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    let firsts = gather(&first)?;
+    let most = firsts
+        .iter()
+        .map(|b| b.get(head.len()..head.len() + 4).map_or(0, |c| u32::from_le_bytes(c.try_into().expect("4 bytes"))))
+        .max()
+        .unwrap_or(0) as usize;
+    let mut all: Vec<(Vec<u8>, Vec<Vec<u8>>)> =
+        firsts.iter().map(|b| (b.get(..head.len()).unwrap_or_default().to_vec(), Vec::new())).collect();
+    let per_round = BLOB_BYTES / ENTRY_BYTES;
+    for round in 0..most.div_ceil(per_round) {
+        let blob: Vec<u8> = entries.iter().skip(round * per_round).take(per_round).flatten().copied().collect();
+        for (rank, blob) in gather(&blob)?.into_iter().enumerate() {
+            all[rank].1.extend(blob.chunks_exact(ENTRY_BYTES).map(<[u8]>::to_vec));
+        }
+    }
+    Ok(all)
+}

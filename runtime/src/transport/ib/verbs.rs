@@ -1,0 +1,722 @@
+//! The verbs the ib transport uses, on the ibverbs crate's bindings (rdma-core's libibverbs): a device opened on the
+//! port `COLLC_IB_HCA` chooses, RC queue pairs, registered memory; and `Verbs`, the `Carrier` its network proxy
+//! pumps (NCCL's net_ib): a link's message goes out as one RDMA write of its 64-byte frame header (inline) into the
+//! receiver's header slot and one RDMA write with immediate of its body into the receiver's message slot (the
+//! immediate names the receiver's link); the receiver's completion says a message arrived whole (RC delivers in
+//! order); its consumption goes back as an RDMA write of its count into the sender's credit word.
+
+use super::hca::{self, HcaPattern, Port};
+use crate::transport::net::frame::{self, Frame};
+use crate::transport::net::proxy::{Carrier, Fault};
+use crate::transport::net::ring::{Ring, SLOTS_U};
+use crate::transport::{LinkEnd, SLOTS};
+use ibverbs_sys as ffi;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Receives each queue pair keeps posted (writes with immediate consume one each).
+const RECVS: u32 = 512;
+/// Work requests a queue pair's send queue holds.
+const SENDS: u32 = 2048;
+/// Completions polled at a time.
+const POLL: usize = 32;
+
+/// An opened device: its context, protection domain and completion queue (every queue pair's), and the port.
+pub(crate) struct Device {
+    ctx: *mut ffi::ibv_context,
+    pd: *mut ffi::ibv_pd,
+    cq: *mut ffi::ibv_cq,
+    pub port: Port,
+    pub gid: [u8; 16],
+    pub lid: u16,
+    pub ethernet: bool,
+    mtu: u32,
+}
+
+// SAFETY: verbs objects may be used from any thread (libibverbs is thread-safe); the pointers live until drop.
+unsafe impl Send for Device {}
+unsafe impl Sync for Device {}
+
+/// Where the ib transport looks: `COLLC_IB_HCA`, `COLLC_IB_GID_INDEX`.
+pub(crate) struct Choice {
+    pub hca: Option<HcaPattern>,
+    pub gid_index: i32,
+}
+
+impl Choice {
+    pub fn from_env() -> Result<Choice, String> {
+        let hca = match std::env::var("COLLC_IB_HCA") {
+            Ok(text) => Some(text.parse::<HcaPattern>().map_err(|e| format!("COLLC_IB_HCA: {e}"))?),
+            Err(_) => None,
+        };
+        let gid_index = match std::env::var("COLLC_IB_GID_INDEX") {
+            Ok(text) => text
+                .trim()
+                .parse::<i32>()
+                .ok()
+                .filter(|&i| i >= 0)
+                .ok_or(format!("COLLC_IB_GID_INDEX=`{text}` is not a GID table index (0, 1, 3, ...)"))?,
+            Err(_) => 0,
+        };
+        Ok(Choice { hca, gid_index })
+    }
+}
+
+impl Device {
+    /// The first active port `choice` admits, opened.
+    pub fn open(choice: &Choice) -> Result<Device, String> {
+        let mut n = 0;
+        // SAFETY: the list is freed below, after its devices are opened or passed over.
+        let list = unsafe { ffi::ibv_get_device_list(&mut n) };
+        if list.is_null() {
+            let e = std::io::Error::last_os_error();
+            return Err(format!(
+                "no RDMA device was found: ibv_get_device_list failed ({e}; no InfiniBand or RoCE device, or no \
+                 driver for it{}); the tcp transport runs without one",
+                choice.hca.as_ref().map_or(String::new(), |_| ", whatever COLLC_IB_HCA says".into())
+            ));
+        }
+        let result = Device::open_from(list, n.max(0) as usize, choice);
+        // SAFETY: the list ibv_get_device_list returned; opened contexts outlive it.
+        unsafe { ffi::ibv_free_device_list(list) };
+        result
+    }
+
+    fn open_from(list: *mut *mut ffi::ibv_device, n: usize, choice: &Choice) -> Result<Device, String> {
+        if n == 0 {
+            return Err(
+                "no RDMA device was found (ibv_get_device_list lists none): the tcp transport runs without one".into(),
+            );
+        }
+        let mut ports = Vec::new();
+        let mut contexts = Vec::new();
+        for i in 0..n {
+            // SAFETY: `i` < n entries of the list.
+            let device = unsafe { *list.add(i) };
+            // SAFETY: a device of the list; its name is a C string.
+            let name = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_get_device_name(device)) }.to_string_lossy();
+            // SAFETY: as above.
+            let ctx = unsafe { ffi::ibv_open_device(device) };
+            if ctx.is_null() {
+                continue;
+            }
+            let mut attr = ffi::ibv_device_attr::default();
+            // SAFETY: an open context and an out-struct.
+            if unsafe { ffi::ibv_query_device(ctx, &mut attr) } == 0 {
+                for port in 1..=attr.phys_port_cnt {
+                    if port_attr(ctx, port).is_some_and(|p| p.state == ffi::ibv_port_state::IBV_PORT_ACTIVE) {
+                        ports.push(Port { device: name.to_string(), port });
+                    }
+                }
+            }
+            contexts.push((name.to_string(), ctx));
+        }
+        let chosen = hca::select(choice.hca.as_ref(), &ports).map_err(|e| format!("no RDMA port to use: {e}"));
+        let mut found = None;
+        for (name, ctx) in contexts {
+            match &chosen {
+                Ok(chosen) if found.is_none() && chosen[0].device == name => found = Some((ctx, chosen[0].clone())),
+                // SAFETY: an opened context not taken.
+                _ => unsafe {
+                    ffi::ibv_close_device(ctx);
+                },
+            }
+        }
+        let (ctx, port) = found.ok_or_else(|| chosen.err().unwrap_or_default())?;
+        Device::set_up(ctx, port, choice.gid_index)
+    }
+
+    fn set_up(ctx: *mut ffi::ibv_context, port: Port, gid_index: i32) -> Result<Device, String> {
+        let fail = |what: &str| {
+            let e = std::io::Error::last_os_error();
+            // SAFETY: the context opened above, closed once on this path.
+            unsafe { ffi::ibv_close_device(ctx) };
+            format!("{port}: {what} failed ({e})")
+        };
+        let attr = port_attr(ctx, port.port).ok_or_else(|| fail("ibv_query_port"))?;
+        let mut gid = ffi::ibv_gid::default();
+        // SAFETY: an open context and an out-union.
+        if unsafe { ffi::ibv_query_gid(ctx, port.port, gid_index, &mut gid) } != 0 {
+            return Err(fail(&format!("ibv_query_gid of index {gid_index} (COLLC_IB_GID_INDEX)")));
+        }
+        // SAFETY: as above.
+        let pd = unsafe { ffi::ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(fail("ibv_alloc_pd"));
+        }
+        // SAFETY: as above; no completion channel.
+        let cq = unsafe { ffi::ibv_create_cq(ctx, 4096, std::ptr::null_mut(), std::ptr::null_mut(), 0) };
+        if cq.is_null() {
+            return Err(fail("ibv_create_cq"));
+        }
+        Ok(Device {
+            ctx,
+            pd,
+            cq,
+            // SAFETY: the union's raw bytes.
+            gid: unsafe { gid.raw },
+            lid: attr.lid,
+            ethernet: attr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8,
+            mtu: attr.active_mtu,
+            port,
+        })
+    }
+
+    /// Registers `len` bytes at `addr` for local use and, with `remote`, for the peers' RDMA writes.
+    pub fn register(self: &Arc<Device>, addr: *mut u8, len: usize, remote: bool) -> Result<Mr, String> {
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        if remote {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        }
+        // SAFETY: the caller keeps the memory alive and in place as long as the region (it owns both).
+        let mr = unsafe { ffi::ibv_reg_mr(self.pd, addr.cast(), len.max(1), access.0 as i32) };
+        if mr.is_null() {
+            return Err(format!("ibv_reg_mr of {len} bytes failed ({})", std::io::Error::last_os_error()));
+        }
+        Ok(Mr { mr, _device: self.clone() })
+    }
+
+    /// A new RC queue pair in INIT, its receives posted.
+    pub fn queue_pair(self: &Arc<Device>) -> Result<Qp, String> {
+        let mut init = ffi::ibv_qp_init_attr {
+            send_cq: self.cq,
+            recv_cq: self.cq,
+            cap: ffi::ibv_qp_cap {
+                max_send_wr: SENDS,
+                max_recv_wr: RECVS,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: frame::HEADER as u32,
+            },
+            qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
+            ..Default::default()
+        };
+        // SAFETY: the device's protection domain and completion queue.
+        let qp = unsafe { ffi::ibv_create_qp(self.pd, &mut init) };
+        if qp.is_null() {
+            return Err(format!("ibv_create_qp failed ({})", std::io::Error::last_os_error()));
+        }
+        let qp = Qp { qp, device: self.clone() };
+        use ffi::ibv_qp_attr_mask as m;
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        let mut attr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_INIT,
+            port_num: self.port.port,
+            qp_access_flags: access.0,
+            ..Default::default()
+        };
+        qp.modify(&mut attr, m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS, "INIT")?;
+        for _ in 0..RECVS {
+            qp.post_recv()?;
+        }
+        Ok(qp)
+    }
+}
+
+fn port_attr(ctx: *mut ffi::ibv_context, port: u8) -> Option<ffi::ibv_port_attr> {
+    let mut attr = ffi::ibv_port_attr::default();
+    // SAFETY: an open context; the exported ibv_query_port fills the compatible prefix of the struct.
+    (unsafe { ffi::ibv_query_port(ctx, port, (&mut attr as *mut ffi::ibv_port_attr).cast()) } == 0).then_some(attr)
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        // SAFETY: made in `set_up`, destroyed once, after every queue pair and region (they hold the device).
+        unsafe {
+            ffi::ibv_destroy_cq(self.cq);
+            ffi::ibv_dealloc_pd(self.pd);
+            ffi::ibv_close_device(self.ctx);
+        }
+    }
+}
+
+/// A registered memory region, deregistered on drop.
+pub(crate) struct Mr {
+    mr: *mut ffi::ibv_mr,
+    _device: Arc<Device>,
+}
+
+// SAFETY: as `Device`.
+unsafe impl Send for Mr {}
+unsafe impl Sync for Mr {}
+
+impl Mr {
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live region.
+        unsafe { (*self.mr).lkey }
+    }
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: a live region.
+        unsafe { (*self.mr).rkey }
+    }
+    pub fn addr(&self) -> u64 {
+        // SAFETY: a live region.
+        unsafe { (*self.mr).addr as u64 }
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: registered once, deregistered once.
+        unsafe { ffi::ibv_dereg_mr(self.mr) };
+    }
+}
+
+/// An RC queue pair, destroyed on drop.
+pub(crate) struct Qp {
+    qp: *mut ffi::ibv_qp,
+    device: Arc<Device>,
+}
+
+// SAFETY: as `Device`.
+unsafe impl Send for Qp {}
+unsafe impl Sync for Qp {}
+
+/// What a peer's queue pair needs of this one: its number and where it is (GID, or LID on InfiniBand).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Endpoint {
+    pub qpn: u32,
+    pub gid: [u8; 16],
+    pub lid: u16,
+}
+
+impl Qp {
+    pub fn number(&self) -> u32 {
+        // SAFETY: a live queue pair.
+        unsafe { (*self.qp).qp_num }
+    }
+
+    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask, to: &str) -> Result<(), String> {
+        // SAFETY: a live queue pair and attributes.
+        let e = unsafe { ffi::ibv_modify_qp(self.qp, attr, mask.0 as i32) };
+        match e {
+            0 => Ok(()),
+            e => Err(format!("moving a queue pair to {to} failed ({})", std::io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    /// RTR then RTS towards `peer`: `COLLC_IB_TIMEOUT` (4.096 us x 2^t, default 20) and `COLLC_IB_RETRY_CNT`
+    /// (default 7), receivers never short (every write finds a posted receive, so RNR retries for ever).
+    pub fn connect(&self, peer: &Endpoint, timeout: u8, retry_cnt: u8) -> Result<(), String> {
+        use ffi::ibv_qp_attr_mask as m;
+        let device = &self.device;
+        let mut rtr = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTR,
+            path_mtu: device.mtu,
+            dest_qp_num: peer.qpn,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            ..Default::default()
+        };
+        rtr.ah_attr.port_num = device.port.port;
+        if device.ethernet {
+            rtr.ah_attr.is_global = 1;
+            rtr.ah_attr.grh.dgid = ffi::ibv_gid { raw: peer.gid };
+            rtr.ah_attr.grh.hop_limit = 255;
+            rtr.ah_attr.grh.sgid_index =
+                std::env::var("COLLC_IB_GID_INDEX").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+        } else {
+            rtr.ah_attr.dlid = peer.lid;
+        }
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_MAX_DEST_RD_ATOMIC
+            | m::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut rtr, mask, "RTR")?;
+        let mut rts = ffi::ibv_qp_attr {
+            qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
+            timeout,
+            retry_cnt,
+            rnr_retry: 7,
+            max_rd_atomic: 1,
+            ..Default::default()
+        };
+        let mask = m::IBV_QP_STATE
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut rts, mask, "RTS")
+    }
+
+    fn post_recv(&self) -> Result<(), String> {
+        let mut wr = ffi::ibv_recv_wr::default();
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: the context's ops (ibv_post_recv is inline in verbs.h); the request lives for the call.
+        let e = unsafe { (*(*self.qp).context).ops.post_recv.expect("post_recv")(self.qp, &mut wr, &mut bad) };
+        match e {
+            0 => Ok(()),
+            e => Err(format!("posting a receive failed ({})", std::io::Error::from_raw_os_error(e))),
+        }
+    }
+
+    /// An RDMA write of `len` bytes at `local` (`lkey`; inline when `lkey` is `None`) to `remote` (`rkey`), with
+    /// immediate `imm` if given; signaled with `wr_id` when `signaled`.
+    #[allow(clippy::too_many_arguments)]
+    fn write(
+        &self,
+        local: *const u8,
+        len: usize,
+        lkey: Option<u32>,
+        remote: u64,
+        rkey: u32,
+        imm: Option<u32>,
+        wr_id: u64,
+        signaled: bool,
+    ) -> Result<(), i32> {
+        let mut sge = ffi::ibv_sge { addr: local as u64, length: len as u32, lkey: lkey.unwrap_or(0) };
+        let mut flags = 0;
+        if signaled {
+            flags |= ffi::ibv_send_flags::IBV_SEND_SIGNALED.0;
+        }
+        if lkey.is_none() {
+            flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
+        }
+        let mut wr = ffi::ibv_send_wr {
+            wr_id,
+            sg_list: &mut sge,
+            num_sge: if len == 0 { 0 } else { 1 },
+            opcode: if imm.is_some() {
+                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE_WITH_IMM
+            } else {
+                ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE
+            },
+            send_flags: flags,
+            ..Default::default()
+        };
+        wr.__bindgen_anon_1.imm_data = imm.unwrap_or(0).to_be();
+        wr.wr.rdma.remote_addr = remote;
+        wr.wr.rdma.rkey = rkey;
+        let mut bad = std::ptr::null_mut();
+        // SAFETY: as `post_recv`; the gather list is read at the post (inline) or before the completion (the
+        // caller keeps it).
+        match unsafe { (*(*self.qp).context).ops.post_send.expect("post_send")(self.qp, &mut wr, &mut bad) } {
+            0 => Ok(()),
+            e => Err(e),
+        }
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        // SAFETY: created once, destroyed once.
+        unsafe { ffi::ibv_destroy_qp(self.qp) };
+    }
+}
+
+/// Where a link's other end is: the receiver's message slots and header slots (for the sender), or the sender's
+/// credit word (for the receiver), and the other end's link number (a sender's immediate names the receiver's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Remote {
+    pub slots: u64,
+    pub slots_rkey: u32,
+    pub words: u64,
+    pub words_rkey: u32,
+    pub index: u32,
+}
+
+/// A link's registered memory: its ring's slots, and its words (a receiver's header slots, `SLOTS` frame headers;
+/// a sender's credit word).
+pub(crate) struct LinkMemory {
+    pub slots: Mr,
+    pub words: Mr,
+    /// Written by the peer's RDMA writes: read as atomics.
+    storage: Box<[AtomicU64]>,
+}
+
+impl LinkMemory {
+    pub fn new(device: &Arc<Device>, ring: &Ring, receiving: bool) -> Result<LinkMemory, String> {
+        let slots = device.register(ring.slot(0), SLOTS_U * ring.end.slot_bytes, receiving)?;
+        let words = if receiving { SLOTS_U * frame::HEADER / 8 } else { 1 };
+        let storage: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
+        let words = device.register(storage.as_ptr() as *mut u8, storage.len() * 8, true)?;
+        Ok(LinkMemory { slots, words, storage })
+    }
+
+    fn word(&self, i: usize) -> u64 {
+        let value = self.storage[i].load(Ordering::Relaxed);
+        std::sync::atomic::fence(Ordering::Acquire);
+        value
+    }
+}
+
+/// A link as the carrier keeps it.
+struct LinkState {
+    ring: Arc<Ring>,
+    memory: LinkMemory,
+    remote: Remote,
+    sending: bool,
+    /// Sender: messages written so far. Receiver: the consumed count last written back.
+    queued: u64,
+    reported: u64,
+}
+
+/// What the fabric hands the carrier for a link before its ring: its memory and its other end.
+pub(crate) type Setups = Arc<Mutex<HashMap<LinkEnd, (LinkMemory, Remote, u32)>>>;
+
+/// The ib transport's `Carrier`: a rank's queue pairs (one per peer) and its links.
+pub(crate) struct Verbs {
+    rank: u32,
+    job: u64,
+    device: Arc<Device>,
+    qps: Vec<Option<Qp>>,
+    peer_of_qpn: HashMap<u32, u32>,
+    links: Vec<LinkState>,
+    /// By the index a sender's immediate names (the receiving link's number here).
+    by_index: HashMap<u32, usize>,
+    setups: Setups,
+    fault: Option<Fault>,
+}
+
+impl Verbs {
+    pub fn new(rank: u32, n_ranks: u32, job: u64, device: Arc<Device>, setups: Setups) -> Verbs {
+        Verbs {
+            rank,
+            job,
+            device,
+            qps: (0..n_ranks).map(|_| None).collect(),
+            peer_of_qpn: HashMap::new(),
+            links: Vec::new(),
+            by_index: HashMap::new(),
+            setups,
+            fault: None,
+        }
+    }
+
+    fn fail(&mut self, peer: u32, how: String) {
+        self.fault.get_or_insert((peer, how));
+    }
+
+    /// Completions: arrived messages (a receive with the link's number), sent messages, and errors.
+    fn poll(&mut self) -> bool {
+        let mut wcs = [ffi::ibv_wc::default(); POLL];
+        // SAFETY: the device's completion queue, `POLL` entries (ibv_poll_cq is inline in verbs.h).
+        let n =
+            unsafe { (*self.device.ctx).ops.poll_cq.expect("poll_cq")(self.device.cq, POLL as i32, wcs.as_mut_ptr()) };
+        if n < 0 {
+            self.fail(self.rank, "polling its completion queue failed".into());
+            return false;
+        }
+        for wc in &wcs[..n as usize] {
+            let peer = self.peer_of_qpn.get(&wc.qp_num).copied().unwrap_or(self.rank);
+            if let Some((status, vendor)) = wc.error() {
+                if status != ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                    let what = describe(status);
+                    self.fail(peer, format!("failed an RDMA operation with this rank: {what} (status {status}, vendor error {vendor:#x})"));
+                }
+                continue;
+            }
+            if wc.opcode() == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
+                let index = u32::from_be(wc.imm_data().unwrap_or(0));
+                self.arrived(peer, index, wc.len());
+                if let Some(qp) = &self.qps[peer as usize] {
+                    if let Err(e) = qp.post_recv() {
+                        self.fail(self.rank, e);
+                    }
+                }
+            } else {
+                let (link, message) = ((wc.wr_id() >> 40) as usize, wc.wr_id() & ((1 << 40) - 1));
+                if let Some(state) = self.links.get(link) {
+                    state.ring.sent.fetch_max(message + 1, Ordering::Release);
+                }
+            }
+        }
+        n > 0
+    }
+
+    /// A message arrived whole on this rank's link number `index`, from `peer`.
+    fn arrived(&mut self, peer: u32, index: u32, len: usize) {
+        let Some(&link) = self.by_index.get(&index) else {
+            return self.fail(peer, format!("wrote to link number {index}, which this rank has not opened"));
+        };
+        let state = &self.links[link];
+        let ring = &state.ring;
+        let message = ring.received.load(Ordering::Relaxed);
+        if message - ring.consumed.load(Ordering::Acquire) >= SLOTS {
+            return self
+                .fail(peer, format!("wrote more than {SLOTS} messages ahead of this rank (beyond its credits)"));
+        }
+        let at = (message % SLOTS) as usize * frame::HEADER / 8;
+        let bytes: Vec<u8> = (at..at + frame::HEADER / 8).flat_map(|w| state.memory.word(w).to_le_bytes()).collect();
+        let header: [u8; frame::HEADER] = bytes.try_into().expect("a header");
+        match Frame::decode(&header) {
+            Ok(frame) if frame.job == self.job && frame.len as usize == len && len <= ring.end.slot_bytes => {
+                ring.set_arrived(message, frame);
+                ring.received.store(message + 1, Ordering::Release);
+            }
+            Ok(frame) => {
+                self.fail(peer, format!("sent a message whose header does not match it ({frame:?}, {len} bytes)"))
+            }
+            Err(e) => self.fail(peer, format!("sent a bad frame header: {e}")),
+        }
+    }
+
+    /// Writes what the executors posted.
+    fn send_posted_all(&mut self) -> bool {
+        let mut moved = false;
+        for link in 0..self.links.len() {
+            moved |= self.send_link(link);
+        }
+        moved
+    }
+
+    fn send_link(&mut self, link: usize) -> bool {
+        let state = &self.links[link];
+        if !state.sending {
+            return false;
+        }
+        let posted = state.ring.posted.load(Ordering::Acquire);
+        let mut moved = false;
+        while self.links[link].queued < posted {
+            let state = &self.links[link];
+            let message = state.queued;
+            let Some(qp) = &self.qps[state.ring.peer as usize] else { return moved };
+            let meta = state.ring.meta(message);
+            let end = state.ring.end;
+            let header =
+                Frame::data((end.channel, 0), end.slot_bytes as u32, meta.len as u32, meta.stamp, self.job, meta.call)
+                    .encode();
+            let slot = (message % SLOTS) as u64;
+            let remote = state.remote;
+            let to_header = remote.words + slot * frame::HEADER as u64;
+            let to_slot = remote.slots + slot * end.slot_bytes as u64;
+            let wr_id = ((link as u64) << 40) | message;
+            let written = qp
+                .write(header.as_ptr(), frame::HEADER, None, to_header, remote.words_rkey, None, 0, false)
+                .and_then(|()| {
+                    let lkey = Some(state.memory.slots.lkey());
+                    qp.write(
+                        state.ring.slot(message),
+                        meta.len,
+                        lkey,
+                        to_slot,
+                        remote.slots_rkey,
+                        Some(remote.index),
+                        wr_id,
+                        true,
+                    )
+                });
+            if let Err(e) = written {
+                let peer = state.ring.peer;
+                self.fail(peer, format!("could not be written to ({})", std::io::Error::from_raw_os_error(e)));
+                return moved;
+            }
+            self.links[link].queued += 1;
+            moved = true;
+        }
+        moved
+    }
+
+    /// Credits: the senders' words read into their rings; the receivers' consumption written back (half a ring,
+    /// or any when `all`).
+    fn credits(&mut self, all: bool) -> bool {
+        let mut moved = false;
+        for link in 0..self.links.len() {
+            let state = &self.links[link];
+            if state.sending {
+                let credited = state.memory.word(0);
+                if credited > state.ring.credited.load(Ordering::Relaxed) && credited <= state.queued {
+                    state.ring.credited.fetch_max(credited, Ordering::Release);
+                    moved = true;
+                }
+                continue;
+            }
+            let consumed = state.ring.consumed.load(Ordering::Acquire);
+            let owed = consumed - state.reported;
+            if owed == 0 || (!all && owed < SLOTS / 2) {
+                continue;
+            }
+            let Some(qp) = &self.qps[state.ring.peer as usize] else { continue };
+            let remote = state.remote;
+            let word = consumed.to_le_bytes();
+            if let Err(e) = qp.write(word.as_ptr(), 8, None, remote.words, remote.words_rkey, None, 0, false) {
+                let peer = state.ring.peer;
+                self.fail(peer, format!("could not be sent credits ({})", std::io::Error::from_raw_os_error(e)));
+                continue;
+            }
+            self.links[link].reported = consumed;
+            moved = true;
+        }
+        moved
+    }
+}
+
+/// A completion status in words.
+fn describe(status: u32) -> &'static str {
+    match status {
+        ffi::ibv_wc_status::IBV_WC_RETRY_EXC_ERR => "transport retries exceeded (the peer is gone or cut off)",
+        ffi::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR => "receiver-not-ready retries exceeded",
+        ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR => "remote access error (a write its memory did not allow)",
+        ffi::ibv_wc_status::IBV_WC_REM_INV_REQ_ERR => "remote invalid request",
+        ffi::ibv_wc_status::IBV_WC_LOC_PROT_ERR => "local protection error",
+        ffi::ibv_wc_status::IBV_WC_LOC_LEN_ERR => "local length error",
+        _ => "a failed work request",
+    }
+}
+
+impl Carrier for Verbs {
+    /// A peer's queue pair, connected.
+    type Peer = Qp;
+
+    fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    fn add_peer(&mut self, peer: u32, qp: Qp) {
+        self.peer_of_qpn.insert(qp.number(), peer);
+        self.qps[peer as usize] = Some(qp);
+    }
+
+    fn register(&mut self, ring: Arc<Ring>) {
+        let setup = self.setups.lock().unwrap_or_else(|p| p.into_inner()).remove(&ring.end);
+        let Some((memory, remote, index)) = setup else {
+            return self.fail(self.rank, format!("a link without its registration ({:?})", ring.end));
+        };
+        let sending = ring.end.from == self.rank;
+        if !sending {
+            self.by_index.insert(index, self.links.len());
+        }
+        self.links.push(LinkState { ring, memory, remote, sending, queued: 0, reported: 0 });
+    }
+
+    fn pump(&mut self, idle: bool) -> bool {
+        let mut moved = self.poll();
+        moved |= self.send_posted_all();
+        moved |= self.credits(idle);
+        moved
+    }
+
+    fn send_posted(&mut self, ring: &Ring) {
+        if let Some(link) = self.links.iter().position(|l| l.sending && l.ring.end == ring.end) {
+            self.send_link(link);
+        }
+    }
+
+    fn send_credits(&mut self) {
+        self.credits(false);
+    }
+
+    fn receive(&mut self, _ring: &Ring) {
+        self.poll();
+        self.credits(false);
+    }
+
+    fn poll_fds(&self, _fds: &mut Vec<libc::pollfd>) {}
+
+    fn busy_poll(&self) -> bool {
+        true
+    }
+
+    fn fault(&self) -> Option<&Fault> {
+        self.fault.as_ref()
+    }
+
+    fn parked(&self) -> Vec<(u32, Frame)> {
+        Vec::new()
+    }
+}

@@ -190,6 +190,11 @@ struct Conn {
     std::string out;
     std::string in;
     bool dead = false;
+    // A peer's connection: the QP its hello named (destination, source), taken once that QP is ready to receive
+    // from that source (a NIC drops what reaches a QP before RTR, and the requester sends it again; here it waits).
+    bool hello = false;
+    uint32_t hello_dst = 0, hello_src = 0;
+    struct Qp* qp = nullptr;
 };
 
 struct Qp {
@@ -546,12 +551,22 @@ void read_conn(Ctx* c, Conn* conn, Qp* mine) {
         if (mine) {
             if (p.kind == ACK || p.kind == NAK) on_answer(c, mine, p);
         } else if (p.kind == HELLO) {
-            Qp* q = qp_numbered(c, p.dst_qpn);
-            if (q && q->dest_qpn == p.src_qpn) q->in = conn;
-            else conn->dead = true;
+            conn->hello = true;
+            conn->hello_dst = p.dst_qpn;
+            conn->hello_src = p.src_qpn;
         } else {
-            for (Qp* q : c->qps)
-                if (q && q->in == conn) on_request(c, q, conn, p, data);
+            if (!conn->qp) {
+                Qp* q = conn->hello ? qp_numbered(c, conn->hello_dst) : nullptr;
+                bool ready = q && (q->qp.state == IBV_QPS_RTR || q->qp.state == IBV_QPS_RTS);
+                if (ready && q->dest_qpn != conn->hello_src) {
+                    conn->dead = true;  // a QP connected to another
+                    break;
+                }
+                if (!ready) break;  // not ready to receive yet: the request waits in the connection
+                conn->qp = q;
+                q->in = conn;
+            }
+            on_request(c, conn->qp, conn, p, data);
         }
         at += whole;
         if (c->stop) break;
@@ -986,6 +1001,11 @@ int ibv_destroy_qp(ibv_qp* qp) {
     std::lock_guard<std::mutex> guard(c->lock);
     for (Qp*& each : c->qps)
         if (each == q) each = nullptr;
+    for (Conn* conn : c->conns)
+        if (conn->qp == q) {
+            conn->qp = nullptr;
+            conn->dead = true;
+        }
     if (q->out) {
         close(q->out->fd);
         delete q->out;

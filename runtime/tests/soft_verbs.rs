@@ -319,7 +319,10 @@ fn child() {
         [(3, ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR), (4, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR)]
     );
     assert_eq!(b.buf, before, "a refused write writes nothing");
-    assert_eq!(a.write(5, 64, b.addr(), b.rkey(), None), libc::EINVAL, "a queue pair in error takes no request");
+    // A queue pair in error takes requests and flushes them.
+    assert_eq!(a.write(5, 64, b.addr(), b.rkey(), None), 0);
+    let flushed = a.completions(1);
+    assert_eq!((flushed[0].wr_id(), status(&flushed[0])), (5, ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR));
     cases += 1;
 
     // A write past the registered range is refused alike.

@@ -21,6 +21,8 @@ const RECVS: u32 = 512;
 const SENDS: u32 = 2048;
 /// Completions polled at a time.
 const POLL: usize = 32;
+/// The work request id of a credit's write (a message's is its link and number).
+const CREDIT: u64 = u64::MAX;
 
 /// An opened device: its context, protection domain and completion queue (every queue pair's), and the port.
 pub(crate) struct Device {
@@ -72,8 +74,9 @@ impl Device {
         if list.is_null() {
             let e = std::io::Error::last_os_error();
             return Err(format!(
-                "no RDMA device was found: ibv_get_device_list failed ({e}; no InfiniBand or RoCE device, or no \
-                 driver for it{}); the tcp transport runs without one",
+                "no RDMA device was found: ibv_get_device_list failed ({e}): libibverbs lists the InfiniBand and \
+                 RoCE devices the kernel's uverbs driver has (/sys/class/infiniband), and there are none (or no \
+                 driver for them){}; --transport tcp runs without one",
                 choice.hca.as_ref().map_or(String::new(), |_| ", whatever COLLC_IB_HCA says".into())
             ));
         }
@@ -86,7 +89,9 @@ impl Device {
     fn open_from(list: *mut *mut ffi::ibv_device, n: usize, choice: &Choice) -> Result<Device, String> {
         if n == 0 {
             return Err(
-                "no RDMA device was found (ibv_get_device_list lists none): the tcp transport runs without one".into(),
+                "no RDMA device was found: ibv_get_device_list lists none (the InfiniBand and RoCE devices of \
+                 /sys/class/infiniband); --transport tcp runs without one"
+                    .into(),
             );
         }
         let mut ports = Vec::new();
@@ -507,7 +512,10 @@ impl Verbs {
             if let Some((status, vendor)) = wc.error() {
                 if status != ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                     let what = describe(status);
-                    self.fail(peer, format!("failed an RDMA operation with this rank: {what} (status {status}, vendor error {vendor:#x})"));
+                    let how = format!(
+                        "did not complete an RDMA write with this rank: {what} (status {status}, vendor error {vendor:#x})"
+                    );
+                    self.fail(peer, how);
                 }
                 continue;
             }
@@ -519,7 +527,7 @@ impl Verbs {
                         self.fail(self.rank, e);
                     }
                 }
-            } else {
+            } else if wc.wr_id() != CREDIT {
                 let (link, message) = ((wc.wr_id() >> 40) as usize, wc.wr_id() & ((1 << 40) - 1));
                 if let Some(state) = self.links.get(link) {
                     state.ring.sent.fetch_max(message + 1, Ordering::Release);
@@ -634,7 +642,9 @@ impl Verbs {
             let Some(qp) = &self.qps[state.ring.peer as usize] else { continue };
             let remote = state.remote;
             let word = consumed.to_le_bytes();
-            if let Err(e) = qp.write(word.as_ptr(), 8, None, remote.words, remote.words_rkey, None, 0, false) {
+            // Signaled: a send queue frees unsignaled requests only at a later completion, and a rank that only
+            // receives from a peer writes nothing else on its queue pair.
+            if let Err(e) = qp.write(word.as_ptr(), 8, None, remote.words, remote.words_rkey, None, CREDIT, true) {
                 let peer = state.ring.peer;
                 self.fail(peer, format!("could not be sent credits ({})", std::io::Error::from_raw_os_error(e)));
                 continue;

@@ -82,10 +82,7 @@ impl Backend for Tcp {
     fn spawn_env(&self) -> Result<Vec<(&'static str, String)>, String> {
         let mut vars = Vec::new();
         if std::env::var_os("COLLC_RENDEZVOUS").is_none() && std::env::var_os("MASTER_PORT").is_none() {
-            let port = TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map_err(|e| format!("no free port for the rendezvous: {e}"))?
-                .port();
+            let port = spawn_port()?;
             vars.push(("MASTER_ADDR", "127.0.0.1".to_string()));
             vars.push(("MASTER_PORT", port.to_string()));
         }
@@ -94,6 +91,29 @@ impl Backend for Tcp {
         }
         Ok(vars)
     }
+}
+
+/// A port for the rendezvous of ranks `collc run` spawns, free now: drawn below the kernel's ephemeral range, so no
+/// socket the ranks bind to port 0 meanwhile (data ports, a verbs library's listeners) takes it before rank 0 binds
+/// it; else one the kernel gives.
+fn spawn_port() -> Result<u16, String> {
+    let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap_or_default();
+    let low = range.split_whitespace().next().and_then(|t| t.parse::<u32>().ok()).unwrap_or(32768);
+    const FLOOR: u32 = 20000;
+    if low > FLOOR + 1000 {
+        for _ in 0..64 {
+            let mut bytes = [0u8; 4];
+            getrandom::fill(&mut bytes).map_err(|e| format!("no randomness from the OS: {e}"))?;
+            let port = (FLOOR + u32::from_le_bytes(bytes) % (low - FLOOR)) as u16;
+            if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free port for the rendezvous: {e}"))
 }
 
 /// Rank `job.rank` of a tcp job; returns once every rank has joined.

@@ -641,6 +641,11 @@ int post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     Ctx* c = q->ctx;
     std::lock_guard<std::mutex> guard(c->lock);
     for (; wr; wr = wr->next) {
+        if (q->qp.state == IBV_QPS_ERR) {
+            // A queue pair in error takes requests and flushes them, as a NIC does.
+            complete(q->qp.send_cq, wr->wr_id, IBV_WC_WR_FLUSH_ERR, send_opcode(wr->opcode), q->qp.qp_num, 0);
+            continue;
+        }
         int error = 0;
         if (q->qp.state != IBV_QPS_RTS) error = EINVAL;
         else if (q->queued.size() + q->inflight.size() >= q->cap.max_send_wr) error = ENOMEM;
@@ -677,8 +682,12 @@ int post_recv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad) {
     Qp* q = qp_of(qp);
     std::lock_guard<std::mutex> guard(q->ctx->lock);
     for (; wr; wr = wr->next) {
+        if (q->qp.state == IBV_QPS_ERR) {
+            complete(q->qp.recv_cq, wr->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, q->qp.qp_num, 0);
+            continue;
+        }
         int error = 0;
-        if (q->qp.state == IBV_QPS_RESET || q->qp.state == IBV_QPS_ERR) error = EINVAL;
+        if (q->qp.state == IBV_QPS_RESET) error = EINVAL;
         else if (q->recvs.size() >= q->cap.max_recv_wr) error = ENOMEM;
         else if (wr->num_sge < 0 || (uint32_t)wr->num_sge > q->cap.max_recv_sge) error = EINVAL;
         if (error) {

@@ -1,0 +1,137 @@
+//! The ib transport end to end where no RDMA device is: `collc` (built with the `ib` feature) on the software verbs
+//! library (`collc_runtime::build_soft_verbs`), put first on `LD_LIBRARY_PATH`, so collc's own verbs code runs as
+//! on a NIC: every library algorithm x dtype x op at 2 and 4 ranks on one host, ranks across two network namespaces
+//! under torchrun's environment, the faults the library injects, and a machine with no device at all.
+#![cfg(feature = "ib")]
+
+mod netns;
+
+use netns::{printed, wait_within, Hosts, Job, Launcher};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// The directory holding the library, built once per test process.
+fn library_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-soft-verbs");
+        collc_runtime::build_soft_verbs(&dir).unwrap_or_else(|e| panic!("{e}"));
+        dir
+    })
+}
+
+fn library_path() -> String {
+    let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
+    format!("{}:{path}", library_dir().display())
+}
+
+/// `collc ARGS` on the software library.
+fn collc(args: &[&str], env: &[(&str, &str)]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(args)
+        .env("LD_LIBRARY_PATH", library_path())
+        .env("COLLC_TIMEOUT", "30")
+        .envs(env.iter().copied())
+        .output()
+        .expect("collc runs")
+}
+
+fn text(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr)
+}
+
+/// Every library algorithm, every dtype and op, in and out of place, at 2 and 4 rank processes over ib: every row
+/// checked, 0 wrong.
+#[test]
+fn every_library_algorithm_dtype_and_op_runs_right_over_ib_at_2_and_4_ranks() {
+    let list = collc(&["list"], &[]);
+    let algorithms: Vec<String> = text(&list)
+        .lines()
+        .skip(1)
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .filter(|name| name.contains('/'))
+        .map(String::from)
+        .collect();
+    assert!(algorithms.len() >= 20, "{}", text(&list));
+    let mut runs = 0;
+    for ranks in ["2", "4"] {
+        for algorithm in &algorithms {
+            let args =
+                ["run", algorithm.as_str(), "--transport", "ib", "--ranks", ranks, "-b", "8", "-e", "2K", "-f", "16"];
+            let out = collc(&[&args[..], &["-n", "1", "-w", "0", "-c", "1", "-d", "all", "-o", "all"]].concat(), &[]);
+            let said = text(&out);
+            if !out.status.success() && said.contains("does not compile for") {
+                continue;
+            }
+            assert!(out.status.success(), "{algorithm} at {ranks} ranks: {said}");
+            assert!(
+                said.contains("transport ib") && said.contains("# Out of bounds values : 0 OK"),
+                "{algorithm}: {said}"
+            );
+            runs += 1;
+        }
+    }
+    assert!(runs >= 40, "{runs} runs");
+}
+
+/// Without any RDMA device (the system's libibverbs, no device): every rank exits 1 saying so, and where it looked.
+#[test]
+fn without_an_rdma_device_ib_exits_1_saying_so() {
+    let out = Command::new(env!("CARGO_BIN_EXE_collc"))
+        .args(["run", "allreduce/ring", "--transport", "ib", "--ranks", "2", "-b", "8", "-e", "8", "-n", "1"])
+        .env("COLLC_TIMEOUT", "20")
+        .output()
+        .expect("collc runs");
+    let said = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("rank 0: no RDMA device was found") && said.contains("/sys/class/infiniband"), "{said}");
+}
+
+/// Two hosts (network namespaces), one rank each, under torchrun's environment: the software devices reach each
+/// other over the namespaces' network. Then the faults: a write refused as by a wrong rkey, and a peer whose
+/// library exits mid-call (a vanished host), each an error on every rank naming a rank, the instruction and the
+/// `.coll` line, within the timeout.
+#[test]
+fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
+    let hosts = Hosts::new(2);
+    let path = library_path();
+    let env = [("LD_LIBRARY_PATH", path.as_str()), ("COLLC_TIMEOUT", "20")];
+    for algorithm in
+        ["allreduce/ring", "allreduce/recursive_doubling", "allgather/ring", "alltoall/pairwise", "broadcast/binomial"]
+    {
+        let args =
+            [algorithm, "--transport", "ib", "-b", "8", "-e", "256K", "-f", "32", "-n", "2", "-w", "1", "-c", "1"];
+        let outputs =
+            wait_within(Job::start(&hosts, 2, Launcher::Torchrun, &args, &env, |_| Vec::new()), LIMIT, algorithm);
+        for (rank, out) in outputs.iter().enumerate() {
+            assert!(out.status.success(), "{algorithm} rank {rank}: {}", printed(out));
+        }
+        let table = printed(&outputs[0]);
+        assert!(table.contains("2 ranks, transport ib") && table.contains("# Out of bounds values : 0 OK"), "{table}");
+    }
+    let args = ["allreduce/ring", "--transport", "ib", "-b", "64K", "-e", "64K", "-n", "1000", "-w", "1", "-c", "0"];
+    for (fault, says) in [("access@5", "remote access error"), ("vanish@5", "rank 1")] {
+        let rank_one = |rank: usize, command: &mut Command| {
+            if rank == 1 {
+                command.env("COLLC_SOFT_IB_FAULT", fault);
+            }
+        };
+        let job = Job::start_on(&hosts, &[0, 1], Launcher::Torchrun, &args, &env, rank_one);
+        let outputs = wait_within(job, LIMIT, fault);
+        for (rank, out) in outputs.iter().enumerate() {
+            let said = printed(out);
+            assert!(!out.status.success(), "{fault}: rank {rank} succeeded: {said}");
+            if fault.starts_with("vanish") && rank == 1 {
+                continue;
+            }
+            assert!(said.contains(&format!("rank {rank}:")) && said.contains(says), "{fault}: rank {rank}: {said}");
+            assert!(said.contains("instruction #") && said.contains(" line "), "{fault}: rank {rank}: {said}");
+        }
+    }
+}
+
+/// How long one run may take (a debug build on two cores).
+const LIMIT: Duration = Duration::from_secs(120);

@@ -475,6 +475,10 @@ pub(crate) struct Verbs {
     /// By the index a sender's immediate names (the receiving link's number here).
     by_index: HashMap<u32, usize>,
     setups: Setups,
+    /// Messages that arrived for a link this rank's proxy has not taken on yet (a peer already in the call this
+    /// rank is preparing: its registration, all-gathered, let the peer write): the peer, link number and length, in
+    /// order, taken when the link is.
+    early: Vec<(u32, u32, usize)>,
     fault: Option<Fault>,
 }
 
@@ -489,6 +493,7 @@ impl Verbs {
             links: Vec::new(),
             by_index: HashMap::new(),
             setups,
+            early: Vec::new(),
             fault: None,
         }
     }
@@ -540,7 +545,8 @@ impl Verbs {
     /// A message arrived whole on this rank's link number `index`, from `peer`.
     fn arrived(&mut self, peer: u32, index: u32, len: usize) {
         let Some(&link) = self.by_index.get(&index) else {
-            return self.fail(peer, format!("wrote to link number {index}, which this rank has not opened"));
+            self.early.push((peer, index, len));
+            return;
         };
         let state = &self.links[link];
         let ring = &state.ring;
@@ -692,6 +698,14 @@ impl Carrier for Verbs {
             self.by_index.insert(index, self.links.len());
         }
         self.links.push(LinkState { ring, memory, remote, sending, queued: 0, reported: 0 });
+        if !sending && self.early.iter().any(|&(_, i, _)| i == index) {
+            let (now, later): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.early).into_iter().partition(|e| e.1 == index);
+            self.early = later;
+            for (peer, index, len) in now {
+                self.arrived(peer, index, len);
+            }
+        }
     }
 
     fn pump(&mut self, idle: bool) -> bool {

@@ -133,5 +133,24 @@ fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
     }
 }
 
+/// The hardware script (`tests/ib/run.sh`, what a machine with a NIC runs), small, on the software library: its
+/// matrix passes and its sweep prints busbw against the line rate.
+#[test]
+fn the_hardware_script_passes_on_the_software_library() {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ib/run.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(env!("CARGO_BIN_EXE_collc"))
+        .env("LD_LIBRARY_PATH", library_path())
+        .envs([("RANKS", "2"), ("ALGOS", "allreduce/ring alltoall/pairwise"), ("SIZES", "-b 8 -e 1K -f 32")])
+        .envs([("SWEEP", "-b 64K -e 256K -f 4 -n 2 -w 1"), ("LINE_GBPS", "50")])
+        .output()
+        .expect("bash runs");
+    let said = text(&out);
+    assert!(out.status.success() && said.ends_with("PASS\n"), "{said}");
+    assert!(said.contains("matrix: 2 runs, ") && said.contains(" 0 wrong"), "{said}");
+    assert!(said.contains("262144 B  busbw") && said.contains("of the line rate 50.0 GB/s"), "{said}");
+}
+
 /// How long one run may take (a debug build on two cores).
 const LIMIT: Duration = Duration::from_secs(120);

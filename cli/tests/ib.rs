@@ -93,7 +93,7 @@ fn without_an_rdma_device_ib_exits_1_saying_so() {
 /// Two hosts (network namespaces), one rank each, under torchrun's environment: the software devices reach each
 /// other over the namespaces' network. Then the faults: a write refused as by a wrong rkey, and a peer whose
 /// library exits mid-call (a vanished host), each an error on every rank naming a rank, the instruction and the
-/// `.coll` line, within the timeout.
+/// `.coll` line, within the timeout (and the others the library injects).
 #[test]
 fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
     let hosts = Hosts::new(2);
@@ -113,11 +113,23 @@ fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
         assert!(table.contains("2 ranks, transport ib") && table.contains("# Out of bounds values : 0 OK"), "{table}");
     }
     let args = ["allreduce/ring", "--transport", "ib", "-b", "64K", "-e", "64K", "-n", "1000", "-w", "1", "-c", "0"];
-    for (fault, says) in [("access@5", "remote access error"), ("vanish@5", "rank 1")] {
+    // Rank 1's library refuses writes (as a wrong rkey), exits mid-call, answers nothing (rank 0's short IB timeout
+    // then exceeds its retries), finds no receive posted for ever (RNR: retried without end, the collective's
+    // timeout ends it), or moves its queue pair to the error state.
+    let faults = [
+        ("access@5", "remote access error"),
+        ("vanish@5", "rank 1"),
+        ("silent@5", "rank 1"),
+        ("rnr@5", "rank 1"),
+        ("error@5", "rank "),
+    ];
+    let env = [("LD_LIBRARY_PATH", path.as_str()), ("COLLC_TIMEOUT", "5")];
+    for (fault, says) in faults {
         let rank_one = |rank: usize, command: &mut Command| {
-            if rank == 1 {
-                command.env("COLLC_SOFT_IB_FAULT", fault);
-            }
+            match rank {
+                1 => command.env("COLLC_SOFT_IB_FAULT", fault),
+                _ => command.env("COLLC_IB_TIMEOUT", "8").env("COLLC_IB_RETRY_CNT", "1"),
+            };
         };
         let job = Job::start_on(&hosts, &[0, 1], Launcher::Torchrun, &args, &env, rank_one);
         let outputs = wait_within(job, LIMIT, fault);

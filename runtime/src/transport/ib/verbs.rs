@@ -21,6 +21,8 @@ const RECVS: u32 = 512;
 const SENDS: u32 = 2048;
 /// Completions polled at a time.
 const POLL: usize = 32;
+/// Bytes a write carries inline (in the request, not read from registered memory): a frame header, a small body.
+const INLINE: usize = frame::HEADER;
 /// The work request id of a credit's write (a message's is its link and number).
 const CREDIT: u64 = u64::MAX;
 
@@ -192,7 +194,7 @@ impl Device {
                 max_recv_wr: RECVS,
                 max_send_sge: 1,
                 max_recv_sge: 1,
-                max_inline_data: frame::HEADER as u32,
+                max_inline_data: INLINE as u32,
             },
             qp_type: ffi::ibv_qp_type::IBV_QPT_RC,
             ..Default::default()
@@ -515,7 +517,12 @@ impl Verbs {
         for wc in &wcs[..n as usize] {
             let peer = self.peer_of_qpn.get(&wc.qp_num).copied().unwrap_or(self.rank);
             if let Some((status, vendor)) = wc.error() {
-                if status != ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                if status == ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                    // Flushed: this rank's queue pair went to the error state (a cause reported first wins).
+                    let how =
+                        format!("has its queue pair with rank {peer} in the error state (its work requests flushed)");
+                    self.fail(self.rank, how);
+                } else {
                     let what = describe(status);
                     let how = format!(
                         "did not complete an RDMA write with this rank: {what} (status {status}, vendor error {vendor:#x})"
@@ -603,7 +610,8 @@ impl Verbs {
             let written = qp
                 .write(header.as_ptr(), frame::HEADER, None, to_header, remote.words_rkey, None, 0, false)
                 .and_then(|()| {
-                    let lkey = Some(state.memory.slots.lkey());
+                    // A small body goes inline too (copied into the request: no DMA read of the slot).
+                    let lkey = (meta.len > INLINE).then(|| state.memory.slots.lkey());
                     qp.write(
                         state.ring.slot(message),
                         meta.len,

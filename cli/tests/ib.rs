@@ -145,6 +145,21 @@ fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
     }
 }
 
+/// On a RoCE NIC's GID table (link-local GIDs first), the transport picks the first RoCE v2 GID with an IPv4 address
+/// unless told; a link-local one (`COLLC_IB_GID_INDEX=1`) reaches no peer: every rank fails at setup saying which
+/// GID it used and how to choose another.
+#[test]
+fn roce_gids_are_chosen_as_nccl_does_and_a_wrong_index_is_named() {
+    let args =
+        ["run", "allreduce/ring", "--transport", "ib", "--ranks", "2", "-b", "8", "-e", "1K", "-n", "1", "-c", "1"];
+    let out = collc(&args, &[("COLLC_SOFT_IB_GID_TABLE", "roce")]);
+    assert!(out.status.success() && text(&out).contains("0 OK"), "{}", text(&out));
+    let out = collc(&args, &[("COLLC_SOFT_IB_GID_TABLE", "roce"), ("COLLC_IB_GID_INDEX", "1")]);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(said.contains("RTR failed") && said.contains("its source GID is index 1 of soft_ib0:1"), "{said}");
+}
+
 /// The hardware script (`tests/ib/run.sh`, what a machine with a NIC runs), small, on the software library: its
 /// matrix passes and its sweep prints busbw against the line rate.
 #[test]

@@ -24,10 +24,11 @@ pub(super) fn process(job: &TcpJob, options: Options) -> Result<Communicator, Ru
     let rendezvous = Arc::new(Rendezvous::join(&job.rendezvous, rank, n_ranks, hash, &job.token, options.timeout)?);
     let choice = Choice::from_env().map_err(config)?;
     let device = Arc::new(Device::open(&choice).map_err(config)?);
-    log::info(
-        Subsys::Init,
-        format_args!("rank {rank}: NET/IB {} ({})", device.port, if device.ethernet { "RoCE" } else { "InfiniBand" }),
-    );
+    let link = match device.ethernet {
+        true => format!("RoCE, GID index {}", device.gid_index),
+        false => format!("InfiniBand, LID {}", device.lid),
+    };
+    log::info(Subsys::Init, format_args!("rank {rank}: NET/IB {} ({link})", device.port));
     let timeout = env_u8("COLLC_IB_TIMEOUT", 20, 31).map_err(config)?;
     let retry_cnt = env_u8("COLLC_IB_RETRY_CNT", 7, 7).map_err(config)?;
     let setups = Setups::default();

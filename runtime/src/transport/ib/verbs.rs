@@ -35,6 +35,8 @@ pub(crate) struct Device {
     pub gid: [u8; 16],
     pub lid: u16,
     pub ethernet: bool,
+    /// The GID this rank's queue pairs send from (RoCE).
+    pub gid_index: i32,
     mtu: u32,
 }
 
@@ -42,10 +44,11 @@ pub(crate) struct Device {
 unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
-/// Where the ib transport looks: `COLLC_IB_HCA`, `COLLC_IB_GID_INDEX`.
+/// Where the ib transport looks: `COLLC_IB_HCA`, `COLLC_IB_GID_INDEX` (`None`: on RoCE the first RoCE v2 GID that
+/// is an IPv4 address, NCCL's default; else index 0).
 pub(crate) struct Choice {
     pub hca: Option<HcaPattern>,
-    pub gid_index: i32,
+    pub gid_index: Option<i32>,
 }
 
 impl Choice {
@@ -60,8 +63,9 @@ impl Choice {
                 .parse::<i32>()
                 .ok()
                 .filter(|&i| i >= 0)
+                .map(Some)
                 .ok_or(format!("COLLC_IB_GID_INDEX=`{text}` is not a GID table index (0, 1, 3, ...)"))?,
-            Err(_) => 0,
+            Err(_) => None,
         };
         Ok(Choice { hca, gid_index })
     }
@@ -134,7 +138,7 @@ impl Device {
         Device::set_up(ctx, port, choice.gid_index)
     }
 
-    fn set_up(ctx: *mut ffi::ibv_context, port: Port, gid_index: i32) -> Result<Device, String> {
+    fn set_up(ctx: *mut ffi::ibv_context, port: Port, gid_index: Option<i32>) -> Result<Device, String> {
         let fail = |what: &str| {
             let e = std::io::Error::last_os_error();
             // SAFETY: the context opened above, closed once on this path.
@@ -142,10 +146,20 @@ impl Device {
             format!("{port}: {what} failed ({e})")
         };
         let attr = port_attr(ctx, port.port).ok_or_else(|| fail("ibv_query_port"))?;
+        let ethernet = attr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8;
+        let gid_index = gid_index.unwrap_or_else(|| match ethernet {
+            true => roce_v2_ipv4(ctx, port.port, attr.gid_tbl_len).unwrap_or(0),
+            false => 0,
+        });
         let mut gid = ffi::ibv_gid::default();
         // SAFETY: an open context and an out-union.
-        if unsafe { ffi::ibv_query_gid(ctx, port.port, gid_index, &mut gid) } != 0 {
-            return Err(fail(&format!("ibv_query_gid of index {gid_index} (COLLC_IB_GID_INDEX)")));
+        let rc = unsafe { ffi::ibv_query_gid(ctx, port.port, gid_index, &mut gid) };
+        if rc != 0 {
+            // An errno (or -1 with errno set, as rdma-core returns).
+            let e = if rc > 0 { std::io::Error::from_raw_os_error(rc) } else { std::io::Error::last_os_error() };
+            // SAFETY: the context opened above, closed once on this path.
+            unsafe { ffi::ibv_close_device(ctx) };
+            return Err(format!("{port}: ibv_query_gid of index {gid_index} (COLLC_IB_GID_INDEX) failed ({e})"));
         }
         // SAFETY: as above.
         let pd = unsafe { ffi::ibv_alloc_pd(ctx) };
@@ -164,7 +178,8 @@ impl Device {
             // SAFETY: the union's raw bytes.
             gid: unsafe { gid.raw },
             lid: attr.lid,
-            ethernet: attr.link_layer == ffi::IBV_LINK_LAYER_ETHERNET as u8,
+            ethernet,
+            gid_index,
             mtu: attr.active_mtu,
             port,
         })
@@ -219,6 +234,19 @@ impl Device {
         }
         Ok(qp)
     }
+}
+
+/// The first GID of the port's table that is RoCE v2 and an IPv4 address (`::ffff:a.b.c.d`), as NCCL picks one.
+fn roce_v2_ipv4(ctx: *mut ffi::ibv_context, port: u8, table: i32) -> Option<i32> {
+    (0..table.max(0)).find(|&index| {
+        let mut entry = ffi::ibv_gid_entry::default();
+        let size = std::mem::size_of::<ffi::ibv_gid_entry>();
+        // SAFETY: an open context and an out-struct of `size` bytes.
+        let found = unsafe { ffi::_ibv_query_gid_ex(ctx, port as u32, index as u32, &mut entry, 0, size) } == 0;
+        // SAFETY: the union's raw bytes.
+        let raw = unsafe { entry.gid.raw };
+        found && entry.gid_type == ffi::IBV_GID_TYPE_ROCE_V2 && raw[..10] == [0; 10] && raw[10..12] == [0xff, 0xff]
+    })
 }
 
 fn port_attr(ctx: *mut ffi::ibv_context, port: u8) -> Option<ffi::ibv_port_attr> {
@@ -321,8 +349,7 @@ impl Qp {
             rtr.ah_attr.is_global = 1;
             rtr.ah_attr.grh.dgid = ffi::ibv_gid { raw: peer.gid };
             rtr.ah_attr.grh.hop_limit = 255;
-            rtr.ah_attr.grh.sgid_index =
-                std::env::var("COLLC_IB_GID_INDEX").ok().and_then(|t| t.trim().parse().ok()).unwrap_or(0);
+            rtr.ah_attr.grh.sgid_index = device.gid_index as u8;
         } else {
             rtr.ah_attr.dlid = peer.lid;
         }
@@ -333,7 +360,14 @@ impl Qp {
             | m::IBV_QP_RQ_PSN
             | m::IBV_QP_MAX_DEST_RD_ATOMIC
             | m::IBV_QP_MIN_RNR_TIMER;
-        self.modify(&mut rtr, mask, "RTR")?;
+        self.modify(&mut rtr, mask, "RTR").map_err(|e| match device.ethernet {
+            true => format!(
+                "{e}: its source GID is index {} of {} (COLLC_IB_GID_INDEX; unset, the first RoCE v2 GID with an \
+                 IPv4 address, as NCCL picks)",
+                device.gid_index, device.port
+            ),
+            false => e,
+        })?;
         let mut rts = ffi::ibv_qp_attr {
             qp_state: ffi::ibv_qp_state::IBV_QPS_RTS,
             timeout,

@@ -4,7 +4,8 @@
 //
 // Devices: `COLLC_SOFT_IB_DEVICES` (a comma-separated list, default `soft_ib0`), each with one active RoCE port
 // whose one GID is this host's address IPv4-mapped (the first interface that is up and not loopback, else
-// 127.0.0.1). Queue pairs are RC only. A context listens on a TCP port of that address; a QP number is that port
+// 127.0.0.1); with `COLLC_SOFT_IB_GID_TABLE=roce`, a RoCE NIC's table of four: link-local RoCE v1 and v2, then the
+// address as RoCE v1 and v2 (only the IPv4 ones reach a peer). Queue pairs are RC only. A context listens on a TCP port of that address; a QP number is that port
 // shifted left by 8 bits with the QP's index in the context, so a peer reaches a QP from its GID and number alone.
 //
 // The wire: a QP's requests travel on a connection it opens to its destination at its first request (RDMA WRITE,
@@ -69,6 +70,18 @@ struct Packet {
     uint32_t imm, pad2;
 };
 static_assert(sizeof(Packet) == 48, "packet header");
+
+// The GID table: 1 entry (the address), or a RoCE NIC's 4.
+bool roce_table() {
+    const char* text = getenv("COLLC_SOFT_IB_GID_TABLE");
+    return text && std::string(text) == "roce";
+}
+int gid_entries() { return roce_table() ? 4 : 1; }
+// Whether entry `index` is the address (IPv4-mapped), and its type.
+bool gid_is_ipv4(int index) { return roce_table() ? index >= 2 : index == 0; }
+ibv_gid_type gid_type(int index) {
+    return roce_table() && index % 2 == 0 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+}
 
 uint64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -837,7 +850,7 @@ int ibv_query_port(ibv_context* context, uint8_t port, struct _compat_ibv_port_a
     attr.state = IBV_PORT_ACTIVE;
     attr.max_mtu = IBV_MTU_4096;
     attr.active_mtu = IBV_MTU_4096;
-    attr.gid_tbl_len = 1;
+    attr.gid_tbl_len = gid_entries();
     attr.max_msg_sz = 1u << 31;
     attr.pkey_tbl_len = 1;
     attr.active_width = 2;   // 4x
@@ -850,11 +863,17 @@ int ibv_query_port(ibv_context* context, uint8_t port, struct _compat_ibv_port_a
 
 int ibv_query_gid(ibv_context* context, uint8_t port, int index, ibv_gid* gid) {
     Ctx* c = ctx_of(context);
-    if (port != 1 || index != 0) return EINVAL;
+    if (port != 1 || index < 0 || index >= gid_entries()) return EINVAL;
     memset(gid, 0, sizeof *gid);
-    gid->raw[10] = 0xff;
-    gid->raw[11] = 0xff;
-    memcpy(&gid->raw[12], &c->ip, 4);
+    if (gid_is_ipv4(index)) {
+        gid->raw[10] = 0xff;
+        gid->raw[11] = 0xff;
+        memcpy(&gid->raw[12], &c->ip, 4);
+    } else {
+        gid->raw[0] = 0xfe;  // link-local, from the address: unreachable from another host
+        gid->raw[1] = 0x80;
+        memcpy(&gid->raw[12], &c->ip, 4);
+    }
     return 0;
 }
 
@@ -867,16 +886,20 @@ int _ibv_query_gid_ex(ibv_context* context, uint32_t port, uint32_t index, ibv_g
     if (e) return e;
     entry->gid_index = index;
     entry->port_num = port;
-    entry->gid_type = IBV_GID_TYPE_ROCE_V2;
+    entry->gid_type = gid_type((int)index);
     return 0;
 }
 
 ssize_t _ibv_query_gid_table(ibv_context* context, ibv_gid_entry* entries, size_t max, uint32_t flags,
                              size_t entry_size) {
     (void)flags;
-    if (max < 1 || entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
-    int e = _ibv_query_gid_ex(context, 1, 0, entries, 0, entry_size);
-    return e ? -e : 1;
+    if (entry_size < sizeof(ibv_gid_entry)) return -EINVAL;
+    size_t n = 0;
+    for (int i = 0; i < gid_entries() && n < max; i++, n++) {
+        int e = _ibv_query_gid_ex(context, 1, (uint32_t)i, &entries[n], 0, entry_size);
+        if (e) return -e;
+    }
+    return (ssize_t)n;
 }
 
 int ibv_query_pkey(ibv_context*, uint8_t port, int index, __be16* pkey) {
@@ -1045,8 +1068,10 @@ int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
         if (!has(IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
                  IBV_QP_MIN_RNR_TIMER))
             return EINVAL;
-        // RoCE: the destination by its GID (an IPv4-mapped address), from source GID index 0.
-        if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index != 0) return EINVAL;
+        // RoCE: the destination by its GID (an IPv4-mapped address), from a source GID that is one too.
+        if (!attr->ah_attr.is_global || attr->ah_attr.grh.sgid_index >= gid_entries() ||
+            !gid_is_ipv4(attr->ah_attr.grh.sgid_index))
+            return EINVAL;
         {
             const uint8_t* g = attr->ah_attr.grh.dgid.raw;
             static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};

@@ -1,7 +1,8 @@
 //! The ib transport's fabric: a rank's device, its proxy (`Verbs`), and the queue pairs and links set up when a plan
 //! is first prepared, by all-gathers over the rendezvous (`prepare_collective`).
 
-use super::verbs::{Choice, Device, Endpoint, LinkMemory, Qp, Remote, Setups, Verbs};
+use super::carrier::{LinkMemory, Remote, Setups, Verbs};
+use super::verbs::{Choice, Device, Endpoint, Qp};
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
 use crate::exec::{Executor, Host, Plan};

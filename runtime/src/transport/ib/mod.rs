@@ -2,15 +2,18 @@
 //! the network proxy the tcp transport runs (`net/`).
 //!
 //! - `hca.rs`: which devices and ports (`COLLC_IB_HCA`, NCCL_IB_HCA's grammar).
-//! - `verbs.rs`: the device, RC queue pairs (one per pair of ranks, multiplexing their links), registered memory,
-//!   and `Verbs`, the carrier the proxy pumps: RDMA writes with immediate into the receiver's registered slots,
-//!   credits written back into the sender's credit word, completions polled.
+//! - `verbs.rs`: the device, RC queue pairs (one per pair of ranks, multiplexing their links), registered memory.
+//! - `carrier.rs`: `Verbs`, the carrier the proxy pumps: RDMA writes with immediate into the receiver's registered
+//!   slots, credits written back into the sender's credit word, completions polled.
+//! - `fabric.rs`: the fabric, queue pairs and links set up when a plan is first prepared.
 //! - `soft/`: the software verbs library the tests run on where no RDMA device is.
 //!
 //! The ranks join through the tcp transport's rendezvous (MASTER_ADDR:MASTER_PORT and the job token), and exchange
 //! what their queue pairs and links need (queue pair numbers, GIDs, slot addresses and rkeys) over it when a plan is
 //! first prepared: every rank prepares the same call shapes in the same order, so the all-gathers meet.
 
+#[cfg(feature = "ib")]
+mod carrier;
 pub mod hca;
 #[cfg(feature = "ib")]
 pub mod soft;

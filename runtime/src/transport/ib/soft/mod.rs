@@ -1,12 +1,17 @@
-//! The software verbs library the ib transport's tests run on (`verbs.cpp`): `build_soft_verbs` compiles it with
-//! the host's C++ compiler against the ibverbs crate's rdma-core headers into `libibverbs.so.1`, with rdma-core's
+//! The software verbs library the ib transport's tests run on (`objects.h`: what it is made of; `progress.cpp`: the
+//! wire; `verbs.cpp`: the verbs): `build_soft_verbs` compiles them, as one unit, with the host's C++ compiler against the ibverbs crate's rdma-core headers into `libibverbs.so.1`, with rdma-core's
 //! symbol versions, so a process started with its directory first on `LD_LIBRARY_PATH` runs collc's verbs code on
 //! it unchanged.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const SOURCE: &str = include_str!("verbs.cpp");
+/// The library's parts, in the order they are compiled.
+const PARTS: [(&str, &str); 3] = [
+    ("objects.h", include_str!("objects.h")),
+    ("progress.cpp", include_str!("progress.cpp")),
+    ("verbs.cpp", include_str!("verbs.cpp")),
+];
 
 /// The symbol versions of rdma-core's `libibverbs.map.in` for the verbs `verbs.cpp` defines.
 const VERSIONS: &str = "IBVERBS_1.0 { local: *; };
@@ -40,8 +45,11 @@ pub fn build_soft_verbs(dir: &Path) -> Result<(), String> {
             .map_err(|e| format!("cannot link {}: {e}", link.display()))?;
     }
     let cpp = dir.join("soft_verbs.cpp");
-    std::fs::write(&cpp, format!("#line 1 \"runtime/src/transport/ib/soft/verbs.cpp\"\n{SOURCE}"))
-        .map_err(|e| format!("cannot write {}: {e}", cpp.display()))?;
+    let text: String = PARTS
+        .iter()
+        .map(|(name, part)| format!("#line 1 \"runtime/src/transport/ib/soft/{name}\"\n{part}\n"))
+        .collect();
+    std::fs::write(&cpp, text).map_err(|e| format!("cannot write {}: {e}", cpp.display()))?;
     let map = dir.join("libibverbs.map");
     std::fs::write(&map, VERSIONS).map_err(|e| format!("cannot write {}: {e}", map.display()))?;
     let output = dir.join("libibverbs.so.1");

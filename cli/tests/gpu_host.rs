@@ -292,7 +292,7 @@ fn a_rank_process_that_dies_is_named_by_the_other() {
 /// --transport cuda` on every rank, the GPUs of one host over CUDA IPC, the hosts through each process's network
 /// proxy. With `--host-pinned BYTES` on rank `r`, that rank's driver has no more host-mapped memory than that.
 mod across_hosts {
-    use super::netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher};
+    use super::netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher, ONE_OF_EACH_OTHER};
     use super::{cache_dir, driver_dir};
     use std::process::{Command, Output};
     use std::time::Duration;
@@ -339,16 +339,7 @@ mod across_hosts {
         for name in ["tree", "one_shot", "two_shot", "rabenseifner", "recursive_doubling", "naive", "hierarchical"] {
             run_checked(&hosts, &format!("allreduce/{name}"));
         }
-        for algorithm in [
-            "allgather/ring",
-            "reducescatter/ring",
-            "broadcast/binomial",
-            "reduce/binomial",
-            "gather/binomial",
-            "scatter/binomial",
-            "alltoall/pairwise",
-            "sendrecv/direct",
-        ] {
+        for algorithm in ONE_OF_EACH_OTHER {
             run_checked(&hosts, algorithm);
         }
     }

@@ -3,7 +3,7 @@
 
 mod netns;
 
-use netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher};
+use netns::{assert_survivors_fail, printed, signal, wait_within, Hosts, Job, Launcher, ONE_OF_EACH_OTHER};
 use std::time::Duration;
 
 /// Runs `collc run ALGO` on `ranks` hosts with the data check; asserts every rank exits 0 and rank 0 counted no
@@ -27,16 +27,7 @@ fn every_library_allreduce_and_one_of_each_collective_run_across_four_hosts() {
         run_checked(&hosts, 4, Launcher::Torchrun, &format!("allreduce/{name}"));
     }
     run_checked(&hosts, 4, Launcher::Torchrun, "allreduce/hierarchical");
-    for algorithm in [
-        "allgather/ring",
-        "reducescatter/ring",
-        "broadcast/binomial",
-        "reduce/binomial",
-        "gather/binomial",
-        "scatter/binomial",
-        "alltoall/pairwise",
-        "sendrecv/direct",
-    ] {
+    for algorithm in ONE_OF_EACH_OTHER {
         run_checked(&hosts, 4, Launcher::OpenMpi, algorithm);
     }
 }

@@ -11,6 +11,18 @@ use std::time::{Duration, Instant};
 
 const PREFIX: &str = "collc-t";
 
+/// One library algorithm of each collective but allreduce, which the tests across hosts run.
+pub const ONE_OF_EACH_OTHER: [&str; 8] = [
+    "allgather/ring",
+    "reducescatter/ring",
+    "broadcast/binomial",
+    "reduce/binomial",
+    "gather/binomial",
+    "scatter/binomial",
+    "alltoall/pairwise",
+    "sendrecv/direct",
+];
+
 pub struct Hosts {
     switch: String,
     hosts: Vec<String>,

@@ -29,14 +29,7 @@ impl FromStr for IfPattern {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (exclude, rest) = match text.trim().strip_prefix('^') {
-            Some(rest) => (true, rest),
-            None => (false, text.trim()),
-        };
-        let (exact, rest) = match rest.strip_prefix('=') {
-            Some(rest) => (true, rest),
-            None => (false, rest),
-        };
+        let (exclude, exact, rest) = prefixes(text);
         let names: Vec<String> = rest.split(',').map(str::trim).filter(|n| !n.is_empty()).map(String::from).collect();
         if names.is_empty() {
             return Err(format!("`{text}` names no interface (write `eth`, `^docker`, `=eth0` or `^=docker0`)"));
@@ -45,6 +38,19 @@ impl FromStr for IfPattern {
             return Err(format!("`{text}`: `{bad}`: `^` and `=` go once, before the whole list (`^=eth0,eth1`)"));
         }
         Ok(IfPattern { text: text.to_string(), exclude, exact, names })
+    }
+}
+
+/// NCCL's list prefixes (NCCL_SOCKET_IFNAME's, NCCL_IB_HCA's): `^` first excludes what the list names, `=` after
+/// it (or first) makes the names whole; returns (exclude, exact, the list).
+pub(crate) fn prefixes(text: &str) -> (bool, bool, &str) {
+    let (exclude, rest) = match text.trim().strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, text.trim()),
+    };
+    match rest.strip_prefix('=') {
+        Some(rest) => (exclude, true, rest),
+        None => (exclude, false, rest),
     }
 }
 

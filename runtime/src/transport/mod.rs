@@ -239,6 +239,31 @@ impl FromStr for Transport {
 /// An all-gather of one blob per rank over a communicator's bootstrap, for `Fabric::prepare_collective`.
 pub(crate) type Gather<'a> = dyn FnMut(&[u8]) -> Result<Vec<Vec<u8>>, RuntimeError> + 'a;
 
+/// Every rank's `head` and its entries of `N` bytes, over as many all-gathers as the rank with the most entries
+/// needs (a blob holds `BLOB_BYTES`): the first carries the counts and the heads.
+#[cfg_attr(not(any(feature = "cuda", feature = "ib")), allow(dead_code))]
+pub(crate) fn gather_entries<const N: usize>(
+    gather: &mut Gather,
+    head: &[u8],
+    entries: &[[u8; N]],
+) -> Result<Vec<(Vec<u8>, Vec<[u8; N]>)>, RuntimeError> {
+    let mut first = (entries.len() as u32).to_le_bytes().to_vec();
+    first.extend_from_slice(head);
+    let firsts = gather(&first)?;
+    let count = |b: &[u8]| b.get(..4).map_or(0, |c| u32::from_le_bytes(c.try_into().expect("4 bytes")) as usize);
+    let most = firsts.iter().map(|b| count(b)).max().unwrap_or(0);
+    let mut all: Vec<(Vec<u8>, Vec<[u8; N]>)> =
+        firsts.iter().map(|b| (b.get(4..).unwrap_or_default().to_vec(), Vec::new())).collect();
+    let per_round = BLOB_BYTES / N;
+    for round in 0..most.div_ceil(per_round) {
+        let blob: Vec<u8> = entries.iter().skip(round * per_round).take(per_round).flatten().copied().collect();
+        for (rank, blob) in gather(&blob)?.into_iter().enumerate() {
+            all[rank].1.extend(blob.chunks_exact(N).map(|e| <[u8; N]>::try_from(e).expect("N bytes")));
+        }
+    }
+    Ok(all)
+}
+
 /// Opens the links of a plan and returns the executor that runs it over them.
 pub(crate) trait Fabric: Send + Sync {
     fn transport(&self) -> Transport;

@@ -135,23 +135,34 @@ impl Fabric for IpcFabric {
         let mut handle = sys::CUipcMemHandle_st { reserved: [0; 64] };
         // SAFETY: a valid out-pointer and an allocation of this context.
         ok(unsafe { sys::cuIpcGetMemHandle(&mut handle, incoming.ptr()) }, "cuIpcGetMemHandle").map_err(config)?;
-        // Round 1: every rank's handle, its call's fingerprint, how many records it publishes, its lanes and where
-        // its schedule came from (for a mismatch report).
-        let mut first: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
-        first.extend_from_slice(&plan.fingerprint.to_le_bytes());
-        first.extend_from_slice(&(published.len() as u32).to_le_bytes());
-        first.extend_from_slice(&lanes.to_le_bytes());
-        first.extend_from_slice(crate::transport::clip_source(&plan.source).as_bytes());
-        let firsts = gather(&first)?;
-        let mut handles = Vec::with_capacity(firsts.len());
-        let mut most = 0usize;
-        for (peer, blob) in firsts.iter().enumerate() {
-            if blob.len() < 64 + 8 + 4 + 4 {
+        // Every rank's handle, its call's fingerprint, its lanes and where its schedule came from (for a mismatch
+        // report), then the records it publishes.
+        let mut head: Vec<u8> = handle.reserved.iter().map(|&b| b as u8).collect();
+        head.extend_from_slice(&plan.fingerprint.to_le_bytes());
+        head.extend_from_slice(&lanes.to_le_bytes());
+        head.extend_from_slice(crate::transport::clip_source(&plan.source).as_bytes());
+        let entries: Vec<[u8; PUBLISHED_BYTES]> = published
+            .iter()
+            .map(|&(from, channel, lane, slot, offset)| {
+                let mut e = [0u8; PUBLISHED_BYTES];
+                e[0..4].copy_from_slice(&from.to_le_bytes());
+                e[4] = channel;
+                e[5..9].copy_from_slice(&lane.to_le_bytes());
+                e[9..13].copy_from_slice(&slot.to_le_bytes());
+                e[13..21].copy_from_slice(&offset.to_le_bytes());
+                e
+            })
+            .collect();
+        let all = crate::transport::gather_entries(gather, &head, &entries)?;
+        let mut handles = Vec::with_capacity(all.len());
+        let mut theirs: Vec<Vec<Published>> = Vec::with_capacity(all.len());
+        for (peer, (blob, records)) in all.iter().enumerate() {
+            if blob.len() < 64 + 8 + 4 {
                 return Err(config(format!("rank {peer} sent a malformed IPC announcement")));
             }
             let fingerprint = u64::from_le_bytes(blob[64..72].try_into().expect("8 bytes"));
             if fingerprint != plan.fingerprint {
-                let source = String::from_utf8_lossy(&blob[80..]);
+                let source = String::from_utf8_lossy(&blob[76..]);
                 return Err(RuntimeError::Mismatch {
                     rank,
                     peer: peer as u32,
@@ -159,11 +170,10 @@ impl Fabric for IpcFabric {
                     theirs: format!("a call with {source}, fingerprint {fingerprint:016x}"),
                 });
             }
-            most = most.max(u32::from_le_bytes(blob[72..76].try_into().expect("4 bytes")) as usize);
-            let theirs = u32::from_le_bytes(blob[76..80].try_into().expect("4 bytes"));
-            if theirs != lanes {
+            let their_lanes = u32::from_le_bytes(blob[72..76].try_into().expect("4 bytes"));
+            if their_lanes != lanes {
                 return Err(config(format!(
-                    "rank {peer} runs {theirs} lanes and this rank {lanes} (GPUs of different sizes?): set \
+                    "rank {peer} runs {their_lanes} lanes and this rank {lanes} (GPUs of different sizes?): set \
                      COLLC_CUDA_LANES to the same number on every rank"
                 )));
             }
@@ -172,26 +182,15 @@ impl Fabric for IpcFabric {
                 *d = b as std::ffi::c_char;
             }
             handles.push(h);
-        }
-        // Then the records themselves, as many a round as a blob holds.
-        let per_round = crate::transport::BLOB_BYTES / PUBLISHED_BYTES;
-        let mut theirs: Vec<Vec<Published>> = vec![Vec::new(); firsts.len()];
-        for round in 0..most.div_ceil(per_round) {
-            let mut blob = Vec::new();
-            for &(from, channel, lane, slot, offset) in published.iter().skip(round * per_round).take(per_round) {
-                blob.extend_from_slice(&from.to_le_bytes());
-                blob.push(channel);
-                blob.extend_from_slice(&lane.to_le_bytes());
-                blob.extend_from_slice(&slot.to_le_bytes());
-                blob.extend_from_slice(&offset.to_le_bytes());
-            }
-            for (peer, blob) in gather(&blob)?.into_iter().enumerate() {
-                for e in blob.chunks_exact(PUBLISHED_BYTES) {
-                    let word = |at: usize| u32::from_le_bytes(e[at..at + 4].try_into().expect("4 bytes"));
-                    let offset = u64::from_le_bytes(e[13..21].try_into().expect("8 bytes"));
-                    theirs[peer].push((word(0), e[4], word(5), word(9), offset));
-                }
-            }
+            let word = |e: &[u8; PUBLISHED_BYTES], at: usize| u32::from_le_bytes(e[at..at + 4].try_into().expect("4"));
+            theirs.push(
+                records
+                    .iter()
+                    .map(|e| {
+                        (word(e, 0), e[4], word(e, 5), word(e, 9), u64::from_le_bytes(e[13..21].try_into().expect("8")))
+                    })
+                    .collect(),
+            );
         }
         // Map the records of every rank this one sends to, and lay out the connection table.
         let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();

@@ -11,12 +11,11 @@ use crate::exec::cuda::{Gpu, Pinned};
 use crate::exec::encode::{self, conn};
 use crate::exec::Plan;
 use crate::launch::Launch;
-use crate::link::{Bootstrap, CallInfo, LinkEnd, Status};
+use crate::link::LinkEnd;
 use crate::transport::net::record::{Lengths, Record};
-use crate::transport::tcp::{self, Net, Rendezvous};
+use crate::transport::tcp::{self, Net};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 /// A process's way to ranks on other hosts: its tcp fabric (sockets, proxy) and the device addresses of the
 /// records it carries.
@@ -86,70 +85,8 @@ pub(crate) fn process(launch: &Launch, gpus: Option<u32>, options: Options) -> R
     let remote = Remote { net: net.clone(), records: Mutex::new(HashMap::new()) };
     let fabric = super::ipc::IpcFabric::across_hosts(index, n_ranks, most as u32, gpus, remote)
         .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))?;
-    let bootstrap = Arc::new(NetBootstrap { rendezvous, net });
-    Communicator::process(Arc::new(fabric), bootstrap, (rank, n_ranks), &launch.job, options)
-}
-
-/// The rendezvous, with the proxy's faults (a peer that broke its connection, a proxy gone or stalled) among the
-/// failures its health reports: device ranks have no host executor to look at the proxy.
-struct NetBootstrap {
-    rendezvous: Arc<Rendezvous>,
-    net: Arc<Net>,
-}
-
-impl Bootstrap for NetBootstrap {
-    fn join(&self, rank: u32) -> Result<(), RuntimeError> {
-        self.rendezvous.join(rank)
-    }
-
-    fn leave(&self, rank: u32, status: Status) -> bool {
-        self.rendezvous.leave(rank, status)
-    }
-
-    fn abort(&self, rank: u32) {
-        self.rendezvous.abort(rank)
-    }
-
-    fn health(&self, peers: &[u32]) -> Result<(), (u32, String)> {
-        self.rendezvous.health(peers)?;
-        self.net.fault().map_or(Ok(()), Err)
-    }
-
-    fn barrier(&self, rank: u32, generation: u64, timeout: Duration, at: &str) -> Result<(), RuntimeError> {
-        self.rendezvous.barrier(rank, generation, timeout, at)
-    }
-
-    fn all_gather(
-        &self,
-        rank: u32,
-        blob: &[u8],
-        generation: u64,
-        timeout: Duration,
-    ) -> Result<Vec<Vec<u8>>, RuntimeError> {
-        self.rendezvous.all_gather(rank, blob, generation, timeout)
-    }
-
-    fn publish_call(&self, rank: u32, call: CallInfo) {
-        self.rendezvous.publish_call(rank, call)
-    }
-
-    fn publish_source(&self, rank: u32, fingerprint: u64, source: &str) {
-        self.rendezvous.publish_source(rank, fingerprint, source)
-    }
-
-    fn source_of(&self, rank: u32, fingerprint: u64) -> Option<String> {
-        self.rendezvous.source_of(rank, fingerprint)
-    }
-
-    fn report_failure(&self, peer: u32, how: &str) {
-        self.rendezvous.report_failure(peer, how)
-    }
-
-    fn stalled(&self, waits_on: Option<u32>) -> Option<u32> {
-        self.rendezvous.stalled(waits_on)
-    }
-
-    fn call_of(&self, rank: u32) -> CallInfo {
-        self.rendezvous.call_of(rank)
-    }
+    // Device ranks have no host executor to look at the proxy: the health checks report its faults.
+    let watched = Arc::downgrade(&net);
+    rendezvous.watch(Box::new(move || watched.upgrade().and_then(|net| net.fault())));
+    Communicator::process(Arc::new(fabric), rendezvous, (rank, n_ranks), &launch.job, options)
 }

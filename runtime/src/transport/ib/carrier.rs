@@ -79,6 +79,8 @@ pub(crate) struct Verbs {
     links: Vec<LinkState>,
     /// By the index a sender's immediate names (the receiving link's number here).
     by_index: HashMap<u32, usize>,
+    /// The sending links, by their end (an inline post finds its link there).
+    by_end: HashMap<LinkEnd, usize>,
     setups: Setups,
     /// Messages that arrived for a link this rank's proxy has not taken on yet (a peer already in the call this
     /// rank is preparing: its registration, all-gathered, let the peer write): the peer, link number and length, in
@@ -97,6 +99,7 @@ impl Verbs {
             peer_of_qpn: HashMap::new(),
             links: Vec::new(),
             by_index: HashMap::new(),
+            by_end: HashMap::new(),
             setups,
             early: Vec::new(),
             fault: None,
@@ -166,8 +169,10 @@ impl Verbs {
                 .fail(peer, format!("wrote more than {SLOTS} messages ahead of this rank (beyond its credits)"));
         }
         let at = (message % SLOTS) as usize * frame::HEADER / 8;
-        let bytes: Vec<u8> = (at..at + frame::HEADER / 8).flat_map(|w| state.memory.word(w).to_le_bytes()).collect();
-        let header: [u8; frame::HEADER] = bytes.try_into().expect("a header");
+        let mut header = [0u8; frame::HEADER];
+        for (w, bytes) in header.chunks_exact_mut(8).enumerate() {
+            bytes.copy_from_slice(&state.memory.word(at + w).to_le_bytes());
+        }
         match Frame::decode(&header) {
             Ok(frame) if frame.job == self.job && frame.len as usize == len && len <= ring.end.slot_bytes => {
                 ring.set_arrived(message, frame);
@@ -307,6 +312,8 @@ impl Carrier for Verbs {
         let sending = ring.end.from == self.rank;
         if !sending {
             self.by_index.insert(index, self.links.len());
+        } else {
+            self.by_end.insert(ring.end, self.links.len());
         }
         self.links.push(LinkState { ring, memory, remote, sending, queued: 0, reported: 0 });
         if !sending && self.early.iter().any(|&(_, i, _)| i == index) {
@@ -327,7 +334,7 @@ impl Carrier for Verbs {
     }
 
     fn send_posted(&mut self, ring: &Ring) {
-        if let Some(link) = self.links.iter().position(|l| l.sending && l.ring.end == ring.end) {
+        if let Some(&link) = self.by_end.get(&ring.end) {
             self.send_link(link);
         }
     }

@@ -11,7 +11,7 @@ use crate::transport::net::link::RingLink;
 use crate::transport::net::proxy::{Mode, Proxy};
 use crate::transport::net::ring::Ring;
 use crate::transport::tcp::{job_hash, Rendezvous, TcpJob};
-use crate::transport::{Fabric, Gather, LinkEnd, Transport, BLOB_BYTES};
+use crate::transport::{gather_entries, Fabric, Gather, LinkEnd, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -139,7 +139,7 @@ impl Fabric for IbNet {
             let (head, list) = &theirs[peer as usize];
             let qpn = list
                 .iter()
-                .find(|e| e[0] == QP_ENTRY && u32_at(e, 1) == rank)
+                .find(|e| e[0] == QP_ENTRY && u32_at(&e[..], 1) == rank)
                 .map(|e| u32_at(e, 5))
                 .ok_or_else(|| config(format!("rank {peer} made no queue pair for this rank")))?;
             let gid: [u8; 16] = head
@@ -160,12 +160,14 @@ impl Fabric for IbNet {
         for (end, ring, memory, index) in new_links {
             let peer = ring.peer;
             let other =
-                theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(e, &end)).ok_or_else(|| {
-                    config(format!(
-                        "rank {peer} did not open the link {} -> {} channel {}",
-                        end.from, end.to, end.channel
-                    ))
-                })?;
+                theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(&e[..], &end)).ok_or_else(
+                    || {
+                        config(format!(
+                            "rank {peer} did not open the link {} -> {} channel {}",
+                            end.from, end.to, end.channel
+                        ))
+                    },
+                )?;
             let remote = Remote {
                 slots: u64_at(other, 14),
                 slots_rkey: u32_at(other, 22),
@@ -247,31 +249,4 @@ fn u32_at(e: &[u8], at: usize) -> u32 {
 
 fn u64_at(e: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(e[at..at + 8].try_into().expect("8 bytes"))
-}
-
-/// Every rank's `head` and entries, over as many all-gathers as the rank with the most entries needs (a blob holds
-/// `BLOB_BYTES`): the first carries the heads and the counts.
-fn gather_entries(
-    gather: &mut Gather,
-    head: &[u8],
-    entries: &[[u8; ENTRY_BYTES]],
-) -> Result<Vec<(Vec<u8>, Vec<Vec<u8>>)>, RuntimeError> {
-    let mut first = head.to_vec();
-    first.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    let firsts = gather(&first)?;
-    let most = firsts
-        .iter()
-        .map(|b| b.get(head.len()..head.len() + 4).map_or(0, |c| u32::from_le_bytes(c.try_into().expect("4 bytes"))))
-        .max()
-        .unwrap_or(0) as usize;
-    let mut all: Vec<(Vec<u8>, Vec<Vec<u8>>)> =
-        firsts.iter().map(|b| (b.get(..head.len()).unwrap_or_default().to_vec(), Vec::new())).collect();
-    let per_round = BLOB_BYTES / ENTRY_BYTES;
-    for round in 0..most.div_ceil(per_round) {
-        let blob: Vec<u8> = entries.iter().skip(round * per_round).take(per_round).flatten().copied().collect();
-        for (rank, blob) in gather(&blob)?.into_iter().enumerate() {
-            all[rank].1.extend(blob.chunks_exact(ENTRY_BYTES).map(<[u8]>::to_vec));
-        }
-    }
-    Ok(all)
 }

@@ -32,14 +32,7 @@ impl FromStr for HcaPattern {
     type Err = String;
 
     fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let (exclude, rest) = match text.trim().strip_prefix('^') {
-            Some(rest) => (true, rest),
-            None => (false, text.trim()),
-        };
-        let (exact, rest) = match rest.strip_prefix('=') {
-            Some(rest) => (true, rest),
-            None => (false, rest),
-        };
+        let (exclude, exact, rest) = crate::transport::ifname::prefixes(text);
         let mut entries = Vec::new();
         for entry in rest.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             if entry.starts_with(['^', '=']) {

@@ -391,9 +391,20 @@ pub struct Rendezvous {
     /// When this end was made, and when (since then, in milliseconds) it last checked in with the hub.
     born: Instant,
     last_beat: std::sync::atomic::AtomicU64,
+    /// A data plane whose faults the health checks report too, where no executor looks at it (device ranks).
+    watched: std::sync::OnceLock<DataPlane>,
 }
 
+/// The faults of a data plane: the peer at fault, and how.
+type DataPlane = Box<dyn Fn() -> Option<(u32, String)> + Send + Sync>;
+
 impl Rendezvous {
+    /// Reports `faults` through the health checks from now on (a process's network proxy, for device ranks).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn watch(&self, faults: DataPlane) {
+        let _ = self.watched.set(faults);
+    }
+
     /// Joins the job at `addr` (rank 0 starts the hub there first), retrying until `timeout` while the hub is not
     /// up yet.
     pub fn join(
@@ -454,6 +465,7 @@ impl Rendezvous {
             hub,
             born: Instant::now(),
             last_beat: std::sync::atomic::AtomicU64::new(0),
+            watched: std::sync::OnceLock::new(),
         })
     }
 
@@ -624,7 +636,7 @@ impl Bootstrap for Rendezvous {
     fn health(&self, _peers: &[u32]) -> Result<(), (u32, String)> {
         if !self.failed.load(Ordering::Acquire) {
             self.beat();
-            return Ok(());
+            return self.watched.get().and_then(|faults| faults()).map_or(Ok(()), Err);
         }
         let heard = self.heard.0.lock().unwrap_or_else(|p| p.into_inner());
         match (&heard.refused, &heard.failure) {

@@ -3,7 +3,7 @@
 //! IPC between them (`ipc.rs`), and a connection to a rank on another host is carried by this process's network
 //! proxy thread: both ends' connection records live in host-mapped memory, the device interpreter posts into and
 //! reads from them as from any record, and the proxy moves the messages between them and the sockets
-//! (`tcp/record.rs`). GPUDirect (the NIC reading device memory) comes with InfiniBand.
+//! (`net/record.rs`). GPUDirect (the NIC reading device memory) comes with InfiniBand.
 
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;

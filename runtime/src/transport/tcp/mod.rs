@@ -2,9 +2,8 @@
 //!
 //! - `store.rs`: the rendezvous rank 0 hosts (MASTER_ADDR:MASTER_PORT), the `Bootstrap` of this transport.
 //! - `auth.rs`: the HMAC challenge-response every connection opens with (a job token).
-//! - `proxy.rs`: the network proxy, one thread per rank that owns its sockets and runs `wire.rs`, the data plane
-//!   (frames, credits), between them and the links' rings (`ring.rs`), which the executor fills and drains without
-//!   a lock; `frame.rs`, the frames.
+//! - `wire.rs`: the data plane (frames, credits) between a rank's sockets and its links' rings, the `Carrier` the
+//!   network proxy runs (`net/`: the proxy, the rings the executor fills and drains without a lock, the frames).
 //!
 //! A rank listens for its peers on the interface `COLLC_SOCKET_IFNAME` selects and tells the others its address
 //! through the rendezvous; the connection between two ranks is made when a plan first needs it (the lower rank

@@ -181,3 +181,81 @@ fn the_hardware_script_passes_on_the_software_library() {
 
 /// How long one run may take (a debug build on two cores).
 const LIMIT: Duration = Duration::from_secs(120);
+
+/// Device ranks (the CUDA driver for the CPU, two GPUs a host) on two hosts (network namespaces) over ib, under
+/// torchrun's environment: the GPUs of a host over CUDA IPC, the hosts over verbs. First with GPUDirect RDMA (each
+/// record's slots device memory the library registers from its dma-buf and reaches through its own mapping of it),
+/// then with a driver that exports no dma-buf (staged through host memory, with one WARN saying why), each with
+/// every row checked; then `COLLC_IB_GDR=1` where it cannot be: an error on every rank saying why. Then a peer
+/// whose library refuses its writes (as a wrong rkey): every rank fails naming a rank, the instruction and the line.
+#[cfg(feature = "cuda")]
+#[test]
+fn device_ranks_on_two_hosts_run_over_ib_with_gpudirect_and_staged() {
+    let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu");
+    collc_runtime::build_host_driver(&driver).unwrap_or_else(|e| panic!("{e}"));
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu-cache").display().to_string();
+    let path = format!("{}:{}", driver.display(), library_path());
+    // The kernels compiled once into the cache, not by every rank at once under the timeout.
+    let warm = collc(&["gpu", "info"], &[("LD_LIBRARY_PATH", path.as_str()), ("XDG_CACHE_HOME", cache.as_str())]);
+    assert!(warm.status.success(), "{}", text(&warm));
+    let hosts = Hosts::new(2);
+    let placement = [0, 0, 1, 1];
+    let common = [
+        ("LD_LIBRARY_PATH", path.as_str()),
+        ("XDG_CACHE_HOME", cache.as_str()),
+        ("COLLC_HOST_GPUS", "2"),
+        ("COLLC_DEBUG", "INFO"),
+        ("COLLC_TIMEOUT", "60"),
+    ];
+    let run = |algorithm: &str, env: &[(&str, &str)]| {
+        let args =
+            [algorithm, "--transport", "cuda", "-b", "8", "-e", "256K", "-f", "32", "-n", "1", "-w", "1", "-c", "1"];
+        let env = [&common[..], env].concat();
+        let job = Job::start_on(&hosts, &placement, Launcher::Torchrun, &args, &env, |_, _| ());
+        wait_within(job, Duration::from_secs(180), algorithm)
+    };
+    for (env, says) in [
+        (&[][..], "NET/IB: GPU Direct RDMA enabled (dma-buf)"),
+        (&[("COLLC_HOST_GPU_DMABUF", "0")][..], "or its driver does not support dma-buf); staging through host memory"),
+    ] {
+        for algorithm in ["allreduce/ring", "allreduce/recursive_doubling", "allgather/ring", "alltoall/pairwise"] {
+            let outputs = run(algorithm, env);
+            for (rank, out) in outputs.iter().enumerate() {
+                let said = printed(out);
+                assert!(out.status.success(), "{algorithm} {env:?} rank {rank}: {said}");
+                assert!(said.contains(says), "{algorithm} {env:?} rank {rank}: {said}");
+            }
+            let (zero, one) = (printed(&outputs[0]), printed(&outputs[1]));
+            assert!(
+                zero.contains("4 ranks, transport cuda") && zero.contains("# Out of bounds values : 0 OK"),
+                "{zero}"
+            );
+            if algorithm == "allreduce/ring" {
+                assert!(one.contains("rank 1: connected to rank 2 via NET/IB/soft_ib0:1"), "{one}");
+                assert!(!zero.contains("connected to rank 1 via NET"), "ranks of one host use IPC: {zero}");
+            }
+        }
+    }
+    let outputs = run("allreduce/ring", &[("COLLC_HOST_GPU_DMABUF", "0"), ("COLLC_IB_GDR", "1")]);
+    for (rank, out) in outputs.iter().enumerate() {
+        let said = printed(out);
+        assert!(!out.status.success(), "rank {rank}: {said}");
+        assert!(said.contains("COLLC_IB_GDR=1, but GPUDirect RDMA cannot be used"), "rank {rank}: {said}");
+    }
+    let args = ["allreduce/ring", "--transport", "cuda", "-b", "64K", "-e", "64K", "-n", "1000", "-w", "1", "-c", "0"];
+    let env = [&common[..], &[("COLLC_TIMEOUT", "10")]].concat();
+    let refusing = |rank: usize, command: &mut Command| {
+        if rank == 2 {
+            command.env("COLLC_SOFT_IB_FAULT", "access@5");
+        }
+    };
+    let job = Job::start_on(&hosts, &placement, Launcher::Torchrun, &args, &env, refusing);
+    let outputs = wait_within(job, Duration::from_secs(120), "access@5 on rank 2");
+    for (rank, out) in outputs.iter().enumerate() {
+        let said = printed(out);
+        assert!(!out.status.success(), "rank {rank} succeeded: {said}");
+        assert!(said.contains(&format!("rank {rank}:")) && said.contains("rank "), "rank {rank}: {said}");
+        assert!(said.contains("instruction #") && said.contains(" line "), "rank {rank}: {said}");
+    }
+    assert!(printed(&outputs[1]).contains("remote access error"), "{}", printed(&outputs[1]));
+}

@@ -8,7 +8,9 @@
 // descriptor, which another process maps through /proc; host-mapped memory is the same address on both sides; a
 // stream is a worker thread running its launches and copies in order; a kernel runs min(block, 4) threads a block.
 // COLLC_HOST_GPU_PEER=0 makes every pair of devices refuse peer access; COLLC_HOST_GPU_MEMORY (bytes) bounds each
-// device's memory, beyond which cuMemAlloc is out of memory.
+// device's memory, beyond which cuMemAlloc is out of memory. GPUDirect RDMA: an allocation's dma-buf is its memfd
+// (cuMemGetHandleForAddressRange, for a range from the allocation's start), which a verbs library maps; a flush of
+// RDMA writes is a fence, host memory being coherent; COLLC_HOST_GPU_DMABUF=0 makes the devices not support dma-buf.
 
 #include <fcntl.h>
 #include <map>
@@ -228,6 +230,8 @@ CUresult cuDeviceGetAttribute(int* value, int attribute, int device) {
     case 95: *value = 1; break;           // COOPERATIVE_LAUNCH
     case 75: *value = 9; break;           // COMPUTE_CAPABILITY_MAJOR
     case 76: *value = 0; break;           // COMPUTE_CAPABILITY_MINOR
+    case 116: *value = 1; break;          // GPU_DIRECT_RDMA_SUPPORTED
+    case 124: *value = env_int("COLLC_HOST_GPU_DMABUF", 1) != 0; break;  // DMA_BUF_SUPPORTED
     default: return INVALID_VALUE;
     }
     return SUCCESS;
@@ -317,6 +321,30 @@ CUresult cuMemAlloc_v2(unsigned long long* ptr, size_t bytes) {
     }
     allocations[(unsigned long long)memory] = {bytes, current, DEVICE, fd};
     *ptr = (unsigned long long)memory;
+    return SUCCESS;
+}
+
+// A dma-buf of device memory: a duplicate of the allocation's memfd, for a page-aligned range that starts where the
+// allocation does (a real driver also takes ranges inside one; collc registers whole allocations).
+CUresult cuMemGetHandleForAddressRange(void* handle, unsigned long long ptr, size_t bytes, int type,
+                                       unsigned long long flags) {
+    const int DMA_BUF_FD = 1, NOT_SUPPORTED = 801;
+    if (!env_int("COLLC_HOST_GPU_DMABUF", 1)) return NOT_SUPPORTED;
+    if (type != DMA_BUF_FD || flags != 0 || !handle || bytes == 0 || ptr % 4096 || bytes % 4096) return INVALID_VALUE;
+    std::lock_guard<std::mutex> guard(allocations_lock);
+    auto it = allocations.find(ptr);
+    if (it == allocations.end() || it->second.kind != DEVICE || bytes > ((it->second.bytes + 4095) & ~4095ull))
+        return INVALID_VALUE;
+    int fd = fcntl(it->second.fd, F_DUPFD_CLOEXEC, 0);
+    if (fd < 0) return OUT_OF_MEMORY;
+    *(int*)handle = fd;
+    return SUCCESS;
+}
+
+CUresult cuFlushGPUDirectRDMAWrites(int target, int scope) {
+    if (target != 0 || (scope != 100 && scope != 200)) return INVALID_VALUE;
+    if (current < 0) return INVALID_CONTEXT;
+    __atomic_thread_fence(__ATOMIC_SEQ_CST);
     return SUCCESS;
 }
 

@@ -52,6 +52,7 @@ static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs")
 // Connection record words (encode::conn) and control words (encode::control).
 #define C_TAIL 0
 #define C_HEAD 1
+#define C_SLOTS_AT 2
 #define C_STAMPS 4
 #define K_CODE 0
 #define K_RANK 1
@@ -115,6 +116,12 @@ __device__ __forceinline__ u64* done_word(u64* state, const PlanDesc* plan, u32 
 __device__ __forceinline__ u64* link_start_word(u64* state, const PlanDesc* plan, u32 lane, u32 l) {
     return &state[plan->link_start_at + lane * plan->n_links + l];
 }
+// Where a record's slots are: after its words, or (a record carried with GPUDirect RDMA) at `SLOTS_AT`.
+__device__ __forceinline__ u8* slots_of(u64* conn) {
+    u64 at = conn[C_SLOTS_AT];
+    return at ? (u8*)at : (u8*)conn + COLLC_RECORD_BYTES;
+}
+
 __device__ __forceinline__ u64* conn_record(u64* state, const Header* h, u32 lane, u32 conn) {
     return (u64*)state[h->conn_table + lane * h->n_conns + conn];
 }
@@ -161,7 +168,7 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
             record_fault(faults, CODE_MISMATCH, plan->rank, i, t, got_seq, got_fp, instr->recv);
             return false;
         }
-        d->incoming = (const u8*)conn + COLLC_RECORD_BYTES + (u64)slot * link->slot_bytes;
+        d->incoming = slots_of(conn) + (u64)slot * link->slot_bytes;
         d->recv_conn = conn;
         d->recv_m = m;
     }
@@ -173,7 +180,7 @@ __device__ bool ready(const u8* image, u64* state, const Faults& faults, const H
         if (m - start != (u64)(t / plan->lanes) * link->per_tile + instr->send_pos) return false;
         if (m - load_acquire(&conn[C_HEAD], system) >= COLLC_SLOTS) return false;
         u32 slot = (u32)(m % COLLC_SLOTS);
-        d->outgoing = (u8*)conn + COLLC_RECORD_BYTES + (u64)slot * link->slot_bytes;
+        d->outgoing = slots_of(conn) + (u64)slot * link->slot_bytes;
         d->send_conn = conn;
         d->send_m = m;
     }

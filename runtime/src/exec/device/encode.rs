@@ -165,11 +165,14 @@ pub const NO_BUF_ID: u32 = u32::MAX;
 /// `k`'s records at `conn_table + k * n_conns`), wherever it lives: the count of messages posted
 /// (`tail`, written by the sender after the data and the stamp) and released (`head`, written by the receiver once
 /// it has read the slot), its slot size, and each slot's stamp (call sequence and plan fingerprint), which the
-/// receiver checks before it reads. Its `SLOTS` data slots follow it, `RECORD_BYTES` from its start: nothing in a
-/// record is an address, so two processes that map it at different addresses (CUDA IPC) read it alike.
+/// receiver checks before it reads. Its `SLOTS` data slots follow it, `RECORD_BYTES` from its start, so nothing in a
+/// record is an address and two processes that map it at different addresses (CUDA IPC) read it alike; except a
+/// record carried to another host with GPUDirect RDMA, whose words are in host-mapped memory for the network proxy
+/// and whose slots are device memory the NIC writes: `SLOTS_AT` is then where the slots are (0: they follow).
 pub mod conn {
     pub const TAIL: usize = 0;
     pub const HEAD: usize = 1;
+    pub const SLOTS_AT: usize = 2;
     pub const SLOT_BYTES: usize = 3;
     /// `STAMPS + 2 * slot` and `STAMPS + 2 * slot + 1`: sequence and fingerprint.
     pub const STAMPS: usize = 4;

@@ -61,6 +61,18 @@ unsafe fn word<'a>(addr: u64, i: usize) -> &'a AtomicU64 {
     unsafe { &*(addr as *const AtomicU64).add(i) }
 }
 
+/// Where a record's slots are: after its words, or at its `SLOTS_AT` word (a record carried with GPUDirect RDMA).
+///
+/// # Safety
+/// As `word`.
+unsafe fn slots_of(record: u64) -> u64 {
+    // SAFETY: forwarded from the caller.
+    match unsafe { word(record, conn::SLOTS_AT) }.load(Ordering::Relaxed) {
+        0 => record + RECORD_BYTES as u64,
+        at => at,
+    }
+}
+
 impl Block {
     pub fn new(image: &Image, b: u32) -> Block {
         let desc = image.block(b);
@@ -259,7 +271,8 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) 
             fault(launch, code::MISMATCH, plan.rank, i, t, Some((seq, fp, instr.recv as u32)));
             return Fire::Fault;
         }
-        incoming = (record + RECORD_BYTES as u64 + slot as u64 * link.slot_bytes as u64) as *const u8;
+        // SAFETY: as above.
+        incoming = (unsafe { slots_of(record) } + slot as u64 * link.slot_bytes as u64) as *const u8;
         recv_at = Some((head, m));
     }
     let mut outgoing: *mut u8 = std::ptr::null_mut();
@@ -275,7 +288,8 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) 
             return Fire::NotYet;
         }
         let slot = (m % SLOTS) as usize;
-        outgoing = (record + RECORD_BYTES as u64 + slot as u64 * link.slot_bytes as u64) as *mut u8;
+        // SAFETY: as above.
+        outgoing = (unsafe { slots_of(record) } + slot as u64 * link.slot_bytes as u64) as *mut u8;
         send_at = Some((record, tail, m, slot));
     }
     // SAFETY: the places are inside the buffers the state points at (caller's contract).

@@ -27,7 +27,7 @@ pub(crate) struct IpcFabric {
     /// The job's shared memory, where the bootstrap's control block is (ranks all on this host).
     bootstrap_memory: Option<Arc<crate::transport::shm::Memory>>,
     /// The way to ranks on other hosts (`remote.rs`), where there are any.
-    remote: Option<Remote>,
+    remote: Option<Arc<Remote>>,
 }
 
 impl IpcFabric {
@@ -48,7 +48,7 @@ impl IpcFabric {
         n_ranks: u32,
         local: u32,
         gpus: Option<u32>,
-        remote: Remote,
+        remote: Arc<Remote>,
     ) -> Result<IpcFabric, String> {
         let (gpu, gpus) = open_gpu(index, gpus)?;
         Ok(IpcFabric { gpu, gpus, n_ranks, local, bootstrap_memory: None, remote: Some(remote) })
@@ -66,7 +66,7 @@ impl IpcFabric {
 }
 
 /// GPU `index mod G` of the first `gpus` (every one when `None`), and G.
-fn open_gpu(index: u32, gpus: Option<u32>) -> Result<(Arc<Gpu>, u32), String> {
+pub(super) fn open_gpu(index: u32, gpus: Option<u32>) -> Result<(Arc<Gpu>, u32), String> {
     let driver = driver()?;
     let gpus = gpus.unwrap_or(driver.devices as u32).min(driver.devices as u32).max(1);
     Ok((gpu((index % gpus) as i32)?, gpus))
@@ -192,17 +192,20 @@ impl Fabric for IpcFabric {
                     .collect(),
             );
         }
+        // The records to and from other hosts, which the proxy carries before any rank's first call on them.
+        let carried = match &self.remote {
+            Some(remote) => remote.prepare(&gpu, &plan, &image.conns, image.plan(0).lanes, gather),
+            None => Ok(HashMap::new()),
+        };
         // Map the records of every rank this one sends to, and lay out the connection table.
         let mut mapped: HashMap<u32, IpcMapping> = HashMap::new();
-        let mut map_all = || -> Result<Vec<u64>, RuntimeError> {
+        let mut map_all = |carried: HashMap<(crate::transport::LinkEnd, u16), u64>| -> Result<Vec<u64>, RuntimeError> {
             let mut table = Vec::with_capacity(image.conns.len());
-            let lanes = image.plan(0).lanes;
             for (c, &(from, to, channel, slot_bytes, lane)) in image.conns.iter().enumerate() {
                 let peer = if to == rank { from } else { to };
-                let address = if let Some(remote) = self.remote.as_ref().filter(|r| r.is_remote(peer)) {
+                let address = if self.is_remote(peer) {
                     let end = crate::transport::LinkEnd { from, to, channel, slot_bytes };
-                    let link = plan.links.iter().position(|l| *l == end).expect("a connection is one of the plan's");
-                    remote.record(&gpu, &plan, link as u16, lane, lanes)?
+                    carried[&(end, lane as u16)]
                 } else if to == rank {
                     incoming.ptr() + offsets[c]
                 } else {
@@ -233,12 +236,7 @@ impl Fabric for IpcFabric {
             }
             Ok(table)
         };
-        let table = map_all();
-        // The proxy carries the records to other hosts before any rank's first call on them.
-        let table = table.and_then(|table| match &self.remote {
-            Some(remote) => remote.net.sync().map(|()| table),
-            None => Ok(table),
-        });
+        let table = carried.and_then(&mut map_all);
         // Every rank says whether it mapped its peers' records, so none launches a shape another could not set up;
         // a peer gone meanwhile is named by this round itself.
         let verdicts = gather(&[table.is_ok() as u8])?;

@@ -40,8 +40,14 @@ pub(crate) struct LinkMemory {
 }
 
 impl LinkMemory {
+    /// The ring's slots registered (from their dma-buf where they are a GPU's memory), and its words.
     pub fn new(device: &Arc<Device>, ring: &Ring, receiving: bool) -> Result<LinkMemory, String> {
-        let slots = device.register(ring.slot(0), SLOTS_U * ring.end.slot_bytes, receiving)?;
+        use std::os::fd::AsFd;
+        let len = SLOTS_U * ring.end.slot_bytes;
+        let slots = match ring.record.as_ref().and_then(|r| r.device_slots.as_ref()) {
+            Some(d) => device.register_dma_buf(d.dma_buf.as_fd(), d.offset, ring.slot(0) as u64, len, receiving)?,
+            None => device.register(ring.slot(0), len, receiving)?,
+        };
         let words = if receiving { SLOTS_U * frame::HEADER / 8 } else { 1 };
         let storage: Box<[AtomicU64]> = (0..words).map(|_| AtomicU64::new(0)).collect();
         let words = device.register(storage.as_ptr() as *mut u8, storage.len() * 8, true)?;
@@ -61,13 +67,18 @@ struct LinkState {
     memory: LinkMemory,
     remote: Remote,
     sending: bool,
+    /// Whether a small message may go inline (the CPU copies it from the slot: not from a GPU's memory).
+    inline: bool,
     /// Sender: messages written so far. Receiver: the consumed count last written back.
     queued: u64,
     reported: u64,
 }
 
+/// A link's ring by its end and lane (a device rank's channel has a ring per lane).
+pub(crate) type RingKey = (LinkEnd, u16);
+
 /// What the fabric hands the carrier for a link before its ring: its memory and its other end.
-pub(crate) type Setups = Arc<Mutex<HashMap<LinkEnd, (LinkMemory, Remote, u32)>>>;
+pub(crate) type Setups = Arc<Mutex<HashMap<RingKey, (LinkMemory, Remote, u32)>>>;
 
 /// The ib transport's `Carrier`: a rank's queue pairs (one per peer) and its links.
 pub(crate) struct Verbs {
@@ -79,8 +90,8 @@ pub(crate) struct Verbs {
     links: Vec<LinkState>,
     /// By the index a sender's immediate names (the receiving link's number here).
     by_index: HashMap<u32, usize>,
-    /// The sending links, by their end (an inline post finds its link there).
-    by_end: HashMap<LinkEnd, usize>,
+    /// The sending links, by their end and lane (an inline post finds its link there).
+    by_end: HashMap<RingKey, usize>,
     setups: Setups,
     /// Messages that arrived for a link this rank's proxy has not taken on yet (a peer already in the call this
     /// rank is preparing: its registration, all-gathered, let the peer write): the peer, link number and length, in
@@ -207,9 +218,15 @@ impl Verbs {
             let Some(qp) = &self.qps[state.ring.peer as usize] else { return moved };
             let meta = state.ring.meta(message);
             let end = state.ring.end;
-            let header =
-                Frame::data((end.channel, 0), end.slot_bytes as u32, meta.len as u32, meta.stamp, self.job, meta.call)
-                    .encode();
+            let header = Frame::data(
+                (end.channel, state.ring.lane),
+                end.slot_bytes as u32,
+                meta.len as u32,
+                meta.stamp,
+                self.job,
+                meta.call,
+            )
+            .encode();
             let slot = (message % SLOTS) as u64;
             let remote = state.remote;
             let to_header = remote.words + slot * frame::HEADER as u64;
@@ -219,7 +236,7 @@ impl Verbs {
                 .write(header.as_ptr(), frame::HEADER, None, to_header, remote.words_rkey, None, 0, false)
                 .and_then(|()| {
                     // A small body goes inline too (copied into the request: no DMA read of the slot).
-                    let lkey = (meta.len > INLINE).then(|| state.memory.slots.lkey());
+                    let lkey = (meta.len > INLINE || !state.inline).then(|| state.memory.slots.lkey());
                     qp.write(
                         state.ring.slot(message),
                         meta.len,
@@ -305,17 +322,20 @@ impl Carrier for Verbs {
     }
 
     fn register(&mut self, ring: Arc<Ring>) {
-        let setup = self.setups.lock().unwrap_or_else(|p| p.into_inner()).remove(&ring.end);
+        let key = (ring.end, ring.lane);
+        let setup = self.setups.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
         let Some((memory, remote, index)) = setup else {
-            return self.fail(self.rank, format!("a link without its registration ({:?})", ring.end));
+            return self
+                .fail(self.rank, format!("a link without its registration ({:?} lane {})", ring.end, ring.lane));
         };
         let sending = ring.end.from == self.rank;
         if !sending {
             self.by_index.insert(index, self.links.len());
         } else {
-            self.by_end.insert(ring.end, self.links.len());
+            self.by_end.insert(key, self.links.len());
         }
-        self.links.push(LinkState { ring, memory, remote, sending, queued: 0, reported: 0 });
+        let inline = ring.record.as_ref().is_none_or(|r| r.device_slots.is_none());
+        self.links.push(LinkState { ring, memory, remote, sending, inline, queued: 0, reported: 0 });
         if !sending && self.early.iter().any(|&(_, i, _)| i == index) {
             let (now, later): (Vec<_>, Vec<_>) =
                 std::mem::take(&mut self.early).into_iter().partition(|e| e.1 == index);
@@ -334,7 +354,7 @@ impl Carrier for Verbs {
     }
 
     fn send_posted(&mut self, ring: &Ring) {
-        if let Some(&link) = self.by_end.get(&ring.end) {
+        if let Some(&link) = self.by_end.get(&(ring.end, ring.lane)) {
             self.send_link(link);
         }
     }

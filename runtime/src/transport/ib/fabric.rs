@@ -1,7 +1,8 @@
 //! The ib transport's fabric: a rank's device, its proxy (`Verbs`), and the queue pairs and links set up when a plan
-//! is first prepared, by all-gathers over the rendezvous (`prepare_collective`).
+//! is first prepared, by all-gathers over the rendezvous (`IbLinks::connect`); for host ranks (`IbNet`) and for
+//! device ranks' connections to other hosts (`cuda/remote.rs`).
 
-use super::carrier::{LinkMemory, Remote, Setups, Verbs};
+use super::carrier::{LinkMemory, Remote, RingKey, Setups, Verbs};
 use super::verbs::{Choice, Device, Endpoint, Qp};
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
@@ -11,7 +12,7 @@ use crate::transport::net::link::RingLink;
 use crate::transport::net::proxy::{Mode, Proxy};
 use crate::transport::net::ring::Ring;
 use crate::transport::tcp::{job_hash, Rendezvous, TcpJob};
-use crate::transport::{gather_entries, Fabric, Gather, LinkEnd, Transport};
+use crate::transport::{gather_entries, Fabric, Gather, Transport};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -20,32 +21,12 @@ use std::sync::{Arc, Mutex};
 pub(super) fn process(job: &TcpJob, options: Options) -> Result<Communicator, RuntimeError> {
     let (rank, n_ranks) = (job.rank, job.n_ranks);
     crate::recorder::catch_dump_requests();
-    let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
     let hash = job_hash(&job.job);
     let rendezvous = Arc::new(Rendezvous::join(&job.rendezvous, rank, n_ranks, hash, &job.token, options.timeout)?);
-    let choice = Choice::from_env().map_err(config)?;
-    let device = Arc::new(Device::open(&choice).map_err(config)?);
-    let link = match device.ethernet {
-        true => format!("RoCE, GID index {}", device.gid_index),
-        false => format!("InfiniBand, LID {}", device.lid),
-    };
-    log::info(Subsys::Init, format_args!("rank {rank}: NET/IB {} ({link})", device.port));
-    let timeout = env_u8("COLLC_IB_TIMEOUT", 20, 31).map_err(config)?;
-    let retry_cnt = env_u8("COLLC_IB_RETRY_CNT", 7, 7).map_err(config)?;
-    let setups = Setups::default();
-    let verbs = Verbs::new(rank, n_ranks, hash, device.clone(), setups.clone());
-    let mode = Mode::from_env(n_ranks.min(local_ranks()).max(1)).map_err(config)?;
-    let proxy = Proxy::start(verbs, mode).map_err(|e| config(format!("cannot start the network proxy thread: {e}")))?;
-    let fabric = IbNet {
-        rank,
-        device,
-        proxy,
-        setups,
-        state: Mutex::new(State { rings: HashMap::new(), connected: vec![false; n_ranks as usize], next_index: 0 }),
-        timeout,
-        retry_cnt,
-    };
-    Communicator::process(Arc::new(fabric), rendezvous, (rank, n_ranks), &job.job, options)
+    let mode = Mode::from_env(n_ranks.min(local_ranks()).max(1))
+        .map_err(|e| RuntimeError::Config(format!("rank {rank}: {e}")))?;
+    let links = IbLinks::open(rank, n_ranks, hash, mode)?;
+    Communicator::process(Arc::new(IbNet { links }), rendezvous, (rank, n_ranks), &job.job, options)
 }
 
 /// The ranks on this host, as the launcher says (every one when it does not).
@@ -69,16 +50,18 @@ fn env_u8(name: &str, default: u8, most: u8) -> Result<u8, String> {
 }
 
 struct State {
-    rings: HashMap<LinkEnd, Arc<Ring>>,
+    rings: HashMap<RingKey, Arc<Ring>>,
     /// Peers whose queue pair is connected.
     connected: Vec<bool>,
     /// The number the next receiving link gets (a sender's immediate names it).
     next_index: u32,
 }
 
-pub(super) struct IbNet {
+/// A rank's verbs: its device, its network proxy (`Verbs`), and the queue pairs and rings set up so far. The host
+/// ranks' fabric (`IbNet`) and device ranks reaching other hosts (`cuda/remote.rs`) both set up their rings here.
+pub(crate) struct IbLinks {
     rank: u32,
-    device: Arc<Device>,
+    pub device: Arc<Device>,
     proxy: Proxy<Verbs>,
     setups: Setups,
     state: Mutex<State>,
@@ -86,39 +69,58 @@ pub(super) struct IbNet {
     retry_cnt: u8,
 }
 
-/// One entry of the all-gather: a queue pair for a peer, or one end of a link.
+/// One entry of the all-gather: a queue pair for a peer, or one end of a link's lane.
 const QP_ENTRY: u8 = 1;
 const LINK_ENTRY: u8 = 2;
-const ENTRY_BYTES: usize = 1 + 4 + 4 + 1 + 4 + 8 + 4 + 8 + 4 + 4;
+const ENTRY_BYTES: usize = 1 + 4 + 4 + 1 + 4 + 8 + 4 + 8 + 4 + 4 + 2;
 
-impl Fabric for IbNet {
-    fn transport(&self) -> Transport {
-        Transport::of(&super::IB)
+impl IbLinks {
+    /// Rank `rank`'s device (`COLLC_IB_HCA`) and its proxy, moving data as `mode` says.
+    pub fn open(rank: u32, n_ranks: u32, job: u64, mode: Mode) -> Result<IbLinks, RuntimeError> {
+        let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
+        let choice = Choice::from_env().map_err(config)?;
+        let device = Arc::new(Device::open(&choice).map_err(config)?);
+        let link = match device.ethernet {
+            true => format!("RoCE, GID index {}", device.gid_index),
+            false => format!("InfiniBand, LID {}", device.lid),
+        };
+        log::info(Subsys::Init, format_args!("rank {rank}: NET/IB {} ({link})", device.port));
+        let timeout = env_u8("COLLC_IB_TIMEOUT", 20, 31).map_err(config)?;
+        let retry_cnt = env_u8("COLLC_IB_RETRY_CNT", 7, 7).map_err(config)?;
+        let setups = Setups::default();
+        let verbs = Verbs::new(rank, n_ranks, job, device.clone(), setups.clone());
+        let proxy =
+            Proxy::start(verbs, mode).map_err(|e| config(format!("cannot start the network proxy thread: {e}")))?;
+        let state = State { rings: HashMap::new(), connected: vec![false; n_ranks as usize], next_index: 0 };
+        Ok(IbLinks { rank, device, proxy, setups, state: Mutex::new(state), timeout, retry_cnt })
     }
 
-    fn remove_all(&self) {}
-
-    fn prepare(&self, _plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        Err(RuntimeError::Config("the ib transport's ranks prepare together (prepare_collective)".into()))
-    }
-
-    fn prepare_collective(&self, plan: Plan, gather: &mut Gather) -> Result<Box<dyn Executor>, RuntimeError> {
+    /// The rings of `keys` (links of this rank, with their lanes), each set up the first time: made by `make`,
+    /// registered, and joined to its other end with what one all-gather brings (a queue pair per new peer). Every
+    /// rank of the job calls this for each call shape it prepares, in the same order, so the all-gathers meet.
+    pub fn connect(
+        &self,
+        keys: &[RingKey],
+        make: &mut dyn FnMut(RingKey, u32) -> Result<Ring, RuntimeError>,
+        gather: &mut Gather,
+    ) -> Result<Vec<Arc<Ring>>, RuntimeError> {
         let rank = self.rank;
         let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
         let mut state = self.state.lock().map_err(|_| RuntimeError::Poisoned)?;
         // New queue pairs (a peer this rank has none with yet) and new links, with what their peers need.
         let mut entries: Vec<[u8; ENTRY_BYTES]> = Vec::new();
         let mut new_qps: Vec<(u32, Qp)> = Vec::new();
-        let mut new_links: Vec<(LinkEnd, Arc<Ring>, LinkMemory, u32)> = Vec::new();
-        for end in &plan.links {
+        let mut new_links: Vec<(RingKey, Arc<Ring>, LinkMemory, u32)> = Vec::new();
+        for &key in keys {
+            let end = key.0;
             let peer = if end.from == rank { end.to } else { end.from };
             if !state.connected[peer as usize] && !new_qps.iter().any(|(p, _)| *p == peer) {
                 let qp = self.device.queue_pair().map_err(config)?;
                 entries.push(entry(QP_ENTRY, peer, qp.number(), 0, 0, 0, 0, 0, 0));
                 new_qps.push((peer, qp));
             }
-            if !state.rings.contains_key(end) {
-                let ring = Arc::new(Ring::new(*end, peer, 0));
+            if !state.rings.contains_key(&key) && !new_links.iter().any(|(k, ..)| *k == key) {
+                let ring = Arc::new(make(key, peer)?);
                 let receiving = end.to == rank;
                 let memory = LinkMemory::new(&self.device, &ring, receiving).map_err(config)?;
                 let index = if receiving {
@@ -127,8 +129,8 @@ impl Fabric for IbNet {
                 } else {
                     0
                 };
-                entries.push(link_entry(end, &memory, index));
-                new_links.push((*end, ring, memory, index));
+                entries.push(link_entry(key, &memory, index));
+                new_links.push((key, ring, memory, index));
             }
         }
         let mut head = self.device.gid.to_vec();
@@ -156,15 +158,15 @@ impl Fabric for IbNet {
             );
             self.proxy.shared.add_peer(peer, qp);
         }
-        // The new links: the other end's registration, from the peer's entry for the same link.
-        for (end, ring, memory, index) in new_links {
-            let peer = ring.peer;
+        // The new links: the other end's registration, from the peer's entry for the same link and lane.
+        for (key, ring, memory, index) in new_links {
+            let (end, peer) = (key.0, ring.peer);
             let other =
-                theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(&e[..], &end)).ok_or_else(
+                theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(&e[..], key)).ok_or_else(
                     || {
                         config(format!(
-                            "rank {peer} did not open the link {} -> {} channel {}",
-                            end.from, end.to, end.channel
+                            "rank {peer} did not open the link {} -> {} channel {} lane {}",
+                            end.from, end.to, end.channel, key.1
                         ))
                     },
                 )?;
@@ -175,20 +177,53 @@ impl Fabric for IbNet {
                 words_rkey: u32_at(other, 34),
                 index: u32_at(other, 38),
             };
-            self.setups.lock().unwrap_or_else(|p| p.into_inner()).insert(end, (memory, remote, index));
+            self.setups.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (memory, remote, index));
             self.proxy.shared.add_ring(ring.clone());
-            state.rings.insert(end, ring);
+            state.rings.insert(key, ring);
         }
-        let links: Vec<RingLink<Verbs>> =
-            plan.links.iter().map(|end| RingLink::new(state.rings[end].clone(), self.proxy.shared.clone())).collect();
-        drop(state);
+        Ok(keys.iter().map(|key| state.rings[key].clone()).collect())
+    }
+
+    /// Waits until the proxy carries every ring handed to it (before a plan's first call).
+    pub fn sync(&self) -> Result<(), RuntimeError> {
         self.proxy.shared.sync().map_err(|(peer, how)| RuntimeError::PeerFailed {
-            rank,
+            rank: self.rank,
             what: "preparing a call".into(),
             at: "its links".into(),
             peer,
             how,
-        })?;
+        })
+    }
+
+    /// A fault the proxy found (the peer, and what happened).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub fn fault(&self) -> Option<(u32, String)> {
+        self.proxy.shared.fault()
+    }
+}
+
+/// The ib transport's fabric for host ranks: each link one ring, carried by the rank's proxy.
+pub(super) struct IbNet {
+    links: IbLinks,
+}
+
+impl Fabric for IbNet {
+    fn transport(&self) -> Transport {
+        Transport::of(&super::IB)
+    }
+
+    fn remove_all(&self) {}
+
+    fn prepare(&self, _plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
+        Err(RuntimeError::Config("the ib transport's ranks prepare together (prepare_collective)".into()))
+    }
+
+    fn prepare_collective(&self, plan: Plan, gather: &mut Gather) -> Result<Box<dyn Executor>, RuntimeError> {
+        let keys: Vec<RingKey> = plan.links.iter().map(|&end| (end, 0)).collect();
+        let rings = self.links.connect(&keys, &mut |(end, _), peer| Ok(Ring::new(end, peer, 0)), gather)?;
+        let shared = &self.links.proxy.shared;
+        let links: Vec<RingLink<Verbs>> = rings.into_iter().map(|ring| RingLink::new(ring, shared.clone())).collect();
+        self.links.sync()?;
         Ok(Box::new(Host { plan, links }))
     }
 }
@@ -218,8 +253,8 @@ fn entry(
     e
 }
 
-/// A link's end as its peer needs it: its slots and words (address, rkey) and its number.
-fn link_entry(end: &LinkEnd, memory: &LinkMemory, index: u32) -> [u8; ENTRY_BYTES] {
+/// A link's end as its peer needs it: its slots and words (address, rkey), its number and its lane.
+fn link_entry((end, lane): RingKey, memory: &LinkMemory, index: u32) -> [u8; ENTRY_BYTES] {
     let (slots, words) = (&memory.slots, &memory.words);
     let mut e = entry(
         LINK_ENTRY,
@@ -233,11 +268,13 @@ fn link_entry(end: &LinkEnd, memory: &LinkMemory, index: u32) -> [u8; ENTRY_BYTE
         words.rkey(),
     );
     e[38..42].copy_from_slice(&index.to_le_bytes());
+    e[42..44].copy_from_slice(&lane.to_le_bytes());
     e
 }
 
-fn same_link(e: &[u8], end: &LinkEnd) -> bool {
-    u32_at(e, 1) == end.from
+fn same_link(e: &[u8], (end, lane): RingKey) -> bool {
+    u16::from_le_bytes([e[42], e[43]]) == lane
+        && u32_at(e, 1) == end.from
         && u32_at(e, 5) == end.to
         && e[9] == end.channel
         && u32_at(e, 10) as usize == end.slot_bytes

@@ -30,7 +30,7 @@ pub(crate) static IB: Ib = Ib;
 pub(crate) struct Ib;
 
 /// What every way in says in a build without the feature.
-const NOT_BUILT: &str =
+pub(crate) const NOT_BUILT: &str =
     "this collc was built without the ib feature: build it with `cargo build --release --features ib` \
                          (it links rdma-core's libibverbs)";
 
@@ -108,3 +108,5 @@ fn process(job: &super::tcp::TcpJob, options: Options) -> Result<Communicator, R
 
 #[cfg(feature = "ib")]
 mod fabric;
+#[cfg(all(feature = "ib", feature = "cuda"))]
+pub(crate) use fabric::IbLinks;

@@ -187,6 +187,33 @@ impl Device {
         Ok(Mr { mr, _device: self.clone() })
     }
 
+    /// Registers `len` bytes of device memory at device address `iova`, `offset` bytes into the dma-buf `fd`
+    /// (GPUDirect RDMA: the NIC reads and writes the GPU's memory), for local use and, with `remote`, for the peers'
+    /// RDMA writes.
+    pub fn register_dma_buf(
+        self: &Arc<Device>,
+        fd: std::os::fd::BorrowedFd<'_>,
+        offset: u64,
+        iova: u64,
+        len: usize,
+        remote: bool,
+    ) -> Result<Mr, String> {
+        use std::os::fd::AsRawFd;
+        let mut access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE;
+        if remote {
+            access |= ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        }
+        // SAFETY: the caller keeps the memory (and its dma-buf) alive as long as the region.
+        let mr = unsafe { ffi::ibv_reg_dmabuf_mr(self.pd, offset, len.max(1), iova, fd.as_raw_fd(), access.0 as i32) };
+        if mr.is_null() {
+            return Err(format!(
+                "ibv_reg_dmabuf_mr of {len} bytes of device memory failed ({})",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Mr { mr, _device: self.clone() })
+    }
+
     /// A new RC queue pair in INIT, its receives posted.
     pub fn queue_pair(self: &Arc<Device>) -> Result<Qp, String> {
         let mut init = ffi::ibv_qp_init_attr {

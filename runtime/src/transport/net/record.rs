@@ -13,6 +13,10 @@
 //!
 //! The device publishes with system-scope fences; the proxy reads `tail` before the slot and writes the slot and
 //! the stamp before `tail` (volatile accesses ordered by fences).
+//!
+//! With GPUDirect RDMA (the ib transport) the record's slots are device memory the NIC reads and writes, at the
+//! record's `SLOTS_AT`; its words stay in host-mapped memory for the proxy, which never touches the slots, and
+//! flushes the NIC's writes into them before it raises `tail` (`DeviceSlots`).
 
 use super::ring::Ring;
 use crate::exec::encode::{conn, NONE_LINK, RECORD_BYTES};
@@ -25,6 +29,9 @@ use std::sync::Mutex;
 /// A connection record in host-mapped memory, and what the proxy needs to carry its messages.
 pub(crate) struct Record {
     words: *mut u64,
+    slots: *mut u8,
+    /// Where the slots are device memory (GPUDirect RDMA).
+    pub device_slots: Option<DeviceSlots>,
     /// Keeps the record's memory alive as long as the ring (the proxy may look at it until it stops).
     _memory: Box<dyn std::any::Any + Send + Sync>,
     /// Sending end: the length of each message of a call, by the call shape's fingerprint.
@@ -35,6 +42,15 @@ pub(crate) struct Record {
     index: AtomicU64,
 }
 
+/// A record's slots in device memory: their dma-buf (whole, from `offset`) for the NIC to register, and the flush
+/// that makes its writes visible to the device.
+#[cfg_attr(not(all(feature = "cuda", feature = "ib")), allow(dead_code))]
+pub(crate) struct DeviceSlots {
+    pub dma_buf: std::os::fd::OwnedFd,
+    pub offset: u64,
+    pub flush: Box<dyn Fn() + Send + Sync>,
+}
+
 // SAFETY: `words` points into `_memory`, which lives as long as the record; each word has one writer (module doc).
 unsafe impl Send for Record {}
 unsafe impl Sync for Record {}
@@ -43,8 +59,35 @@ unsafe impl Sync for Record {}
 impl Record {
     /// The record at host address `words` (a record of `RECORD_BYTES` and its slots), kept alive by `memory`.
     pub fn new(words: *mut u64, memory: Box<dyn std::any::Any + Send + Sync>) -> Record {
+        // SAFETY: the record is `RECORD_BYTES` of words, then its slots.
+        let slots = unsafe { words.cast::<u8>().add(RECORD_BYTES) };
+        Record::with_slots(words, slots, None, memory)
+    }
+
+    /// The record at host address `words` whose slots are device memory at device address `slots` (its `SLOTS_AT`
+    /// word says so to the device), both kept alive by `memory`.
+    #[cfg_attr(not(all(feature = "cuda", feature = "ib")), allow(dead_code))]
+    pub fn with_device_slots(
+        words: *mut u64,
+        slots: u64,
+        device: DeviceSlots,
+        memory: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Record {
+        let record = Record::with_slots(words, slots as *mut u8, Some(device), memory);
+        record.store(conn::SLOTS_AT, slots);
+        record
+    }
+
+    fn with_slots(
+        words: *mut u64,
+        slots: *mut u8,
+        device_slots: Option<DeviceSlots>,
+        memory: Box<dyn std::any::Any + Send + Sync>,
+    ) -> Record {
         Record {
             words,
+            slots,
+            device_slots,
             _memory: memory,
             lengths: Mutex::new(HashMap::new()),
             call_seq: AtomicU64::new(u64::MAX),
@@ -53,10 +96,9 @@ impl Record {
         }
     }
 
-    /// Where the record's slots start.
+    /// Where the record's slots start (a device address when they are device memory: not for the host to touch).
     pub fn slots(&self) -> *mut u8 {
-        // SAFETY: the record is `RECORD_BYTES` of words, then its slots.
-        unsafe { self.words.cast::<u8>().add(RECORD_BYTES) }
+        self.slots
     }
 
     /// Teaches the sending end the lengths of the messages of a call shape.
@@ -171,6 +213,9 @@ pub(crate) fn bridge(ring: &Ring) -> bool {
         let received = ring.received.load(Ordering::Acquire);
         let mut tail = record.load(conn::TAIL);
         if tail < received {
+            if let Some(device) = &record.device_slots {
+                (device.flush)();
+            }
             while tail < received {
                 let slot = (tail % SLOTS) as usize;
                 let frame = ring.arrived(tail).expect("an arrived message has its header");

@@ -464,14 +464,10 @@ impl Fabric for Net {
 /// What device ranks on different hosts use of a tcp fabric (the `cuda` transport's, `cuda/remote.rs`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 impl Net {
-    /// Whether `peer` runs on this rank's host (the same `host_key`).
-    pub(crate) fn same_host(&self, peer: u32) -> bool {
-        self.same_host_as(peer, self.job.rank)
-    }
-
-    /// Whether ranks `a` and `b` run on one host.
-    pub(crate) fn same_host_as(&self, a: u32, b: u32) -> bool {
-        self.hosts.get(a as usize) == self.hosts.get(b as usize)
+    /// Rank `r`'s host key (`host_key`).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(crate) fn host(&self, r: u32) -> &str {
+        self.hosts.get(r as usize).map_or("", String::as_str)
     }
 
     /// The ring carrying lane `lane` of the connection `end` between a device rank of this process and one on

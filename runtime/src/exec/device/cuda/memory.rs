@@ -61,6 +61,37 @@ impl DeviceAlloc {
         )
     }
 
+    /// A dma-buf file descriptor of the whole allocation, for a NIC to read and write it (GPUDirect RDMA): an error
+    /// saying why where the GPU or its driver cannot export one. The allocation's size is a whole number of pages.
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    pub fn dma_buf(&self) -> Result<std::os::fd::OwnedFd, String> {
+        use std::os::fd::FromRawFd;
+        self.gpu.bind()?;
+        let mut supported = 0;
+        let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED;
+        // SAFETY: a valid out-pointer and this GPU's ordinal.
+        let asked = unsafe { sys::cuDeviceGetAttribute(&mut supported, attribute, self.gpu.ordinal) };
+        if asked != CUresult::CUDA_SUCCESS || supported == 0 {
+            return Err(format!("GPU {} or its driver does not support dma-buf", self.gpu.ordinal));
+        }
+        let mut fd: i32 = -1;
+        // SAFETY: `fd` receives the descriptor; the range is this allocation.
+        ok(
+            unsafe {
+                sys::cuMemGetHandleForAddressRange(
+                    (&mut fd as *mut i32).cast(),
+                    self.ptr,
+                    self.bytes.next_multiple_of(4096),
+                    sys::CUmemRangeHandleType::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD,
+                    0,
+                )
+            },
+            "cuMemGetHandleForAddressRange",
+        )?;
+        // SAFETY: a descriptor the driver just opened for this process, owned from here.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
     pub fn fill(&self, byte: u8) -> Result<(), String> {
         self.gpu.bind()?;
         // SAFETY: the whole allocation.

@@ -170,6 +170,22 @@ impl Gpu {
         // SAFETY: a context retained for the process's lifetime.
         ok(unsafe { sys::cuCtxSetCurrent(self.ctx) }, "cuCtxSetCurrent")
     }
+
+    /// Makes the NIC's writes into this GPU's memory so far visible to its kernels (GPUDirect RDMA: a PCIe write
+    /// may otherwise still be on its way when the kernel sees the flag posted after it).
+    pub fn flush_rdma_writes(&self) -> Result<(), String> {
+        self.bind()?;
+        use sys::CUflushGPUDirectRDMAWritesScope as Scope;
+        use sys::CUflushGPUDirectRDMAWritesTarget as Target;
+        // SAFETY: this GPU's context is current.
+        let flushed = unsafe {
+            sys::cuFlushGPUDirectRDMAWrites(
+                Target::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                Scope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+            )
+        };
+        ok(flushed, "cuFlushGPUDirectRDMAWrites")
+    }
 }
 
 /// GPU `ordinal`, its kernels compiled and loaded on first use.

@@ -20,7 +20,9 @@
 // IBV_WC_RETRY_EXC_ERR; any error moves the QP to the error state and flushes every other request and receive with
 // IBV_WC_WR_FLUSH_ERR, as a NIC does. A context's progress thread runs both sides: it reads a request's gather list
 // when it sends it (a sender may not touch its buffer before the completion), and writes into registered memory
-// only what a valid rkey allows.
+// only what a valid rkey allows. Memory registered from a dma-buf (ibv_reg_dmabuf_mr: on the CUDA driver for the
+// CPU, a device allocation's memfd) is mapped by the library and reached through that mapping, never through the
+// iova the requests name it by, as a NIC reaches a GPU's memory.
 //
 // Faults on request, `COLLC_SOFT_IB_FAULT=KIND@N` (responder side, from its Nth request on, counted per process):
 // `rnr` (every request with immediate finds no receive), `access` (every write is refused as by a wrong rkey),
@@ -38,6 +40,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -172,6 +175,10 @@ struct Ctx;
 struct Mr {
     ibv_mr mr;
     int access;
+    // A dma-buf's: this process's mapping of it (`map_len` bytes), where iova `mr.addr` is `local`.
+    char* map = nullptr;
+    size_t map_len = 0;
+    char* local = nullptr;
 };
 
 struct Cq {
@@ -301,6 +308,11 @@ void fail_qp(Qp* q, Request* first, ibv_wc_status status) {
 Mr* find_mr(Ctx* c, uint32_t key) {
     auto it = c->mrs.find(key);
     return it == c->mrs.end() ? nullptr : it->second;
+}
+
+// Where this process reaches address `addr` of `m` (a dma-buf's iova is not a pointer here).
+char* at(Mr* m, uint64_t addr) {
+    return m->local ? m->local + (addr - (uint64_t)m->mr.addr) : (char*)(uintptr_t)addr;
 }
 
 // Whether [addr, addr + len) lies in `m`.

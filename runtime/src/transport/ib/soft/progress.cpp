@@ -52,7 +52,7 @@ bool gather(Ctx* c, Request& r, std::string& data) {
     for (const ibv_sge& s : r.sges) {
         Mr* m = find_mr(c, s.lkey);
         if (!m || !within(m, s.addr, s.length)) return false;
-        data.append((const char*)(uintptr_t)s.addr, s.length);
+        data.append(at(m, s.addr), s.length);
     }
     return true;
 }
@@ -189,7 +189,7 @@ void on_request(Ctx* c, Qp* q, Conn* conn, const Packet& p, const char* body) {
             send_packet(conn, answer);
             return;
         }
-        if (p.len) memcpy((void*)(uintptr_t)p.remote_addr, body, p.len);
+        if (p.len) memcpy(at(m, p.remote_addr), body, p.len);
     }
     if (consumes) {
         Recv r = q->recvs.front();
@@ -206,18 +206,18 @@ void on_request(Ctx* c, Qp* q, Conn* conn, const Packet& p, const char* body) {
                 fail_qp(q, nullptr, IBV_WC_SUCCESS);
                 return;
             }
-            uint64_t at = 0;
+            uint64_t done = 0;
             for (const ibv_sge& s : r.sges) {
                 Mr* m = find_mr(c, s.lkey);
-                uint64_t take = std::min<uint64_t>(s.length, p.len - at);
+                uint64_t take = std::min<uint64_t>(s.length, p.len - done);
                 if (!m || !within(m, s.addr, take) || !(m->access & IBV_ACCESS_LOCAL_WRITE)) {
                     complete(q->qp.recv_cq, r.wr_id, IBV_WC_LOC_PROT_ERR, IBV_WC_RECV, q->qp.qp_num, 0);
                     fail_qp(q, nullptr, IBV_WC_SUCCESS);
                     return;
                 }
-                memcpy((void*)(uintptr_t)s.addr, body + at, take);
-                at += take;
-                if (at == p.len) break;
+                memcpy(at(m, s.addr), body + done, take);
+                done += take;
+                if (done == p.len) break;
             }
         }
         ibv_wc_opcode op = p.kind == WRITE_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;

@@ -306,12 +306,25 @@ ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t length, uint64_t iova, u
     return register_mr(pd, iova, length, (int)access);
 }
 
-// A dma-buf (on the CUDA driver for the CPU, device memory's memfd), registered at `iova`, the address the peer
-// writes to: where this process sees that memory (the device pointer).
+// A dma-buf (on the CUDA driver for the CPU, device memory's memfd), registered at `iova`, the address requests
+// name it by (the device pointer): the library maps the buffer itself and reaches it through that mapping, as a
+// NIC reaches device memory through the dma-buf and not through the process's pointers.
 ibv_mr* ibv_reg_dmabuf_mr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd, int access) {
-    (void)offset;
     if (fcntl(fd, F_GETFD) == -1) return nullptr;  // errno: EBADF
-    return register_mr(pd, iova, length, access);
+    uint64_t page = 4096, start = offset & ~(page - 1);
+    size_t span = (size_t)(offset - start) + length;
+    void* map = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)start);
+    if (map == MAP_FAILED) return nullptr;  // errno from mmap: not a buffer that can be mapped, or past its end
+    ibv_mr* mr = register_mr(pd, iova, length, access);
+    if (!mr) {
+        munmap(map, span);
+        return nullptr;
+    }
+    Mr* m = (Mr*)mr;
+    m->map = (char*)map;
+    m->map_len = span;
+    m->local = (char*)map + (offset - start);
+    return mr;
 }
 
 int ibv_dereg_mr(ibv_mr* mr) {
@@ -320,6 +333,7 @@ int ibv_dereg_mr(ibv_mr* mr) {
     Mr* m = find_mr(c, mr->lkey);
     if (!m) return EINVAL;
     c->mrs.erase(mr->lkey);
+    if (m->map) munmap(m->map, m->map_len);
     delete m;
     return 0;
 }

@@ -2,7 +2,8 @@
 //! ibverbs crate and its `ffi`, in a child process of this test binary that loads it (the loader reads
 //! LD_LIBRARY_PATH when a process starts): devices and ports, RC queue pairs through RESET, INIT, RTR and RTS with
 //! their attributes checked, RDMA write with immediate into registered memory, receiver-not-ready retries, and a
-//! wrong rkey, each with the completion statuses a NIC gives; then the faults it injects on request
+//! wrong rkey, each with the completion statuses a NIC gives, and a dma-buf registered at an iova that is no address
+//! of the process; then the faults it injects on request
 //! (`COLLC_SOFT_IB_FAULT`), each a child of its own.
 #![cfg(feature = "ib")]
 
@@ -44,7 +45,7 @@ fn rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does() {
         return child();
     }
     let said = run_child("rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does", "basic", "");
-    assert!(said.contains("soft verbs child: 6 cases checked"), "{said}");
+    assert!(said.contains("soft verbs child: 7 cases checked"), "{said}");
 }
 
 /// Injected faults, from the responder's first request on: a silent responder (retries exceeded after the IB
@@ -259,6 +260,9 @@ impl End {
     }
 }
 
+/// Where the test registers a dma-buf: no address of the process (the library must not write through it).
+const IOVA: u64 = 0x7700_0000_0000;
+
 fn status(wc: &ffi::ibv_wc) -> u32 {
     wc.error().map_or(ffi::ibv_wc_status::IBV_WC_SUCCESS, |(status, _)| status)
 }
@@ -339,6 +343,35 @@ fn child() {
     f.connect(&e, 1);
     assert_eq!(e.write(7, 8, f.addr(), f.rkey(), Some(7)), 0);
     assert_eq!(status(&e.completions(1)[0]), ffi::ibv_wc_status::IBV_WC_RNR_RETRY_EXC_ERR);
+    cases += 1;
+
+    // A dma-buf (a memfd, as the CUDA driver for the CPU exports device memory) registered from its second page at
+    // an iova that is no address of this process: a write there lands in the buffer through the library's own
+    // mapping of it, and one past the registered length is refused.
+    let (mut g, h) = (End::new(devices[0]), End::new(devices[1]));
+    g.connect(&h, 7);
+    h.connect(&g, 7);
+    // SAFETY: a new memfd of two pages, mapped here to look at it; registered through the peer's protection domain.
+    let (view, mr) = unsafe {
+        let fd = libc::memfd_create(c"soft-verbs-dmabuf".as_ptr(), 0);
+        assert!(fd >= 0 && libc::ftruncate(fd, 8192) == 0);
+        let view = libc::mmap(std::ptr::null_mut(), 8192, libc::PROT_READ, libc::MAP_SHARED, fd, 0);
+        assert_ne!(view, libc::MAP_FAILED);
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE;
+        let mr = ffi::ibv_reg_dmabuf_mr((*h.mr).pd, 4096, 4096, IOVA, fd, access.0 as i32);
+        assert!(!mr.is_null(), "ibv_reg_dmabuf_mr");
+        libc::close(fd);
+        (std::slice::from_raw_parts(view as *const u8, 8192), mr)
+    };
+    g.buf[..256].fill(0x5a);
+    // SAFETY: a live memory region.
+    let rkey = unsafe { (*mr).rkey };
+    assert_eq!(g.write(8, 256, IOVA + 16, rkey, None), 0);
+    assert_eq!(status(&g.completions(1)[0]), ffi::ibv_wc_status::IBV_WC_SUCCESS);
+    assert!(view[4096 + 16..4096 + 272].iter().all(|&x| x == 0x5a), "the write lands in the buffer's second page");
+    assert!(view[..4096 + 16].iter().chain(&view[4096 + 272..]).all(|&x| x == 0), "and nowhere else");
+    assert_eq!(g.write(9, 256, IOVA + 4000, rkey, None), 0);
+    assert_eq!(status(&g.completions(1)[0]), ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
     cases += 1;
     println!("soft verbs child: {cases} cases checked");
 }

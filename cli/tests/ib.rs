@@ -91,7 +91,7 @@ fn without_an_rdma_device_ib_exits_1_saying_so() {
 }
 
 /// Two hosts (network namespaces), one rank each, under torchrun's environment: the software devices reach each
-/// other over the namespaces' network. Then the faults: a write refused as by a wrong rkey, and a peer whose
+/// other over the namespaces' network, with a queue pair per pair of ranks and with one per link. Then the faults: a write refused as by a wrong rkey, and a peer whose
 /// library exits mid-call (a vanished host), each an error on every rank naming a rank, the instruction and the
 /// `.coll` line, within the timeout (and the others the library injects).
 #[test]
@@ -112,6 +112,16 @@ fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
         let table = printed(&outputs[0]);
         assert!(table.contains("2 ranks, transport ib") && table.contains("# Out of bounds values : 0 OK"), "{table}");
     }
+    // A queue pair per link (NCCL's per connection) in place of one per pair of ranks.
+    let args =
+        ["allreduce/ring", "--transport", "ib", "-b", "8", "-e", "1M", "-f", "32", "-n", "2", "-w", "1", "-c", "1"];
+    let env = [&env[..], &[("COLLC_IB_QPS", "link"), ("COLLC_DEBUG", "INFO")]].concat();
+    let outputs = wait_within(Job::start(&hosts, 2, Launcher::Torchrun, &args, &env, |_| Vec::new()), LIMIT, "link");
+    for (rank, out) in outputs.iter().enumerate() {
+        let said = printed(out);
+        assert!(out.status.success() && said.contains("a queue pair for channel 0 lane 0"), "rank {rank}: {said}");
+    }
+    assert!(printed(&outputs[0]).contains("# Out of bounds values : 0 OK"), "{}", printed(&outputs[0]));
     let args = ["allreduce/ring", "--transport", "ib", "-b", "64K", "-e", "64K", "-n", "1000", "-w", "1", "-c", "0"];
     // Rank 1's library refuses writes (as a wrong rkey), exits mid-call, answers nothing (rank 0's short IB timeout
     // then exceeds its retries), finds no receive posted for ever (RNR: retried without end, the collective's

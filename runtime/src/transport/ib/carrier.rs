@@ -67,6 +67,8 @@ struct LinkState {
     memory: LinkMemory,
     remote: Remote,
     sending: bool,
+    /// Its queue pair (in `Verbs::qps`).
+    qp: usize,
     /// Whether a small message may go inline (the CPU copies it from the slot: not from a GPU's memory).
     inline: bool,
     /// Sender: messages written so far. Receiver: the consumed count last written back.
@@ -77,16 +79,19 @@ struct LinkState {
 /// A link's ring by its end and lane (a device rank's channel has a ring per lane).
 pub(crate) type RingKey = (LinkEnd, u16);
 
-/// What the fabric hands the carrier for a link before its ring: its memory and its other end.
-pub(crate) type Setups = Arc<Mutex<HashMap<RingKey, (LinkMemory, Remote, u32)>>>;
+/// What the fabric hands the carrier for a link before its ring: its memory, its other end, its number and the
+/// number of the queue pair that carries it.
+pub(crate) type Setups = Arc<Mutex<HashMap<RingKey, (LinkMemory, Remote, u32, u32)>>>;
 
-/// The ib transport's `Carrier`: a rank's queue pairs (one per peer) and its links.
+/// The ib transport's `Carrier`: a rank's queue pairs (one per peer, or one per link: `COLLC_IB_QPS`) and its
+/// links.
 pub(crate) struct Verbs {
     rank: u32,
     job: u64,
     device: Arc<Device>,
-    qps: Vec<Option<Qp>>,
-    peer_of_qpn: HashMap<u32, u32>,
+    qps: Vec<Qp>,
+    /// By queue pair number: the peer and the queue pair's place in `qps`.
+    by_qpn: HashMap<u32, (u32, usize)>,
     links: Vec<LinkState>,
     /// By the index a sender's immediate names (the receiving link's number here).
     by_index: HashMap<u32, usize>,
@@ -101,13 +106,13 @@ pub(crate) struct Verbs {
 }
 
 impl Verbs {
-    pub fn new(rank: u32, n_ranks: u32, job: u64, device: Arc<Device>, setups: Setups) -> Verbs {
+    pub fn new(rank: u32, job: u64, device: Arc<Device>, setups: Setups) -> Verbs {
         Verbs {
             rank,
             job,
             device,
-            qps: (0..n_ranks).map(|_| None).collect(),
-            peer_of_qpn: HashMap::new(),
+            qps: Vec::new(),
+            by_qpn: HashMap::new(),
             links: Vec::new(),
             by_index: HashMap::new(),
             by_end: HashMap::new(),
@@ -132,7 +137,7 @@ impl Verbs {
             return false;
         }
         for wc in &wcs[..n as usize] {
-            let peer = self.peer_of_qpn.get(&wc.qp_num).copied().unwrap_or(self.rank);
+            let (peer, qp) = self.by_qpn.get(&wc.qp_num).copied().unwrap_or((self.rank, usize::MAX));
             if let Some((status, vendor)) = wc.error() {
                 if status == ffi::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                     // Flushed: this rank's queue pair went to the error state (a cause reported first wins).
@@ -151,7 +156,7 @@ impl Verbs {
             if wc.opcode() == ffi::ibv_wc_opcode::IBV_WC_RECV_RDMA_WITH_IMM {
                 let index = u32::from_be(wc.imm_data().unwrap_or(0));
                 self.arrived(peer, index, wc.len());
-                if let Some(qp) = &self.qps[peer as usize] {
+                if let Some(qp) = self.qps.get(qp) {
                     if let Err(e) = qp.post_recv() {
                         self.fail(self.rank, e);
                     }
@@ -215,7 +220,7 @@ impl Verbs {
         while self.links[link].queued < posted {
             let state = &self.links[link];
             let message = state.queued;
-            let Some(qp) = &self.qps[state.ring.peer as usize] else { return moved };
+            let qp = &self.qps[state.qp];
             let meta = state.ring.meta(message);
             let end = state.ring.end;
             let header = Frame::data(
@@ -278,7 +283,7 @@ impl Verbs {
             if owed == 0 || (!all && owed < SLOTS / 2) {
                 continue;
             }
-            let Some(qp) = &self.qps[state.ring.peer as usize] else { continue };
+            let qp = &self.qps[state.qp];
             let remote = state.remote;
             let word = consumed.to_le_bytes();
             // Signaled: a send queue frees unsignaled requests only at a later completion, and a rank that only
@@ -317,16 +322,19 @@ impl Carrier for Verbs {
     }
 
     fn add_peer(&mut self, peer: u32, qp: Qp) {
-        self.peer_of_qpn.insert(qp.number(), peer);
-        self.qps[peer as usize] = Some(qp);
+        self.by_qpn.insert(qp.number(), (peer, self.qps.len()));
+        self.qps.push(qp);
     }
 
     fn register(&mut self, ring: Arc<Ring>) {
         let key = (ring.end, ring.lane);
         let setup = self.setups.lock().unwrap_or_else(|p| p.into_inner()).remove(&key);
-        let Some((memory, remote, index)) = setup else {
+        let Some((memory, remote, index, qpn)) = setup else {
             return self
                 .fail(self.rank, format!("a link without its registration ({:?} lane {})", ring.end, ring.lane));
+        };
+        let Some(&(_, qp)) = self.by_qpn.get(&qpn) else {
+            return self.fail(self.rank, format!("a link without its queue pair ({:?} lane {})", ring.end, ring.lane));
         };
         let sending = ring.end.from == self.rank;
         if !sending {
@@ -335,7 +343,7 @@ impl Carrier for Verbs {
             self.by_end.insert(key, self.links.len());
         }
         let inline = ring.record.as_ref().is_none_or(|r| r.device_slots.is_none());
-        self.links.push(LinkState { ring, memory, remote, sending, inline, queued: 0, reported: 0 });
+        self.links.push(LinkState { ring, memory, remote, sending, qp, inline, queued: 0, reported: 0 });
         if !sending && self.early.iter().any(|&(_, i, _)| i == index) {
             let (now, later): (Vec<_>, Vec<_>) =
                 std::mem::take(&mut self.early).into_iter().partition(|e| e.1 == index);

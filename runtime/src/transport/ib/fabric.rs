@@ -51,8 +51,8 @@ fn env_u8(name: &str, default: u8, most: u8) -> Result<u8, String> {
 
 struct State {
     rings: HashMap<RingKey, Arc<Ring>>,
-    /// Peers whose queue pair is connected.
-    connected: Vec<bool>,
+    /// One queue pair a peer: the number of each peer's, once connected.
+    peer_qpn: Vec<Option<u32>>,
     /// The number the next receiving link gets (a sender's immediate names it).
     next_index: u32,
 }
@@ -67,12 +67,14 @@ pub(crate) struct IbLinks {
     state: Mutex<State>,
     timeout: u8,
     retry_cnt: u8,
+    /// A queue pair per link (`COLLC_IB_QPS=link`), else one per peer that its links share.
+    per_link: bool,
 }
 
 /// One entry of the all-gather: a queue pair for a peer, or one end of a link's lane.
 const QP_ENTRY: u8 = 1;
 const LINK_ENTRY: u8 = 2;
-const ENTRY_BYTES: usize = 1 + 4 + 4 + 1 + 4 + 8 + 4 + 8 + 4 + 4 + 2;
+const ENTRY_BYTES: usize = 1 + 4 + 4 + 1 + 4 + 8 + 4 + 8 + 4 + 4 + 2 + 4;
 
 impl IbLinks {
     /// Rank `rank`'s device (`COLLC_IB_HCA`) and its proxy, moving data as `mode` says.
@@ -88,11 +90,21 @@ impl IbLinks {
         let timeout = env_u8("COLLC_IB_TIMEOUT", 20, 31).map_err(config)?;
         let retry_cnt = env_u8("COLLC_IB_RETRY_CNT", 7, 7).map_err(config)?;
         let setups = Setups::default();
-        let verbs = Verbs::new(rank, n_ranks, job, device.clone(), setups.clone());
+        let verbs = Verbs::new(rank, job, device.clone(), setups.clone());
         let proxy =
             Proxy::start(verbs, mode).map_err(|e| config(format!("cannot start the network proxy thread: {e}")))?;
-        let state = State { rings: HashMap::new(), connected: vec![false; n_ranks as usize], next_index: 0 };
-        Ok(IbLinks { rank, device, proxy, setups, state: Mutex::new(state), timeout, retry_cnt })
+        let per_link = match std::env::var("COLLC_IB_QPS").as_deref().map(str::trim) {
+            Err(_) | Ok("") | Ok("peer") => false,
+            Ok("link") => true,
+            Ok(other) => {
+                return Err(config(format!(
+                    "COLLC_IB_QPS=`{other}`: `peer` (the default) makes one queue pair per pair of ranks, shared by \
+                     their links; `link` one per link"
+                )))
+            }
+        };
+        let state = State { rings: HashMap::new(), peer_qpn: vec![None; n_ranks as usize], next_index: 0 };
+        Ok(IbLinks { rank, device, proxy, setups, state: Mutex::new(state), timeout, retry_cnt, per_link })
     }
 
     /// The rings of `keys` (links of this rank, with their lanes), each set up the first time: made by `make`,
@@ -110,11 +122,12 @@ impl IbLinks {
         // New queue pairs (a peer this rank has none with yet) and new links, with what their peers need.
         let mut entries: Vec<[u8; ENTRY_BYTES]> = Vec::new();
         let mut new_qps: Vec<(u32, Qp)> = Vec::new();
-        let mut new_links: Vec<(RingKey, Arc<Ring>, LinkMemory, u32)> = Vec::new();
+        let mut new_links: Vec<(RingKey, Arc<Ring>, LinkMemory, u32, u32, Option<Qp>)> = Vec::new();
         for &key in keys {
             let end = key.0;
             let peer = if end.from == rank { end.to } else { end.from };
-            if !state.connected[peer as usize] && !new_qps.iter().any(|(p, _)| *p == peer) {
+            let peers_qp = state.peer_qpn[peer as usize].is_some() || new_qps.iter().any(|(p, _)| *p == peer);
+            if !self.per_link && !peers_qp {
                 let qp = self.device.queue_pair().map_err(config)?;
                 entries.push(entry(QP_ENTRY, peer, qp.number(), 0, 0, 0, 0, 0, 0));
                 new_qps.push((peer, qp));
@@ -129,37 +142,58 @@ impl IbLinks {
                 } else {
                     0
                 };
-                entries.push(link_entry(key, &memory, index));
-                new_links.push((key, ring, memory, index));
+                // Its own queue pair, or its peer's (the carrier finds it by its number).
+                let (qpn, qp) = match self.per_link {
+                    true => {
+                        let qp = self.device.queue_pair().map_err(config)?;
+                        (qp.number(), Some(qp))
+                    }
+                    false => {
+                        let made = new_qps.iter().find(|(p, _)| *p == peer).map(|(_, qp)| qp.number());
+                        (state.peer_qpn[peer as usize].or(made).expect("a peer's queue pair comes first"), None)
+                    }
+                };
+                entries.push(link_entry(key, &memory, index, qpn));
+                new_links.push((key, ring, memory, index, qpn, qp));
             }
         }
         let mut head = self.device.gid.to_vec();
         head.extend_from_slice(&self.device.lid.to_le_bytes());
         let theirs = gather_entries(gather, &head, &entries)?;
-        // Connect the new queue pairs: each peer published the number of its queue pair for this rank.
-        for (peer, qp) in new_qps {
-            let (head, list) = &theirs[peer as usize];
-            let qpn = list
-                .iter()
-                .find(|e| e[0] == QP_ENTRY && u32_at(&e[..], 1) == rank)
-                .map(|e| u32_at(e, 5))
-                .ok_or_else(|| config(format!("rank {peer} made no queue pair for this rank")))?;
+        // A peer's queue pair numbered `qpn`, as this rank's queue pairs connect to it (its GID and LID are in the
+        // peer's head).
+        let endpoint = |peer: u32, qpn: u32| -> Result<Endpoint, RuntimeError> {
+            let head = &theirs[peer as usize].0;
             let gid: [u8; 16] = head
                 .get(..16)
                 .and_then(|g| g.try_into().ok())
                 .ok_or_else(|| config(format!("rank {peer}'s GID is missing")))?;
             let lid = head.get(16..18).map_or(0, |l| u16::from_le_bytes([l[0], l[1]]));
-            qp.connect(&Endpoint { qpn, gid, lid }, self.timeout, self.retry_cnt)
-                .map_err(|e| config(format!("connecting to rank {peer}: {e}")))?;
-            state.connected[peer as usize] = true;
+            Ok(Endpoint { qpn, gid, lid })
+        };
+        let connect = |peer: u32, qp: &Qp, qpn: u32| -> Result<(), RuntimeError> {
+            qp.connect(&endpoint(peer, qpn)?, self.timeout, self.retry_cnt)
+                .map_err(|e| config(format!("connecting to rank {peer}: {e}")))
+        };
+        // Connect the new queue pairs: each peer published the number of its queue pair for this rank.
+        for (peer, qp) in new_qps {
+            let qpn = theirs[peer as usize]
+                .1
+                .iter()
+                .find(|e| e[0] == QP_ENTRY && u32_at(&e[..], 1) == rank)
+                .map(|e| u32_at(e, 5))
+                .ok_or_else(|| config(format!("rank {peer} made no queue pair for this rank")))?;
+            connect(peer, &qp, qpn)?;
+            state.peer_qpn[peer as usize] = Some(qp.number());
             log::info(
                 Subsys::Init,
                 format_args!("rank {rank}: connected to rank {peer} via NET/IB/{}", self.device.port),
             );
             self.proxy.shared.add_peer(peer, qp);
         }
-        // The new links: the other end's registration, from the peer's entry for the same link and lane.
-        for (key, ring, memory, index) in new_links {
+        // The new links: the other end's registration (and queue pair), from the peer's entry for the same link and
+        // lane.
+        for (key, ring, memory, index, qpn, qp) in new_links {
             let (end, peer) = (key.0, ring.peer);
             let other =
                 theirs[peer as usize].1.iter().find(|e| e[0] == LINK_ENTRY && same_link(&e[..], key)).ok_or_else(
@@ -170,6 +204,16 @@ impl IbLinks {
                         ))
                     },
                 )?;
+            if let Some(qp) = qp {
+                connect(peer, &qp, u32_at(other, 44))?;
+                let how =
+                    format!("a queue pair for channel {} lane {}, {} B slots", end.channel, key.1, end.slot_bytes);
+                log::info(
+                    Subsys::Init,
+                    format_args!("rank {rank}: connected to rank {peer} via NET/IB/{} ({how})", self.device.port),
+                );
+                self.proxy.shared.add_peer(peer, qp);
+            }
             let remote = Remote {
                 slots: u64_at(other, 14),
                 slots_rkey: u32_at(other, 22),
@@ -177,7 +221,7 @@ impl IbLinks {
                 words_rkey: u32_at(other, 34),
                 index: u32_at(other, 38),
             };
-            self.setups.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (memory, remote, index));
+            self.setups.lock().unwrap_or_else(|p| p.into_inner()).insert(key, (memory, remote, index, qpn));
             self.proxy.shared.add_ring(ring.clone());
             state.rings.insert(key, ring);
         }
@@ -253,8 +297,8 @@ fn entry(
     e
 }
 
-/// A link's end as its peer needs it: its slots and words (address, rkey), its number and its lane.
-fn link_entry((end, lane): RingKey, memory: &LinkMemory, index: u32) -> [u8; ENTRY_BYTES] {
+/// A link's end as its peer needs it: its slots and words (address, rkey), its number, its lane and its queue pair.
+fn link_entry((end, lane): RingKey, memory: &LinkMemory, index: u32, qpn: u32) -> [u8; ENTRY_BYTES] {
     let (slots, words) = (&memory.slots, &memory.words);
     let mut e = entry(
         LINK_ENTRY,
@@ -269,6 +313,7 @@ fn link_entry((end, lane): RingKey, memory: &LinkMemory, index: u32) -> [u8; ENT
     );
     e[38..42].copy_from_slice(&index.to_le_bytes());
     e[42..44].copy_from_slice(&lane.to_le_bytes());
+    e[44..48].copy_from_slice(&qpn.to_le_bytes());
     e
 }
 

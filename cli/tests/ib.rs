@@ -170,23 +170,57 @@ fn roce_gids_are_chosen_as_nccl_does_and_a_wrong_index_is_named() {
     assert!(said.contains("RTR failed") && said.contains("its source GID is index 1 of soft_ib0:1"), "{said}");
 }
 
+/// The CUDA driver for the CPU, built once per test process, and the PTX cache its ranks share: the library path
+/// with it and the software verbs library first, and the cache directory.
+#[cfg(feature = "cuda")]
+fn host_gpus() -> (String, String) {
+    static DONE: OnceLock<(String, String)> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu");
+        collc_runtime::build_host_driver(&driver).unwrap_or_else(|e| panic!("{e}"));
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu-cache").display().to_string();
+        let path = format!("{}:{}", driver.display(), library_path());
+        // The kernels compiled once into the cache, not by every rank at once under the timeout.
+        let warm = collc(&["gpu", "info"], &[("LD_LIBRARY_PATH", path.as_str()), ("XDG_CACHE_HOME", cache.as_str())]);
+        assert!(warm.status.success(), "{}", text(&warm));
+        (path, cache)
+    })
+    .clone()
+}
+
 /// The hardware script (`tests/ib/run.sh`, what a machine with a NIC runs), small, on the software library: its
-/// matrix passes and its sweep prints busbw against the line rate.
+/// matrix passes and its sweep prints busbw against the line rate; with the CUDA driver for the CPU, its device
+/// ranks run over ib with GPUDirect RDMA and staged.
 #[test]
 fn the_hardware_script_passes_on_the_software_library() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/ib/run.sh");
-    let out = Command::new("bash")
+    let mut command = Command::new("bash");
+    command
         .arg(&script)
         .arg(env!("CARGO_BIN_EXE_collc"))
         .env("LD_LIBRARY_PATH", library_path())
         .envs([("RANKS", "2"), ("ALGOS", "allreduce/ring alltoall/pairwise"), ("SIZES", "-b 8 -e 1K -f 32")])
-        .envs([("SWEEP", "-b 64K -e 256K -f 4 -n 2 -w 1"), ("LINE_GBPS", "50")])
-        .output()
-        .expect("bash runs");
+        .envs([("SWEEP", "-b 64K -e 256K -f 4 -n 2 -w 1"), ("LINE_GBPS", "50")]);
+    #[cfg(feature = "cuda")]
+    let (path, cache) = host_gpus();
+    #[cfg(feature = "cuda")]
+    command
+        .envs([("LD_LIBRARY_PATH", path.as_str()), ("XDG_CACHE_HOME", cache.as_str()), ("COLLC_HOST_GPUS", "2")])
+        .envs([("GPU_ALGOS", "allreduce/ring"), ("GPU_SIZES", "-b 8 -e 64K -f 64"), ("GPU_BYTES", "1M")]);
+    let out = command.output().expect("bash runs");
     let said = text(&out);
     assert!(out.status.success() && said.ends_with("PASS\n"), "{said}");
     assert!(said.contains("matrix: 2 runs, ") && said.contains(" 0 wrong"), "{said}");
     assert!(said.contains("262144 B  busbw") && said.contains("of the line rate 50.0 GB/s"), "{said}");
+    #[cfg(feature = "cuda")]
+    for says in [
+        "== 3. device ranks over ib, 2 hosts x 2, COLLC_IB_GDR=auto",
+        "GPU Direct RDMA enabled",
+        "GPU Direct RDMA disabled (COLLC_IB_GDR=0)",
+        "1048576 B  busbw",
+    ] {
+        assert!(said.contains(says), "{says}: {said}");
+    }
 }
 
 /// How long one run may take (a debug build on two cores).
@@ -201,13 +235,7 @@ const LIMIT: Duration = Duration::from_secs(120);
 #[cfg(feature = "cuda")]
 #[test]
 fn device_ranks_on_two_hosts_run_over_ib_with_gpudirect_and_staged() {
-    let driver = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu");
-    collc_runtime::build_host_driver(&driver).unwrap_or_else(|e| panic!("{e}"));
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ib-host-gpu-cache").display().to_string();
-    let path = format!("{}:{}", driver.display(), library_path());
-    // The kernels compiled once into the cache, not by every rank at once under the timeout.
-    let warm = collc(&["gpu", "info"], &[("LD_LIBRARY_PATH", path.as_str()), ("XDG_CACHE_HOME", cache.as_str())]);
-    assert!(warm.status.success(), "{}", text(&warm));
+    let (path, cache) = host_gpus();
     let hosts = Hosts::new(2);
     let placement = [0, 0, 1, 1];
     let common = [

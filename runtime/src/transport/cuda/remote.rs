@@ -302,7 +302,10 @@ fn join_ib(
 fn gdr_choice(links: &crate::transport::ib::IbLinks, index: u32, gpus: Option<u32>) -> Result<bool, String> {
     let value = std::env::var("COLLC_IB_GDR").unwrap_or_default();
     let required = match value.trim() {
-        "0" => return Ok(false),
+        "0" => {
+            log::info(Subsys::Init, format_args!("NET/IB: GPU Direct RDMA disabled (COLLC_IB_GDR=0); staging"));
+            return Ok(false);
+        }
         "1" => true,
         "" | "auto" => false,
         other => {

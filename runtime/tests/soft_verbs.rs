@@ -3,8 +3,8 @@
 //! LD_LIBRARY_PATH when a process starts): devices and ports, RC queue pairs through RESET, INIT, RTR and RTS with
 //! their attributes checked, RDMA write with immediate into registered memory, receiver-not-ready retries, and a
 //! wrong rkey, each with the completion statuses a NIC gives, and a dma-buf registered at an iova that is no address
-//! of the process; then the faults it injects on request
-//! (`COLLC_SOFT_IB_FAULT`), each a child of its own.
+//! of the process, over the shared-memory pipe of contexts on one host and over TCP; then the faults it injects on
+//! request (`COLLC_SOFT_IB_FAULT`), each a child of its own.
 #![cfg(feature = "ib")]
 
 use ibverbs_sys as ffi;
@@ -24,7 +24,7 @@ fn library_dir() -> &'static Path {
 }
 
 /// Runs case `case` in a child that loads the software library, with `fault` injected; what it printed.
-fn run_child(test: &str, case: &str, fault: &str) -> String {
+fn run_child(test: &str, case: &str, fault: &str, env: &[(&str, &str)]) -> String {
     let path = std::env::var("LD_LIBRARY_PATH").unwrap_or_default();
     let out = Command::new(std::env::current_exe().expect("the test binary"))
         .args([test, "--exact", "--nocapture"])
@@ -32,6 +32,7 @@ fn run_child(test: &str, case: &str, fault: &str) -> String {
         .env("COLLC_SOFT_VERBS_CHILD", case)
         .env("COLLC_SOFT_IB_DEVICES", "soft_ib0,soft_ib1")
         .env("COLLC_SOFT_IB_FAULT", fault)
+        .envs(env.iter().copied())
         .output()
         .expect("the test binary runs");
     let said = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
@@ -44,8 +45,12 @@ fn rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does() {
     if std::env::var_os("COLLC_SOFT_VERBS_CHILD").is_some() {
         return child();
     }
-    let said = run_child("rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does", "basic", "");
-    assert!(said.contains("soft verbs child: 7 cases checked"), "{said}");
+    // Contexts of one host: through the shared-memory pipe, then TCP only.
+    let test = "rc_queue_pairs_write_with_immediate_and_fail_as_a_nic_does";
+    let said = run_child(test, "basic", "", &[]);
+    assert!(said.contains("soft verbs child: 7 cases checked, over a shared-memory pipe"), "{said}");
+    let said = run_child(test, "basic", "", &[("COLLC_SOFT_IB_SHM", "0")]);
+    assert!(said.contains("soft verbs child: 7 cases checked, over TCP"), "{said}");
 }
 
 /// Injected faults, from the responder's first request on: a silent responder (retries exceeded after the IB
@@ -58,7 +63,7 @@ fn injected_faults_complete_with_the_statuses_a_nic_gives() {
     }
     let test = "injected_faults_complete_with_the_statuses_a_nic_gives";
     for (case, fault) in [("silent", "silent@1"), ("access", "access@1"), ("error", "error@1")] {
-        let said = run_child(test, case, fault);
+        let said = run_child(test, case, fault, &[]);
         assert!(said.contains(&format!("fault child {case}: checked")), "{said}");
     }
 }
@@ -301,6 +306,13 @@ fn child() {
     assert_eq!(got[0].imm_data(), Some(0xc011cu32.to_be()));
     assert_eq!(&b.buf[128..128 + 4096], &a.buf[..4096]);
     assert!(b.buf[..128].iter().all(|&x| x == 0) && b.buf[128 + 4096..].iter().all(|&x| x == 0));
+    // The library's pipes are memfds this process holds.
+    let pipes = std::fs::read_dir("/proc/self/fd")
+        .expect("fds")
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter(|target| target.to_string_lossy().contains("collc-soft-ib-pipe"))
+        .count();
+    let over = if pipes > 0 { "a shared-memory pipe" } else { "TCP" };
     cases += 1;
 
     // No receive posted: the write waits (RNR, retried for ever with rnr_retry 7) and lands once one is.
@@ -373,5 +385,5 @@ fn child() {
     assert_eq!(g.write(9, 256, IOVA + 4000, rkey, None), 0);
     assert_eq!(status(&g.completions(1)[0]), ffi::ibv_wc_status::IBV_WC_REM_ACCESS_ERR);
     cases += 1;
-    println!("soft verbs child: {cases} cases checked");
+    println!("soft verbs child: {cases} cases checked, over {over}");
 }

@@ -374,9 +374,11 @@ impl<C: Carrier> Shared<C> {
     }
 }
 
-/// A rank's proxy: its thread, or the carrier its executor pumps; stops when dropped.
+/// A rank's proxy: its thread, or the carrier its executor pumps; stops when dropped, and its thread is joined then,
+/// so the rings it held (a device's records among them, freed through the driver) go before the process does.
 pub(crate) struct Proxy<C: Carrier> {
     pub shared: Arc<Shared<C>>,
+    thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl<C: Carrier> Proxy<C> {
@@ -412,11 +414,14 @@ impl<C: Carrier> Proxy<C> {
             seen_since: AtomicU64::new(0),
             looked_at: AtomicU64::new(0),
         });
-        if mode == Mode::Thread {
-            let theirs = shared.clone();
-            std::thread::Builder::new().name(format!("collc proxy {rank}")).spawn(move || run(&theirs))?;
-        }
-        Ok(Proxy { shared })
+        let thread = match mode {
+            Mode::Thread => {
+                let theirs = shared.clone();
+                Some(std::thread::Builder::new().name(format!("collc proxy {rank}")).spawn(move || run(&theirs))?)
+            }
+            Mode::Inline => None,
+        };
+        Ok(Proxy { shared, thread })
     }
 }
 
@@ -424,6 +429,10 @@ impl<C: Carrier> Drop for Proxy<C> {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Release);
         self.shared.wake_now();
+        // It looks at `stop` every round (its waits are bounded); not from itself.
+        if let Some(thread) = self.thread.take().filter(|t| t.thread().id() != std::thread::current().id()) {
+            let _ = thread.join();
+        }
     }
 }
 

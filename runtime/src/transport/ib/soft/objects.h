@@ -22,7 +22,10 @@
 // when it sends it (a sender may not touch its buffer before the completion), and writes into registered memory
 // only what a valid rkey allows. Memory registered from a dma-buf (ibv_reg_dmabuf_mr: on the CUDA driver for the
 // CPU, a device allocation's memfd) is mapped by the library and reached through that mapping, never through the
-// iova the requests name it by, as a NIC reaches a GPU's memory.
+// iova the requests name it by, as a NIC reaches a GPU's memory. The connection is TCP between network namespaces;
+// to a context in this one (this host) the requester offers a shared-memory pipe in its hello (a memfd of two byte
+// rings, which the responder maps through /proc), and once accepted the packets go through it, the TCP connection
+// staying as the doorbell of a sleeping reader and to see the peer's process end (`COLLC_SOFT_IB_SHM=0`: TCP only).
 //
 // Faults on request, `COLLC_SOFT_IB_FAULT=KIND@N` (responder side, from its Nth request on, counted per process):
 // `rnr` (every request with immediate finds no receive), `access` (every write is refused as by a wrong rkey),
@@ -41,6 +44,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -208,11 +212,32 @@ struct Recv {
     std::vector<ibv_sge> sges;
 };
 
+// A connection's shared-memory pipe, between two contexts of one host (same network namespace): a byte ring each
+// way in a memfd the requester makes and the responder maps through /proc. The TCP connection stays, for the
+// handshake, as the doorbell of a reader that sleeps, and to see the peer's process end.
+const uint64_t SHM_RING = 1 << 20;
+struct ShmRing {
+    std::atomic<uint64_t> head;      // bytes read (the reader's)
+    std::atomic<uint64_t> tail;      // bytes written (the writer's)
+    std::atomic<uint32_t> sleeping;  // the reader may block in poll: the writer rings the doorbell
+    char pad[44];
+    char data[SHM_RING];
+};
+struct ShmPipe {
+    ShmRing to_responder, to_requester;
+};
+
 struct Conn {
     int fd = -1;
     std::string out;
     std::string in;
     bool dead = false;
+    // The shared-memory pipe, once both ends use it (`shm_pending`: offered, not answered yet; until then, and if
+    // refused, TCP carries everything).
+    ShmPipe* shm = nullptr;
+    bool shm_pending = false;
+    bool shm_requester = false;
+    int shm_fd = -1;
     // A peer's connection: the QP its hello named (destination, source), taken once that QP is ready to receive
     // from that source (a NIC drops what reaches a QP before RTR, and the requester sends it again; here it waits).
     bool hello = false;
@@ -254,6 +279,14 @@ struct Ctx {
     std::thread progress;
     std::atomic<bool> stop{false};
 };
+
+// Closes a connection: its socket and its pipe.
+void close_conn(Conn* conn) {
+    if (conn->fd >= 0) close(conn->fd);
+    if (conn->shm) munmap(conn->shm, sizeof(ShmPipe));
+    if (conn->shm_fd >= 0) close(conn->shm_fd);
+    delete conn;
+}
 
 Ctx* ctx_of(ibv_context* c) { return (Ctx*)c; }
 Qp* qp_of(ibv_qp* q) { return (Qp*)q; }

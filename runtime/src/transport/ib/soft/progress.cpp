@@ -1,5 +1,6 @@
 // The software verbs library's progress thread: a context's requests sent, answered and retried, its peers'
-// requests written into registered memory, over TCP (see objects.h for the whole library).
+// requests written into registered memory, over TCP, or over a shared-memory pipe to a context of this host (see
+// objects.h for the whole library).
 
 namespace {
 
@@ -21,6 +22,96 @@ Packet header(uint8_t kind, uint32_t src, uint32_t dst, uint64_t seq) {
     return p;
 }
 
+// --- shared memory between contexts of one host ------------------------------------------------------------------
+
+// A HELLO's `nak` byte: a requester's offer of a pipe (its netns, pid and memfd in `remote_addr`, `rkey`, `len`), and
+// the responder's answer.
+const uint8_t SHM_OFFER = 1, SHM_ACCEPT = 2, SHM_REFUSE = 3;
+
+bool shm_enabled() {
+    const char* text = getenv("COLLC_SOFT_IB_SHM");
+    return !(text && std::string(text) == "0");
+}
+
+// This process's network namespace (its inode): contexts in one namespace share a host.
+uint64_t netns_id() {
+    struct stat st;
+    return stat("/proc/self/ns/net", &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
+bool established(const Conn* conn) { return conn->shm && !conn->shm_pending; }
+ShmRing* incoming(Conn* conn) { return conn->shm_requester ? &conn->shm->to_requester : &conn->shm->to_responder; }
+ShmRing* outgoing(Conn* conn) { return conn->shm_requester ? &conn->shm->to_responder : &conn->shm->to_requester; }
+
+// Writes what fits of `data`; how much.
+size_t ring_write(ShmRing* r, const char* data, size_t len) {
+    uint64_t tail = r->tail.load(std::memory_order_relaxed), head = r->head.load(std::memory_order_acquire);
+    size_t n = std::min<size_t>(len, SHM_RING - (tail - head));
+    size_t at = tail % SHM_RING, first = std::min<size_t>(n, SHM_RING - at);
+    memcpy(r->data + at, data, first);
+    memcpy(r->data, data + first, n - first);
+    r->tail.store(tail + n, std::memory_order_release);
+    return n;
+}
+
+// Appends what the ring holds to `out`.
+void ring_read(ShmRing* r, std::string& out) {
+    uint64_t head = r->head.load(std::memory_order_relaxed), tail = r->tail.load(std::memory_order_acquire);
+    size_t n = tail - head, at = head % SHM_RING, first = std::min<size_t>(n, SHM_RING - at);
+    out.append(r->data + at, first);
+    out.append(r->data, n - first);
+    r->head.store(tail, std::memory_order_release);
+}
+
+// A requester's pipe for a QP whose destination is this host: made, and offered in `hello`.
+void offer_pipe(Conn* conn, Packet& hello) {
+    int fd = memfd_create("collc-soft-ib-pipe", MFD_CLOEXEC);
+    void* m = MAP_FAILED;
+    if (fd >= 0 && ftruncate(fd, sizeof(ShmPipe)) == 0)
+        m = mmap(nullptr, sizeof(ShmPipe), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+        if (fd >= 0) close(fd);
+        return;  // TCP, then
+    }
+    conn->shm = (ShmPipe*)m;
+    conn->shm_fd = fd;
+    conn->shm_pending = conn->shm_requester = true;
+    hello.nak = SHM_OFFER;
+    hello.remote_addr = netns_id();
+    hello.rkey = (uint32_t)getpid();
+    hello.len = (uint32_t)fd;
+}
+
+// A responder's answer to an offered pipe: mapped through /proc where the requester shares its namespace.
+void answer_pipe(Conn* conn, const Packet& p) {
+    void* m = MAP_FAILED;
+    if (p.remote_addr == netns_id() && p.remote_addr != 0) {
+        char path[64];
+        snprintf(path, sizeof path, "/proc/%u/fd/%u", p.rkey, p.len);
+        int fd = open(path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            m = mmap(nullptr, sizeof(ShmPipe), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            close(fd);
+        }
+    }
+    Packet answer = header(HELLO, 0, 0, 0);
+    answer.nak = m == MAP_FAILED ? SHM_REFUSE : SHM_ACCEPT;
+    // Before anything goes through the pipe, on the socket the requester waits on (48 bytes on a new connection).
+    if (send(conn->fd, &answer, sizeof answer, MSG_NOSIGNAL) != (ssize_t)sizeof answer) conn->dead = true;
+    if (m != MAP_FAILED) conn->shm = (ShmPipe*)m;
+}
+
+// The requester's side of the answer.
+void on_pipe_answer(Conn* conn, const Packet& p) {
+    conn->shm_pending = false;
+    close(conn->shm_fd);  // the mappings keep the memory
+    conn->shm_fd = -1;
+    if (p.nak != SHM_ACCEPT) {
+        munmap(conn->shm, sizeof(ShmPipe));
+        conn->shm = nullptr;
+    }
+}
+
 Conn* connect_to(Ctx* c, Qp* q) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return nullptr;
@@ -35,11 +126,17 @@ Conn* connect_to(Ctx* c, Qp* q) {
     }
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    fcntl(fd, F_SETFL, O_NONBLOCK);
     Conn* conn = new Conn();
     conn->fd = fd;
-    send_packet(conn, header(HELLO, q->qp.qp_num, q->dest_qpn, 0));
-    (void)c;
+    // The hello goes first and alone on the socket (still blocking): with a pipe offered, what follows waits for
+    // the answer, then takes the pipe or the socket.
+    Packet hello = header(HELLO, q->qp.qp_num, q->dest_qpn, 0);
+    if (q->dest_ip == c->ip && shm_enabled()) offer_pipe(conn, hello);
+    if (send(fd, &hello, sizeof hello, MSG_NOSIGNAL) != (ssize_t)sizeof hello) {
+        close_conn(conn);
+        return nullptr;
+    }
+    fcntl(fd, F_SETFL, O_NONBLOCK);
     return conn;
 }
 
@@ -240,12 +337,13 @@ void read_conn(Ctx* c, Conn* conn, Qp* mine) {
     for (;;) {
         ssize_t n = read(conn->fd, buf, sizeof buf);
         if (n > 0) {
-            conn->in.append(buf, (size_t)n);
+            if (!established(conn)) conn->in.append(buf, (size_t)n);  // else doorbells
             continue;
         }
         if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) conn->dead = true;
         break;
     }
+    if (established(conn)) ring_read(incoming(conn), conn->in);
     size_t at = 0;
     while (conn->in.size() - at >= sizeof(Packet)) {
         Packet p;
@@ -260,7 +358,9 @@ void read_conn(Ctx* c, Conn* conn, Qp* mine) {
         const char* data = conn->in.data() + at + sizeof p;
         if (mine) {
             if (p.kind == ACK || p.kind == NAK) on_answer(c, mine, p);
+            if (p.kind == HELLO && conn->shm_pending) on_pipe_answer(conn, p);
         } else if (p.kind == HELLO) {
+            if (p.nak == SHM_OFFER) answer_pipe(conn, p);
             conn->hello = true;
             conn->hello_dst = p.dst_qpn;
             conn->hello_src = p.src_qpn;
@@ -285,6 +385,19 @@ void read_conn(Ctx* c, Conn* conn, Qp* mine) {
 }
 
 void flush_out(Conn* conn) {
+    if (conn->shm_pending) return;  // until the pipe's answer
+    if (established(conn)) {
+        if (conn->out.empty() || conn->dead) return;
+        ShmRing* r = outgoing(conn);
+        size_t n = ring_write(r, conn->out.data(), conn->out.size());
+        conn->out.erase(0, n);
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (n && r->sleeping.load(std::memory_order_relaxed)) {
+            char bell = 1;
+            if (send(conn->fd, &bell, 1, MSG_NOSIGNAL) < 0 && errno != EAGAIN && errno != EWOULDBLOCK) conn->dead = true;
+        }
+        return;
+    }
     while (!conn->out.empty() && !conn->dead) {
         ssize_t n = send(conn->fd, conn->out.data(), conn->out.size(), MSG_NOSIGNAL);
         if (n > 0) {
@@ -298,6 +411,7 @@ void flush_out(Conn* conn) {
 
 void progress(Ctx* c) {
     std::vector<pollfd> fds;
+    int wait_ms = 1;
     while (!c->stop) {
         {
             std::lock_guard<std::mutex> guard(c->lock);
@@ -310,15 +424,35 @@ void progress(Ctx* c) {
             auto add = [&](Conn* conn) {
                 if (conn && !conn->dead) {
                     flush_out(conn);
-                    fds.push_back({conn->fd, (short)(POLLIN | (conn->out.empty() ? 0 : POLLOUT)), 0});
+                    fds.push_back({conn->fd, (short)(POLLIN | (conn->out.empty() || conn->shm ? 0 : POLLOUT)), 0});
                 }
             };
             for (Qp* q : c->qps)
                 if (q) add(q->out);
             for (Conn* conn : c->conns) add(conn);
+            // Pipes: say this thread may sleep, then look once more (a writer that saw no sleeper wrote before).
+            auto doze = [&](Conn* conn) {
+                if (!conn || conn->dead || !established(conn)) return;
+                incoming(conn)->sleeping.store(1, std::memory_order_relaxed);
+                std::atomic_thread_fence(std::memory_order_seq_cst);
+                ShmRing* r = incoming(conn);
+                if (r->tail.load(std::memory_order_relaxed) != r->head.load(std::memory_order_relaxed) ||
+                    !conn->out.empty())
+                    wait_ms = 0;
+            };
+            wait_ms = 1;
+            for (Qp* q : c->qps)
+                if (q) doze(q->out);
+            for (Conn* conn : c->conns) doze(conn);
         }
-        poll(fds.data(), fds.size(), 1);
+        poll(fds.data(), fds.size(), wait_ms);
         std::lock_guard<std::mutex> guard(c->lock);
+        auto wake_up = [](Conn* conn) {
+            if (conn && established(conn)) incoming(conn)->sleeping.store(0, std::memory_order_relaxed);
+        };
+        for (Qp* q : c->qps)
+            if (q) wake_up(q->out);
+        for (Conn* conn : c->conns) wake_up(conn);
         if (fds[0].revents) {
             uint64_t count;
             ssize_t n = read(c->wake, &count, 8);

@@ -167,10 +167,7 @@ int ibv_close_device(ibv_context* context) {
     c->progress.join();
     close(c->listener);
     close(c->wake);
-    for (Conn* conn : c->conns) {
-        close(conn->fd);
-        delete conn;
-    }
+    for (Conn* conn : c->conns) close_conn(conn);
     delete c;
     return 0;
 }
@@ -408,10 +405,7 @@ int ibv_destroy_qp(ibv_qp* qp) {
             conn->qp = nullptr;
             conn->dead = true;
         }
-    if (q->out) {
-        close(q->out->fd);
-        delete q->out;
-    }
+    if (q->out) close_conn(q->out);
     delete q;
     return 0;
 }

@@ -19,6 +19,7 @@ pub mod key;
 mod matching;
 mod postcondition;
 mod races;
+mod single_copy;
 mod value;
 
 pub use key::{Seed, Verdict, Verification, ERROR_BOUND_BITS, EXACT_AUTO_RANKS};
@@ -71,6 +72,12 @@ impl VerifiedSchedule {
 
     pub fn into_schedule(self) -> Schedule {
         self.sched
+    }
+
+    /// For each instruction of `rank`: whether it is a `Send` whose source no later instruction of the rank writes,
+    /// so its receiver may read it in place (the memory model's rule 8, docs/language.md §13).
+    pub fn sources_that_stay(&self, rank: u32) -> Vec<bool> {
+        single_copy::sources_that_stay(&self.sched.ranks[rank as usize])
     }
 }
 

@@ -43,6 +43,27 @@ pub(crate) trait Link: Send + Sized {
     fn peek(&mut self) -> Option<(Stamp, *const u8)>;
     /// Receiver: frees the message `peek` returned.
     fn release(&mut self);
+    /// Sender: whether the receiver shares this rank's address space, so that a message may carry the addresses of
+    /// the sender's chunks in place of their bytes (single copy: the receiver reads them where they are).
+    fn shares_memory(&self) -> bool {
+        false
+    }
+    /// Sender: publishes a message of `refs` addresses written into the area `reserve` returned, in place of its
+    /// bytes; what they point at stays as it is until the receiver releases the message, which `flushed` waits
+    /// for. Only where `shares_memory`.
+    fn post_refs(&mut self, stamp: Stamp, refs: usize) {
+        let _ = (stamp, refs);
+        unreachable!("a link that does not share memory carries no addresses")
+    }
+    /// Sender: whether a message it carried by reference has not been released yet (the receiver may still read
+    /// this rank's memory).
+    fn refs_outstanding(&self) -> bool {
+        false
+    }
+    /// Receiver: how many addresses the message `peek` returned carries in place of its bytes (0: its bytes).
+    fn peeked_refs(&self) -> usize {
+        0
+    }
     /// Receiver: the call the sender of the message `peek` returned was in, when the link carries it.
     fn sender_call(&self) -> Option<CallInfo> {
         None
@@ -55,7 +76,8 @@ pub(crate) trait Link: Send + Sized {
     fn progress(_links: &mut [Self], _ours: Stamp, _block: bool) -> Result<(), LinkFault> {
         Ok(())
     }
-    /// Whether everything posted has left this rank (a call returns only then).
+    /// Whether everything posted has left this rank, and every message carried by reference has been released (a
+    /// call returns only then).
     fn flushed(_links: &mut [Self]) -> bool {
         true
     }

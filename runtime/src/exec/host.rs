@@ -24,11 +24,39 @@ impl<L: Link> Executor for Host<L> {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        run(&mut self.plan, &mut self.links, call)
+        let result = run(&mut self.plan, &mut self.links, call);
+        if result.is_err() {
+            settle_refs(&self.plan, &self.links, call);
+        }
+        result
     }
 
     fn snapshot(&self, seq: u64) -> Current {
         snapshot(&self.plan, seq)
+    }
+}
+
+/// After a failed call, before its caller may free its buffers: waits until every receiver of a message this rank
+/// carried by reference has released it or stopped (its executor has returned), within the call's timeout.
+fn settle_refs<L: Link>(plan: &Plan, links: &[L], call: &Call) {
+    let deadline = std::time::Instant::now() + call.timeout;
+    loop {
+        let reading: Vec<u32> = (links.iter().zip(&plan.links))
+            .filter(|(link, end)| link.refs_outstanding() && call.bootstrap.health(&[end.to]).is_ok())
+            .map(|(_, end)| end.to)
+            .collect();
+        if reading.is_empty() {
+            return;
+        }
+        if std::time::Instant::now() > deadline {
+            let ranks = reading.iter().map(|r| format!("rank {r}")).collect::<Vec<_>>().join(", ");
+            crate::log::warn(
+                crate::log::Subsys::Coll,
+                format_args!("rank {}: returns from a failed call while {ranks} may still read its buffers", plan.rank),
+            );
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
     }
 }
 
@@ -241,13 +269,17 @@ fn try_fire<L: Link>(
     call: &Call,
 ) -> Result<bool, RuntimeError> {
     let step = plan.steps[i];
+    let mut refs = false;
     let incoming = if step.recv != NONE {
         if plan.fired_on[step.recv as usize] != step.recv_pos {
             return Ok(false);
         }
         match links[step.recv as usize].peek() {
             None => return Ok(false),
-            Some((got, data)) if got == stamp => data,
+            Some((got, data)) if got == stamp => {
+                refs = links[step.recv as usize].peeked_refs() > 0;
+                data
+            }
             Some((got, _)) => {
                 let (peer, info) = (plan.links[step.recv as usize].from, links[step.recv as usize].sender_call());
                 return Err(mismatch(plan, peer, got, info, stamp, call));
@@ -268,8 +300,24 @@ fn try_fire<L: Link>(
         std::ptr::null_mut()
     };
     let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
-    // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles.
-    unsafe { execute(plan, &step, pieces, incoming, outgoing, lo, hi) };
+    // Single copy: the addresses of the source's tile, when the receiver shares this rank's memory and may read a
+    // whole tile of every chunk there (it reads as many elements as a message of bytes holds).
+    if step.by_reference
+        && links[step.send as usize].shares_memory()
+        && pieces.iter().all(|p| p.src.valid >= hi)
+        && step.n as usize * 8 <= plan.links[step.send as usize].slot_bytes
+    {
+        for (k, piece) in pieces.iter().enumerate() {
+            // SAFETY: the reserved slot holds `n` addresses (checked above); `outgoing` is 64-byte aligned.
+            unsafe { (outgoing as *mut *const u8).add(k).write(local(plan, piece.src, lo, hi).0) };
+        }
+        links[step.send as usize].post_refs(stamp, step.n as usize);
+        plan.fired_on[step.send as usize] += 1;
+        return Ok(true);
+    }
+    // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles, or
+    // (`refs`) the addresses of the sender's tiles, which stay as they are until the message is released.
+    unsafe { execute(plan, &step, pieces, incoming, refs, outgoing, lo, hi) };
     // The message out first: it is what the next rank waits for.
     if step.send != NONE {
         // Every piece sits at its tile's stride; the last one holds at most this tile's elements.
@@ -295,12 +343,15 @@ fn local(plan: &Plan, place: Place, lo: usize, hi: usize) -> (*mut u8, usize) {
 }
 
 /// # Safety
-/// `incoming`/`outgoing` are FIFO data areas of this step's message when it receives/sends; `plan.bases` are valid.
+/// `incoming`/`outgoing` are FIFO data areas of this step's message when it receives/sends (with `refs`, the
+/// incoming one holds the addresses of the sender's tiles, one a chunk); `plan.bases` are valid.
+#[allow(clippy::too_many_arguments)]
 unsafe fn execute(
     plan: &Plan,
     step: &Step,
     pieces: &[Piece],
     incoming: *const u8,
+    refs: bool,
     outgoing: *mut u8,
     lo: usize,
     hi: usize,
@@ -308,7 +359,11 @@ unsafe fn execute(
     let (dtype, op, elem) = (plan.dtype, plan.op, plan.elem);
     let stride = plan.tile * elem;
     for (k, piece) in pieces.iter().enumerate() {
-        let slot_in = incoming.wrapping_add(k * stride);
+        let slot_in = match refs {
+            // SAFETY: the message holds one address a chunk (caller's contract).
+            true => unsafe { (incoming as *const *const u8).add(k).read() },
+            false => incoming.wrapping_add(k * stride),
+        };
         let slot_out = outgoing.wrapping_add(k * stride);
         // SAFETY: every pointer below is inside its buffer or FIFO slot for the `n` elements used.
         unsafe {

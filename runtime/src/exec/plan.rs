@@ -53,6 +53,9 @@ pub(crate) struct Step {
     /// Its position among this rank's instructions on `send` / `recv`.
     pub send_pos: u32,
     pub recv_pos: u32,
+    /// A `Send` whose source no later step writes (`VerifiedSchedule::sources_that_stay`): over a link that shares
+    /// memory, its message may carry the source's addresses in place of its bytes.
+    pub by_reference: bool,
 }
 
 /// The src, acc and dst of one chunk of a step.
@@ -276,6 +279,7 @@ fn translate(
         }
     };
     let program = &sched.ranks[rank as usize];
+    let stays = sched.sources_that_stay(rank);
     let mut connections = connections_of(program, rank);
     let mut links: Vec<LinkEnd> = Vec::new();
     let mut link_index = |from: u32, to: u32, channel: u8, links: &mut Vec<LinkEnd>| -> u16 {
@@ -325,6 +329,7 @@ fn translate(
             recv,
             send_pos,
             recv_pos,
+            by_reference: stays[index],
         });
         labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }

@@ -1,7 +1,9 @@
 //! A connection's message FIFO in shared memory, NCCL's SHM transport: `SLOTS` slots in a ring, the sender writes
 //! a message straight into the next free slot and publishes it, the receiver reduces or copies straight out of it
 //! and frees it. Each slot starts with a header holding its ready flag and the stamp of the call the message
-//! belongs to (mismatched calls are caught instead of misread); small messages share that cache line.
+//! belongs to (mismatched calls are caught instead of misread); small messages share that cache line. Between rank
+//! threads of one process a message may carry the addresses of the sender's chunks instead of their bytes (single
+//! copy: the receiver reads them in place; the sender's call returns once they are released).
 
 use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
@@ -27,7 +29,8 @@ struct Counters {
 struct SlotHeader {
     /// 1 + the message number once the message is complete: the receiver polls this, not a shared counter.
     ready: AtomicU64,
-    _pad: u64,
+    /// How many addresses the data holds in place of the message's bytes (0: its bytes).
+    refs: u64,
     stamp: Stamp,
 }
 
@@ -41,12 +44,23 @@ pub fn segment_bytes(slot_bytes: usize) -> usize {
     HEADER + SLOTS as usize * stride(slot_bytes)
 }
 
+/// Whether rank threads may read each other's chunks in place (`COLLC_P2P_DIRECT_DISABLE=1`, NCCL's name, turns it
+/// off: every message then carries its bytes).
+fn direct() -> bool {
+    static DIRECT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *DIRECT.get_or_init(|| std::env::var("COLLC_P2P_DIRECT_DISABLE").map_or(true, |v| v.trim() != "1"))
+}
+
 /// One end of a connection.
 pub(crate) struct Fifo {
     base: *mut u8,
     stride: usize,
     /// The sender's last look at `consumed`: a lower bound, refreshed only when the ring seems full.
     known_consumed: u64,
+    /// Both ends are threads of this process (messages may carry addresses), and the sender's messages carried so
+    /// up to this number (the call waits until the receiver has released them).
+    shares: bool,
+    refs_until: u64,
     _segment: Segment,
 }
 
@@ -58,7 +72,15 @@ impl Fifo {
         let LinkEnd { from, to, channel, slot_bytes } = *end;
         let len = segment_bytes(slot_bytes);
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
-        Ok(Fifo { base: segment.as_ptr(), stride: stride(slot_bytes), known_consumed: 0, _segment: segment })
+        let shares = segments.one_address_space() && direct();
+        Ok(Fifo {
+            base: segment.as_ptr(),
+            stride: stride(slot_bytes),
+            known_consumed: 0,
+            shares,
+            refs_until: 0,
+            _segment: segment,
+        })
     }
 
     fn counters(&self) -> &Counters {
@@ -97,13 +119,18 @@ impl Link for Fifo {
     /// Sender: publishes the message written into the area `reserve` returned.
     #[inline]
     fn post(&mut self, stamp: Stamp, _len: usize) {
-        let c = self.counters();
-        let next = c.posted.load(Ordering::Relaxed);
-        let slot = self.slot(next) as *mut SlotHeader;
-        // SAFETY: the reserved slot's header; the receiver reads the stamp only after `ready` says so.
-        unsafe { std::ptr::addr_of_mut!((*slot).stamp).write_volatile(stamp) };
-        self.header(next).ready.store(next + 1, Ordering::Release);
-        c.posted.store(next + 1, Ordering::Relaxed);
+        self.publish(stamp, 0);
+    }
+
+    fn shares_memory(&self) -> bool {
+        self.shares
+    }
+
+    /// Sender: publishes a message of `refs` addresses (both ends are threads of this process).
+    #[inline]
+    fn post_refs(&mut self, stamp: Stamp, refs: usize) {
+        debug_assert!(self.shares && refs > 0);
+        self.refs_until = self.publish(stamp, refs as u64) + 1;
     }
 
     /// Receiver: the next message's stamp and data, once it has been posted.
@@ -121,11 +148,47 @@ impl Link for Fifo {
         Some((stamp, unsafe { self.slot(next).add(SLOT_HEADER) } as *const u8))
     }
 
+    #[inline]
+    fn peeked_refs(&self) -> usize {
+        let next = self.counters().consumed.load(Ordering::Relaxed);
+        let slot = self.slot(next) as *const SlotHeader;
+        // SAFETY: the header of the message `peek` returned, written before its `ready` was released.
+        unsafe { std::ptr::addr_of!((*slot).refs).read_volatile() as usize }
+    }
+
     /// Receiver: frees the slot `peek` returned.
     #[inline]
     fn release(&mut self) {
         let c = self.counters();
         let next = c.consumed.load(Ordering::Relaxed);
         c.consumed.store(next + 1, Ordering::Release);
+    }
+
+    fn refs_outstanding(&self) -> bool {
+        self.refs_until > 0 && self.counters().consumed.load(Ordering::Acquire) < self.refs_until
+    }
+
+    /// Whether the receivers have released every message this rank carried by reference (until then they may
+    /// still read this rank's chunks).
+    fn flushed(links: &mut [Self]) -> bool {
+        !links.iter().any(|l| l.refs_outstanding())
+    }
+}
+
+impl Fifo {
+    /// Publishes the reserved message (`refs` addresses in place of its bytes, or 0); its number.
+    #[inline]
+    fn publish(&mut self, stamp: Stamp, refs: u64) -> u64 {
+        let c = self.counters();
+        let next = c.posted.load(Ordering::Relaxed);
+        let slot = self.slot(next) as *mut SlotHeader;
+        // SAFETY: the reserved slot's header; the receiver reads it only after `ready` says so.
+        unsafe {
+            std::ptr::addr_of_mut!((*slot).refs).write_volatile(refs);
+            std::ptr::addr_of_mut!((*slot).stamp).write_volatile(stamp);
+        }
+        self.header(next).ready.store(next + 1, Ordering::Release);
+        c.posted.store(next + 1, Ordering::Relaxed);
+        next
     }
 }

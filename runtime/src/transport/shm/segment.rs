@@ -59,6 +59,10 @@ pub trait Segments: Send + Sync {
     /// The segment called `name`, created zeroed with `len` bytes by whichever rank asks first.
     fn open(&self, name: &str, len: usize) -> Result<Segment, RuntimeError>;
     fn transport(&self) -> Transport;
+    /// Whether every rank of the job runs in this process (rank threads): a message may then carry addresses.
+    fn one_address_space(&self) -> bool {
+        false
+    }
     /// Removes every segment of the job, once no rank needs them.
     fn remove_all(&self);
 }
@@ -91,6 +95,10 @@ impl Segments for Heap {
         let segment = Segment { ptr, len, _owner: Arc::new(Owner::Heap(HeapBlock { ptr, layout })) };
         blocks.insert(name.to_string(), segment.clone());
         Ok(segment)
+    }
+
+    fn one_address_space(&self) -> bool {
+        true
     }
 
     fn transport(&self) -> Transport {

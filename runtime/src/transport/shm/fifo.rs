@@ -46,7 +46,7 @@ pub fn segment_bytes(slot_bytes: usize) -> usize {
 
 /// Whether rank threads may read each other's chunks in place (`COLLC_P2P_DIRECT_DISABLE=1`, NCCL's name, turns it
 /// off: every message then carries its bytes).
-fn direct() -> bool {
+pub(crate) fn direct() -> bool {
     static DIRECT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *DIRECT.get_or_init(|| std::env::var("COLLC_P2P_DIRECT_DISABLE").map_or(true, |v| v.trim() != "1"))
 }

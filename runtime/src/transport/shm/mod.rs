@@ -40,6 +40,18 @@ impl Backend for Threads {
         Ranks::Threads
     }
 
+    /// As every host transport's, with the protocol: a send whose source stays is read in place by its receiver
+    /// (single copy), unless `COLLC_P2P_DIRECT_DISABLE=1`.
+    fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {
+        let isa = collc_kernels::host::VectorIsa::detected().name();
+        match fifo::direct() {
+            true => {
+                format!("host {isa} (dataflow, tiled, single copy where a send's source stays, else {slots}-slot FIFOs")
+            }
+            false => format!("host {isa} (dataflow, tiled, {slots}-slot FIFOs; single copy off"),
+        }
+    }
+
     fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         let memory = Arc::new(Memory::new(Arc::new(Heap::default())));
         Communicator::heap_group(memory.clone(), &memory, n_ranks, options)

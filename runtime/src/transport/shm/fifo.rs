@@ -192,3 +192,49 @@ impl Fifo {
         next
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::shm::segment::{Heap, Shm};
+
+    /// Between rank threads a message may carry addresses: the receiver sees how many, reads them, and the
+    /// sender's call is flushed only once the receiver has released it. Between processes it may not.
+    #[test]
+    fn a_message_of_addresses_is_flushed_only_once_released_and_only_between_threads() {
+        let end = LinkEnd { from: 0, to: 1, channel: 0, slot_bytes: 4096 };
+        let heap = Heap::default();
+        let (mut sender, mut receiver) = (Fifo::open(&heap, &end).unwrap(), Fifo::open(&heap, &end).unwrap());
+        assert!(sender.shares_memory() || !direct());
+        if !direct() {
+            return; // COLLC_P2P_DIRECT_DISABLE=1 in this test's environment
+        }
+        let chunks = [[1.0f32; 4], [2.0f32; 4]];
+        let stamp = Stamp { seq: 7, fingerprint: 9 };
+        let area = sender.reserve().expect("room") as *mut *const u8;
+        for (k, chunk) in chunks.iter().enumerate() {
+            // SAFETY: the reserved slot holds 4096 bytes.
+            unsafe { area.add(k).write(chunk.as_ptr().cast()) };
+        }
+        sender.post_refs(stamp, 2);
+        assert!(!Fifo::flushed(std::slice::from_mut(&mut sender)), "not released yet");
+        let (got, data) = receiver.peek().expect("posted");
+        assert_eq!((got, receiver.peeked_refs()), (stamp, 2));
+        // SAFETY: two addresses, each of a live chunk of 4 floats.
+        let second = unsafe { *((data as *const *const f32).add(1)) };
+        assert_eq!(unsafe { std::slice::from_raw_parts(second, 4) }, &chunks[1]);
+        receiver.release();
+        assert!(Fifo::flushed(std::slice::from_mut(&mut sender)), "released");
+        // A message of bytes after it says so.
+        sender.reserve().expect("room");
+        sender.post(stamp, 16);
+        assert!(receiver.peek().is_some() && receiver.peeked_refs() == 0);
+
+        let job = format!("fifo-test-{}", std::process::id());
+        let shm = Shm::new(&job);
+        let across = Fifo::open(&shm, &end).unwrap();
+        assert!(!across.shares_memory(), "processes do not share their address spaces");
+        drop(across);
+        shm.remove_all();
+    }
+}

@@ -145,7 +145,7 @@ impl Selection {
         (n_ranks, per_node): (u32, u32),
         transport: crate::Transport,
     ) -> Result<Selection, RuntimeError> {
-        let sockets = transport.backend().sockets();
+        let (sockets, single_copy) = (transport.backend().sockets(), transport.backend().single_copy());
         let library = crate::algo_path::library()?;
         let filter = match std::env::var("COLLC_ALGO") {
             Ok(text) => {
@@ -159,7 +159,8 @@ impl Selection {
             peer: (collective == Collective::SendRecv).then_some(1 % n_ranks),
             params: Vec::new(),
         };
-        let (topo, topology) = topology_for(n_ranks, per_node, sockets)?;
+        let (mut topo, topology) = topology_for(n_ranks, per_node, sockets)?;
+        topo.single_copy = single_copy;
         let limits = Limits::default();
         let learns = per_node == n_ranks && std::env::var_os("COLLC_TOPO").is_none_or(|p| p.is_empty());
         let selection = Selection::new(collective, &library, &filter, &bindings, (&topo, topology), &limits);

@@ -529,13 +529,15 @@ fn select(
         (None, true) => crate::calibrate::host_topology(args.recalibrate, !launched),
         _ => None,
     };
-    let topo = match (&file, &host) {
+    let mut topo = match (&file, &host) {
         (Some((origin, path)), _) => crate::cost::topology_file(origin, path, n_ranks).map_err(|e| (2, e))?,
         (None, Some((topo, _))) => topo.clone(),
         // Over tcp every message pays the socket's costs, on one host or several.
         (None, None) if transport.backend().sockets() => Topology::sockets(n_ranks),
         (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
+    // Rank threads read a send whose source stays in place: the model prices that as the transport runs it.
+    topo.single_copy = transport.backend().single_copy();
     let topology = match &file {
         Some((origin, _)) if topo.name.is_empty() => format!("{origin}: {}", topo.describe()),
         Some((origin, _)) => format!("{origin} ({}): {}", topo.name, topo.describe()),

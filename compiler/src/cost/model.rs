@@ -54,8 +54,11 @@ struct Regime {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct StepLoad {
-    /// Chunks through the busiest port, per link class (0 = no message of that class in the step).
+    /// Chunks through the busiest port, per link class.
     port_chunks: [u32; 2],
+    /// Whether a message of that class goes in the step (its alpha counts even when it carries no bytes through
+    /// the ports: a message by reference, `Topology::single_copy`).
+    carries: [bool; 2],
     /// Seconds per chunk byte the busiest rank computes (reductions and local copies), per regime.
     compute: [f64; 2],
 }
@@ -114,20 +117,37 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
     let mut tally = Tally::new(program.n_ranks as usize);
     let mut steps = Vec::with_capacity(program.n_steps as usize);
     let mut messages = 0u64;
+    let by_reference = match topo.single_copy {
+        true => sources_that_stay(program),
+        false => Vec::new(),
+    };
+    let mut index = 0;
     for step in program.transfers.chunk_by(|a, b| a.step == b.step) {
         let mut load = StepLoad::default();
         for t in step {
             tally.touched.extend([t.from, t.to]);
+            let referenced = by_reference.get(index).copied().unwrap_or(false);
+            index += 1;
             match t.kind {
                 TransferKind::Send { reduce } => {
                     messages += 1;
                     let c = class_index(topo.class(t.from, t.to));
-                    let out = &mut tally.ports[c][0][t.from as usize];
-                    *out += t.count;
-                    load.port_chunks[c] = load.port_chunks[c].max(*out);
-                    let inc = &mut tally.ports[c][1][t.to as usize];
-                    *inc += t.count;
-                    load.port_chunks[c] = load.port_chunks[c].max(*inc);
+                    load.carries[c] = true;
+                    if referenced {
+                        // The receiver reads the sender's chunks in place, no bytes through the ports: a pass of its
+                        // own over them, the reduction below, or a copy into a user buffer (one into scratch is
+                        // taken to be fused into the reduction that reads it, as the compiler does).
+                        if !reduce && !matches!(t.dst.buf, crate::ir::Buf::Scratch(_)) {
+                            tally.copied[t.to as usize] += t.count;
+                        }
+                    } else {
+                        let out = &mut tally.ports[c][0][t.from as usize];
+                        *out += t.count;
+                        load.port_chunks[c] = load.port_chunks[c].max(*out);
+                        let inc = &mut tally.ports[c][1][t.to as usize];
+                        *inc += t.count;
+                        load.port_chunks[c] = load.port_chunks[c].max(*inc);
+                    }
                     if reduce {
                         tally.reduced[t.to as usize] += t.count;
                     }
@@ -158,6 +178,44 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
     }
 }
 
+/// Per transfer of `program`: a send of user chunks its rank has not written yet, which, costed out of place,
+/// reads the input as it came (`in`, which nothing writes) and which the runtime therefore carries by reference
+/// where the ranks share memory (the memory model's rule 8). A send of a chunk written before it is counted as a
+/// message of bytes, as the compiler usually fuses it into the receive that wrote the chunk (a `RecvCopySend` writes
+/// the FIFO): the model errs towards copies.
+fn sources_that_stay(program: &Program) -> Vec<bool> {
+    use crate::ir::Buf;
+    let mut written: std::collections::HashSet<(u32, Buf, u32)> = std::collections::HashSet::new();
+    let mut stays = Vec::with_capacity(program.transfers.len());
+    for step in program.transfers.chunk_by(|a, b| a.step == b.step) {
+        for t in step {
+            let (buf, start) = (t.src.buf, t.src.index);
+            stays.push(
+                matches!(t.kind, TransferKind::Send { .. })
+                    && buf != Buf::Scratch(buf_scratch(buf))
+                    && (start..start + t.count).all(|c| !written.contains(&(t.from, buf, c))),
+            );
+        }
+        for t in step {
+            let rank = match t.kind {
+                TransferKind::Send { .. } => t.to,
+                TransferKind::Copy | TransferKind::Reduce => t.from,
+            };
+            let (buf, start) = (t.dst.buf, t.dst.index);
+            written.extend((start..start + t.count).map(|c| (rank, buf, c)));
+        }
+    }
+    stays
+}
+
+/// The scratch index of `buf` (0 when it is not scratch): `Buf::Scratch(buf_scratch(b)) == b` says it is scratch.
+fn buf_scratch(buf: crate::ir::Buf) -> u8 {
+    match buf {
+        crate::ir::Buf::Scratch(k) => k,
+        _ => 0,
+    }
+}
+
 /// The passes over its chunks one instruction makes on a shared-memory transport, as (copies, reductions): a byte
 /// sent is copied into the FIFO and a byte received is copied or reduced out of it (one pass each); a fused
 /// instruction that also writes a second place (its copy and its forward) pays that extra write stream as half a
@@ -181,8 +239,13 @@ fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<(f64, f64)> {
     let mut passes = vec![(0.0f64, 0.0f64); (topo.nodes.max(1) * topo.cores_used(n)) as usize];
     for (rank, program) in (0u32..).zip(&sched.ranks) {
         let core = &mut passes[topo.core_of(rank, n) as usize];
-        for instr in &program.instrs {
-            let (copies, reductions) = core_passes(instr.op);
+        // A send carried by reference copies nothing (its receiver's pass is counted with the receive).
+        let stays = match topo.single_copy {
+            true => crate::verify::single_copy::sources_that_stay(program),
+            false => vec![false; program.instrs.len()],
+        };
+        for (instr, stays) in program.instrs.iter().zip(stays) {
+            let (copies, reductions) = if stays { (0.0, 0.0) } else { core_passes(instr.op) };
             core.0 += instr.count as f64 * copies;
             core.1 += instr.count as f64 * reductions;
         }
@@ -207,7 +270,7 @@ impl Profile {
                 .iter()
                 .map(|s| {
                     let comm = (0..2)
-                        .filter(|&c| s.port_chunks[c] > 0)
+                        .filter(|&c| s.carries[c])
                         .map(|c| {
                             let link = &self.links[c];
                             let seconds = |bytes: f64| {

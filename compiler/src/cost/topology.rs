@@ -145,6 +145,11 @@ pub struct Topology {
     /// Rates of calls that stay in cache; absent means the same rates at every size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached: Option<Cached>,
+    /// The ranks read each other's memory in place (rank threads of one process): a send whose source stays until
+    /// the call ends (the memory model's rule 8) costs its receiver one local pass over the chunks and the link's
+    /// alpha, not their bytes through the ports. Set by the transport that runs the ranks, not by a topology file.
+    #[serde(skip)]
+    pub single_copy: bool,
 }
 
 /// A topology file that cannot be used, naming the field.
@@ -174,6 +179,7 @@ impl Topology {
             cores_per_node: None,
             shared_core_alpha_us: None,
             cached: None,
+            single_copy: false,
         }
     }
 
@@ -263,6 +269,7 @@ impl Topology {
                     })
                 }
             },
+            single_copy: false,
         };
         topo.validate()?;
         Ok(topo)

@@ -19,7 +19,7 @@ pub mod key;
 mod matching;
 mod postcondition;
 mod races;
-mod single_copy;
+pub(crate) mod single_copy;
 mod value;
 
 pub use key::{Seed, Verdict, Verification, ERROR_BOUND_BITS, EXACT_AUTO_RANKS};

@@ -87,6 +87,11 @@ pub trait Backend: Sync {
     fn sockets(&self) -> bool {
         false
     }
+    /// Whether its ranks read each other's chunks in place where a send's source stays (single copy), which the
+    /// cost model then prices as a local pass, not a message's bytes.
+    fn single_copy(&self) -> bool {
+        false
+    }
     /// Whether it runs on a machine without a GPU or a network card of its own (the runtime matrix checks these).
     fn on_cpu(&self) -> bool {
         true

@@ -40,6 +40,10 @@ impl Backend for Threads {
         Ranks::Threads
     }
 
+    fn single_copy(&self) -> bool {
+        fifo::direct()
+    }
+
     /// As every host transport's, with the protocol: a send whose source stays is read in place by its receiver
     /// (single copy), unless `COLLC_P2P_DIRECT_DISABLE=1`.
     fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {

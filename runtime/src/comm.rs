@@ -58,10 +58,18 @@ impl Options {
     }
 
     /// The largest link slot over `transport` for a schedule on `connections` connections: `slot_bytes`, or what
-    /// the transport's slot policy gives (`Backend::slot_policy`).
-    pub fn slot_cap(&self, transport: crate::Transport, connections: usize) -> usize {
+    /// the transport's slot policy gives (`Backend::slot_policy`); for a call that goes by reference whole
+    /// (`by_reference`, over a transport whose ranks share memory), up to `SlotPolicy::SINGLE_COPY_MAX`, as its
+    /// messages carry addresses and larger tiles mean fewer hand-overs (bench/README.md).
+    pub fn slot_cap(&self, transport: crate::Transport, connections: usize, by_reference: bool) -> usize {
+        let backend = transport.backend();
         match self.slot_bytes {
-            0 => transport.backend().slot_policy().slot_cap(connections),
+            0 if by_reference && backend.single_copy() => {
+                let policy = backend.slot_policy();
+                crate::SlotPolicy { max: policy.max.max(crate::SlotPolicy::SINGLE_COPY_MAX), ..policy }
+                    .slot_cap(connections)
+            }
+            0 => backend.slot_policy().slot_cap(connections),
             bytes => bytes,
         }
     }
@@ -157,6 +165,9 @@ type Compiled = Arc<Caches>;
 struct Shared {
     sched: VerifiedSchedule,
     connections: usize,
+    /// Every message of every rank is a `Send` whose source stays (`VerifiedSchedule::sources_that_stay`): where
+    /// the ranks share memory, the whole call can go by reference, and its tiles are sized for that.
+    by_reference: bool,
     /// Channels the schedule uses (1 + the highest), the same for every rank: the device executor sizes its lanes by it.
     channels: u32,
 }
@@ -687,7 +698,7 @@ impl Communicator {
                         Some(fixed) => Origin::Sched(&fixed.1),
                         None => Origin::Coll(&algorithm.source),
                     },
-                    slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections),
+                    slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections, shared.by_reference),
                     transport: self.fabric.transport().name(),
                     slots: self.fabric.slots(),
                 },
@@ -737,7 +748,12 @@ impl Communicator {
                     let sched = self.compile(algorithm, shape.collective, placement, root, peer)?;
                     let channels =
                         1 + sched.ranks.iter().flat_map(|r| &r.instrs).map(|i| i.channel as u32).max().unwrap_or(0);
-                    let schedule = Arc::new(Shared { connections: sched.n_connections(), channels, sched });
+                    let by_reference = (0..sched.n_ranks).all(|r| {
+                        let stays = sched.sources_that_stay(r);
+                        (sched.ranks[r as usize].instrs.iter().zip(stays)).all(|(i, stays)| !i.op.sends() || stays)
+                    });
+                    let connections = sched.n_connections();
+                    let schedule = Arc::new(Shared { connections, by_reference, channels, sched });
                     compiled.insert(shared_key, schedule.clone());
                     schedule
                 }

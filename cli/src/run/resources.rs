@@ -40,9 +40,10 @@ fn needs(job: &Job, local_ranks: u32) -> Needs {
 }
 
 /// A connection's FIFO memory over the sweep: at each size its slots hold its largest message (at most the call's
-/// buffer, at most the slot cap), and sizes whose slots round to the same power of two share one FIFO.
+/// buffer, at most the slot cap: the larger one of a call that goes by reference whole, as a bound), and sizes
+/// whose slots round to the same power of two share one FIFO.
 fn fifo_bytes_per_connection(job: &Job, connections: usize) -> usize {
-    let cap = job.options.slot_cap(job.transport, connections);
+    let cap = job.options.slot_cap(job.transport, connections, true);
     let mut slots: Vec<usize> = job.sizes.iter().map(|&bytes| bytes.max(1).next_power_of_two().min(cap)).collect();
     slots.sort_unstable();
     slots.dedup();

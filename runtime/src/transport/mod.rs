@@ -64,6 +64,10 @@ impl SlotPolicy {
     /// Shared memory: 256 MiB in all, 16 KiB to 128 KiB a slot (bench/README.md).
     pub const SHARED_MEMORY: SlotPolicy = SlotPolicy { budget: 256 << 20, min: 16 << 10, max: 128 << 10 };
 
+    /// The largest slot of a call whose every message goes by reference (single copy): its tiles, not its
+    /// messages, are that large (bench/README.md).
+    pub const SINGLE_COPY_MAX: usize = 4 << 20;
+
     /// The largest slot for a schedule on `connections` connections.
     pub fn slot_cap(self, connections: usize) -> usize {
         let cap = (self.budget / (SLOTS as usize * connections).max(1)).clamp(self.min, self.max);

@@ -1,7 +1,8 @@
-/* The host roofline of an allreduce between threads of one process (issue 34): a hand-written one-shot in which
- * each of p threads reads its own and every peer's input in place, writes the sum into its own output, and meets
- * the others at a barrier (one flag) per call: one read of every input and one write per rank, the least memory
- * traffic an allreduce of threads can do. It prints the nccl-tests all_reduce_perf table (out-of-place columns; the
+/* The host roofline of an allreduce between threads of one process (issue 34): for two threads a hand-written
+ * one-shot in which each reads its own and its peer's input in place, writes the sum into its own output, and
+ * meets the other at a barrier (one flag; spinning, then yielding, then sleeping on it) per call:
+ * one read of every input and one write per rank, the least memory traffic an allreduce of threads can do. For
+ * more threads, the two-shot that is the least traffic there (see `allreduce`). It prints the nccl-tests all_reduce_perf table (out-of-place columns; the
  * in-place ones are "-", a one-shot in place needs a copy), so bench/host_roofline.sh parses it as collc's and
  * MPI's tables.
  *
@@ -14,6 +15,11 @@
  * busbw = algbw * 2(p-1)/p. Inputs are small integers, so the check (-c 1) is exact. */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <limits.h>
+#include <sched.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,7 +32,7 @@ static size_t min_bytes = 8, max_bytes = 256u << 20, increment = 0;
 static long factor = 4, iters = 20, warmup = 5, check = 0;
 static float **in, **out;
 static _Atomic long arrived;
-static _Atomic long generation;
+static _Atomic int generation;
 static long wrong;
 
 static int parse_size(const char *s, size_t *v) {
@@ -47,29 +53,52 @@ static inline float input_value(int rank, size_t i) {
     return (float)((long)((i * (size_t)(2 * rank + 1) + (size_t)rank * 7u) % 61u) - 30);
 }
 
-/* A sense-counting barrier: the last thread to arrive opens the next generation. */
+/* A counting barrier: the last thread to arrive opens the next generation and wakes the sleepers. A waiter spins a
+ * little, then yields its core, then sleeps on the generation (futex): with more threads than cores a spinning
+ * waiter would hold the core the last arriver needs (collc's waits spin, then yield, then sleep alike). */
 static void barrier(void) {
-    long gen = atomic_load_explicit(&generation, memory_order_acquire);
+    int gen = atomic_load_explicit(&generation, memory_order_acquire);
     if (atomic_fetch_add_explicit(&arrived, 1, memory_order_acq_rel) == threads - 1) {
         atomic_store_explicit(&arrived, 0, memory_order_relaxed);
         atomic_store_explicit(&generation, gen + 1, memory_order_release);
+        syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
         return;
     }
-    while (atomic_load_explicit(&generation, memory_order_acquire) == gen) __builtin_ia32_pause();
+    for (long spins = 0; atomic_load_explicit(&generation, memory_order_acquire) == gen; spins++) {
+        if (spins < 200) __builtin_ia32_pause();
+        else if (spins < 20000) sched_yield();
+        else syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, gen, NULL, NULL, 0);
+    }
 }
 
-static void one_shot(int rank, size_t count) {
+/* One call on rank `rank`. Two ranks: a one-shot (each reads both inputs in place and writes the sum). More: a
+ * two-shot, the least traffic for p > 2 (a one-shot reads p inputs a rank): rank r sums block r of every input into
+ * its output, then, after a barrier, copies block q of rank q's output for every other q. */
+static void allreduce(int rank, size_t count) {
     float *restrict dst = out[rank];
-    const float *restrict a = in[0];
-    if (threads == 2) {
-        const float *restrict b = in[1];
+    if (threads <= 2) {
+        const float *restrict a = in[0], *restrict b = in[threads - 1];
+        if (threads == 1) {
+            for (size_t i = 0; i < count; i++) dst[i] = a[i];
+            return;
+        }
         for (size_t i = 0; i < count; i++) dst[i] = a[i] + b[i];
         return;
     }
-    for (size_t i = 0; i < count; i++) dst[i] = a[i];
+    size_t block = (count + (size_t)threads - 1) / (size_t)threads;
+    size_t lo = block * (size_t)rank < count ? block * (size_t)rank : count;
+    size_t hi = lo + block < count ? lo + block : count;
+    for (size_t i = lo; i < hi; i++) dst[i] = in[0][i];
     for (int r = 1; r < threads; r++) {
         const float *restrict b = in[r];
-        for (size_t i = 0; i < count; i++) dst[i] += b[i];
+        for (size_t i = lo; i < hi; i++) dst[i] += b[i];
+    }
+    barrier();
+    for (int q = 0; q < threads; q++) {
+        if (q == rank) continue;
+        size_t qlo = block * (size_t)q < count ? block * (size_t)q : count;
+        size_t qhi = qlo + block < count ? qlo + block : count;
+        memcpy(dst + qlo, out[q] + qlo, (qhi - qlo) * sizeof(float));
     }
 }
 
@@ -90,11 +119,11 @@ static void *rank_main(void *arg) {
     for (size_t bytes = min_bytes; bytes <= max_bytes;
          bytes = factor > 1 ? bytes * (size_t)factor : bytes + (increment ? increment : bytes)) {
         size_t count = bytes / sizeof(float);
-        for (long w = 0; w < warmup; w++) barrier(), one_shot(rank, count);
+        for (long w = 0; w < warmup; w++) barrier(), allreduce(rank, count);
         barrier();
         double start = now();
         for (long k = 0; k < iters; k++) {
-            one_shot(rank, count);
+            allreduce(rank, count);
             barrier();
         }
         double elapsed = now() - start;
@@ -142,7 +171,8 @@ int main(int argc, char **argv) {
     }
     in = calloc((size_t)threads, sizeof *in);
     out = calloc((size_t)threads, sizeof *out);
-    printf("# roofline_allreduce: one-shot allreduce of %d threads reading each other's inputs in place\n", threads);
+    printf("# roofline_allreduce: %s allreduce of %d threads reading each other's memory in place\n",
+           threads <= 2 ? "one-shot" : "two-shot", threads);
     printf("#       size         count      type   redop    root     time   algbw   busbw #wrong     time   algbw "
            "  busbw #wrong\n");
     pthread_t *t = calloc((size_t)threads, sizeof *t);

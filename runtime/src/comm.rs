@@ -205,6 +205,8 @@ pub struct Communicator {
     logged: std::collections::HashSet<(Collective, u32)>,
     compiled: Compiled,
     plans: Vec<Box<dyn Executor>>,
+    /// The plan the call in progress (or the last one) runs.
+    running: Option<usize>,
     plan_index: HashMap<PlanKey, usize, FxBuildHasher>,
     /// The last call's plan: back-to-back calls of one shape skip the hash lookup.
     last_plan: Option<(PlanKey, usize)>,
@@ -390,6 +392,7 @@ impl Communicator {
             logged: Default::default(),
             compiled,
             plans: Vec::new(),
+            running: None,
             plan_index: HashMap::default(),
             last_plan: None,
             seq: 0,
@@ -540,6 +543,28 @@ impl Communicator {
         let explore = self.exploring(&shape)?;
         self.seq += 1;
         let started = std::time::Instant::now();
+        self.running = None;
+        let result = self.call_result(shape, placement, buffers, explore, started);
+        // A failed call that left messages of its buffers to be read in place (rank threads) says it failed now,
+        // then returns only once no peer reads them: its caller may free its buffers then.
+        if let (Err(error), Some(index)) = (&result, self.running) {
+            if self.plans[index].refs_outstanding() {
+                self.fail_with(error);
+                self.plans[index].settle(self.bootstrap.as_ref(), self.options.timeout);
+            }
+        }
+        result
+    }
+
+    /// `call`'s outcome, a failure announced as its kind says.
+    fn call_result(
+        &mut self,
+        shape: CallShape,
+        placement: Placement,
+        buffers: Buffers,
+        explore: Option<usize>,
+        started: std::time::Instant,
+    ) -> Result<(), RuntimeError> {
         match self.run_call(shape, placement, buffers, explore) {
             Ok(()) => match explore {
                 Some(index) => self.learn(shape, index, started.elapsed().as_secs_f64()),
@@ -607,6 +632,7 @@ impl Communicator {
                 self.recorder.dump(exec::dump_reason(error), None);
             }
         })?;
+        self.running = Some(index);
         let executor = &mut self.plans[index];
         let plan = executor.plan_mut();
         let elem = plan.elem;

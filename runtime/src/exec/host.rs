@@ -24,11 +24,15 @@ impl<L: Link> Executor for Host<L> {
     }
 
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
-        let result = run(&mut self.plan, &mut self.links, call);
-        if result.is_err() {
-            settle_refs(&self.plan, &self.links, call);
-        }
-        result
+        run(&mut self.plan, &mut self.links, call)
+    }
+
+    fn refs_outstanding(&self) -> bool {
+        self.links.iter().any(|link| link.refs_outstanding())
+    }
+
+    fn settle(&self, bootstrap: &dyn crate::link::Bootstrap, timeout: std::time::Duration) {
+        settle_refs(&self.plan, &self.links, bootstrap, timeout)
     }
 
     fn snapshot(&self, seq: u64) -> Current {
@@ -36,13 +40,19 @@ impl<L: Link> Executor for Host<L> {
     }
 }
 
-/// After a failed call, before its caller may free its buffers: waits until every receiver of a message this rank
-/// carried by reference has released it or stopped (its executor has returned), within the call's timeout.
-fn settle_refs<L: Link>(plan: &Plan, links: &[L], call: &Call) {
-    let deadline = std::time::Instant::now() + call.timeout;
+/// After a failed call, its failure announced, before its caller may free its buffers: waits until every receiver
+/// of a message this rank carried by reference has released it or stopped (told of the failure, its executor
+/// returns and it leaves), within `timeout`.
+fn settle_refs<L: Link>(
+    plan: &Plan,
+    links: &[L],
+    bootstrap: &dyn crate::link::Bootstrap,
+    timeout: std::time::Duration,
+) {
+    let deadline = std::time::Instant::now() + timeout;
     loop {
         let reading: Vec<u32> = (links.iter().zip(&plan.links))
-            .filter(|(link, end)| link.refs_outstanding() && call.bootstrap.health(&[end.to]).is_ok())
+            .filter(|(link, end)| link.refs_outstanding() && bootstrap.health(&[end.to]).is_ok())
             .map(|(_, end)| end.to)
             .collect();
         if reading.is_empty() {

@@ -49,6 +49,16 @@ pub(crate) trait Executor: Send {
     /// Each instruction's state in call `seq`, in progress or just ended, as the flight recorder dumps it: read from
     /// the executor's own state (its counters, or the device interpreter's `done` words).
     fn snapshot(&self, seq: u64) -> Current;
+    /// Whether a peer may still read this rank's buffers: a message of the last call it carried by reference has
+    /// not been released.
+    fn refs_outstanding(&self) -> bool {
+        false
+    }
+    /// After a failed call, once the failure is announced: waits until no peer still reads this rank's buffers
+    /// (each has released what it was reading, or stopped), within `timeout`.
+    fn settle(&self, bootstrap: &dyn crate::link::Bootstrap, timeout: std::time::Duration) {
+        let _ = (bootstrap, timeout);
+    }
 }
 
 /// Runs `call` on `executor`; when it fails, the flight recorder's dump with the executor's snapshot: the one place

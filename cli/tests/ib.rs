@@ -137,15 +137,15 @@ fn ranks_on_two_hosts_run_over_ib_and_faults_are_named_on_every_rank() {
     }
     assert!(printed(&outputs[0]).contains("# Out of bounds values : 0 OK"), "{}", printed(&outputs[0]));
     let args = ["allreduce/ring", "--transport", "ib", "-b", "64K", "-e", "64K", "-n", "1000", "-w", "1", "-c", "0"];
-    // Rank 1's library refuses writes (as a wrong rkey), exits mid-call, answers nothing (rank 0's short IB timeout
-    // then exceeds its retries), finds no receive posted for ever (RNR: retried without end, the collective's
-    // timeout ends it), or moves its queue pair to the error state.
+    // From its 40th request, inside the timed calls: rank 1's library refuses writes (as a wrong rkey), exits
+    // mid-call, answers nothing (rank 0's short IB timeout then exceeds its retries), finds no receive posted for
+    // ever (RNR: retried without end, the collective's timeout ends it), or moves its queue pair to the error state.
     let faults = [
-        ("access@5", "remote access error"),
-        ("vanish@5", "rank 1"),
-        ("silent@5", "rank 1"),
-        ("rnr@5", "rank 1"),
-        ("error@5", "rank "),
+        ("access@40", "remote access error"),
+        ("vanish@40", "rank 1"),
+        ("silent@40", "rank 1"),
+        ("rnr@40", "rank 1"),
+        ("error@40", "rank "),
     ];
     let env = [("LD_LIBRARY_PATH", path.as_str()), ("COLLC_TIMEOUT", "5")];
     for (fault, says) in faults {

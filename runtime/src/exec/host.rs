@@ -194,11 +194,25 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
     }
     wait.reset();
     while !L::flushed(links) {
+        // Every instruction ran; the last one's messages are still on their way out (or, by reference, being read).
+        let what = || format!("{}, the end of call #{}", describe(plan, plan.steps.len().saturating_sub(1)), call.seq);
+        // What moves them may find their receiver gone: that is the error, not a timeout of this rank's.
+        if let Err(LinkFault::Peer(peer, how)) = L::progress(links, stamp, wait.may_sleep()) {
+            let (peer, how) = announced_failure(call, &plan.peers).unwrap_or((peer, how));
+            let (rank, at) = (plan.rank, "the last tile".to_string());
+            return Err(RuntimeError::PeerFailed { rank, what: what(), at, peer, how });
+        }
         if let Err(fault) = wait.idle(|| call.bootstrap.health(&plan.peers)) {
-            // Every instruction ran; the last one's messages are still on their way out.
-            let what = format!("{}, the end of call #{}", describe(plan, plan.steps.len().saturating_sub(1)), call.seq);
-            let waiting_for = "its last messages to leave this rank".to_string();
-            return Err(fault.into_error((plan.rank, what, "the last tile".into()), waiting_for, None));
+            // The first connection still holding messages names the rank that did not take them.
+            let held = (0..links.len()).find(|&l| !L::flushed(&mut links[l..l + 1])).map(|l| plan.links[l]);
+            let waiting_for = match held {
+                Some(end) => {
+                    format!("its last messages to rank {} on channel {} to leave this rank", end.to, end.channel)
+                }
+                None => "its last messages to leave this rank".to_string(),
+            };
+            let waits_on = held.map(|end| end.to);
+            return Err(fault.into_error((plan.rank, what(), "the last tile".into()), waiting_for, waits_on));
         }
     }
     if plan.op == ReduceOp::Avg && plan.collective.reduces() {

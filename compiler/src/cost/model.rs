@@ -192,7 +192,7 @@ fn sources_that_stay(program: &Program) -> Vec<bool> {
             let (buf, start) = (t.src.buf, t.src.index);
             stays.push(
                 matches!(t.kind, TransferKind::Send { .. })
-                    && buf != Buf::Scratch(buf_scratch(buf))
+                    && !matches!(buf, Buf::Scratch(_))
                     && (start..start + t.count).all(|c| !written.contains(&(t.from, buf, c))),
             );
         }
@@ -206,14 +206,6 @@ fn sources_that_stay(program: &Program) -> Vec<bool> {
         }
     }
     stays
-}
-
-/// The scratch index of `buf` (0 when it is not scratch): `Buf::Scratch(buf_scratch(b)) == b` says it is scratch.
-fn buf_scratch(buf: crate::ir::Buf) -> u8 {
-    match buf {
-        crate::ir::Buf::Scratch(k) => k,
-        _ => 0,
-    }
 }
 
 /// The passes over its chunks one instruction makes on a shared-memory transport, as (copies, reductions): a byte

@@ -11,6 +11,9 @@
 //!   completes; if not, the wait-for cycle is printed.
 //! - `postcondition`: symbolic execution of multisets of contributions gives exactly the collective's contract,
 //!   with the multisets themselves or keyed afresh for each verification (`key`, `Limits::verification`).
+//!
+//! On a schedule that passed them, `single_copy` says which sends may be carried by reference (the memory model's
+//! rule 8), which holds because `races` and `bounds` did.
 
 mod alias;
 mod bounds;

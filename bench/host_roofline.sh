@@ -15,6 +15,7 @@
 #            COLLC_BIN [target/release/collc, built]  SKIP_MPI [0]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 runs=${RUNS:-5}
 ranks_list=${RANKS:-2 4 8}
@@ -31,20 +32,8 @@ if [ "${SKIP_MPI:-0}" != 1 ]; then
   fi
   mpicc -O2 -o "$work/mpi_allreduce" bench/mpi_allreduce.c && mpi_ok=1
 fi
-if [ -z "${COLLC_BIN:-}" ]; then
-  cargo build --release -p collc >&2
-  collc=target/release/collc
-else
-  collc=$COLLC_BIN
-fi
-collc=$(realpath "$collc")
+collc=$(collc_bin)
 
-# column SIDE K -> "size median" of column K (6: time_us, 8: busbw) over the runs of SIDE (out-of-place columns)
-column() {
-  awk -v k="$2" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {print $1, $k}' "$work/$1".*.txt | sort -k1,1n -k2,2g | awk '
-    function flush() { if (n) { print size, (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 } n = 0 }
-    $1 != size { flush(); size = $1 } { v[++n] = $2 } END { flush() }'
-}
 
 for p in $ranks_list; do
   sides="roof threads one_shot shm"
@@ -64,11 +53,11 @@ for p in $ranks_list; do
   echo "== allreduce, $p ranks, out of place, medians of $runs runs: time (us), busbw (GB/s), busbw ratios"
   names=(roof threads one_shot shm)
   [ $mpi_ok = 1 ] && names+=(mpi)
-  column "roof_$p" 6 >"$work/table"
+  column "$work" "roof_$p" 6 >"$work/table"
   header="bytes"
   for s in "${names[@]}"; do
     for k in 6 8; do
-      [ "$s$k" = roof6 ] || { join "$work/table" <(column "${s}_$p" $k) >"$work/next" && mv "$work/next" "$work/table"; }
+      [ "$s$k" = roof6 ] || { join "$work/table" <(column "$work" "${s}_$p" $k) >"$work/next" && mv "$work/next" "$work/table"; }
     done
     header="$header ${s}_us ${s}_GBps"
   done

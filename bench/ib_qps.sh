@@ -12,6 +12,7 @@
 #            ALGO [allreduce/ring]  COLLC_BIN [target/release/collc, built with --features ib]
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 runs=${RUNS:-5}
 ranks=${RANKS:-4}
@@ -20,22 +21,10 @@ read -r -a sizes <<<"${SIZES:--b 8 -e 8M -f 32}"
 flags=("${sizes[@]}" -n "${ITERS:-20}" -w "${WARMUP:-3}" -c 0)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ib_qps.XXXXXX")
 trap 'rm -rf "$work"' EXIT
-if [ -z "${COLLC_BIN:-}" ]; then
-  cargo build --release -p collc --features ib >&2
-  collc=target/release/collc
-else
-  collc=$COLLC_BIN
-fi
-collc=$(realpath "$collc")
+collc=$(collc_bin ib)
 
-# column SIDE K -> "size median" of column K (6: time_us, 8: busbw) over the runs of SIDE (out-of-place columns)
-column() {
-  awk -v k="$2" '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {print $1, $k}' "$work/$1".*.txt | sort -k1,1n -k2,2g | awk '
-    function flush() { if (n) { print size, (n % 2) ? v[(n + 1) / 2] : (v[n / 2] + v[n / 2 + 1]) / 2 } n = 0 }
-    $1 != size { flush(); size = $1 } { v[++n] = $2 } END { flush() }'
-}
 # medians SIDE -> "size median_time_us median_busbw"
-medians() { join <(column "$1" 6) <(column "$1" 8); }
+medians() { join <(column "$work" "$1" 6) <(column "$work" "$1" 8); }
 
 echo "collc: $collc run $algo --transport ib --ranks $ranks ${flags[*]}"
 echo "== $runs runs per side (COLLC_IB_QPS peer, link), alternating ..." >&2

@@ -18,6 +18,7 @@
 #                            thread per rank; each is run in turn, alternating with the others and MPI
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 
 runs=${RUNS:-5}
 modes=${PROXY:-0 1}
@@ -38,13 +39,7 @@ if ! command -v mpicc >/dev/null 2>&1; then
 fi
 mpicc -O2 -o "$work/mpi_allreduce" bench/mpi_allreduce.c
 cc -O2 -o "$work/tcp_stream" bench/tcp_stream.c
-if [ -z "${COLLC_BIN:-}" ]; then
-  cargo build --release -p collc >&2
-  collc=target/release/collc
-else
-  collc=$COLLC_BIN
-fi
-collc=$(realpath "$collc")
+collc=$(collc_bin)
 mpi=(mpirun --allow-run-as-root --oversubscribe --mca btl tcp,self --mca btl_tcp_if_include lo -np 2)
 
 median() { sort -g | awk '{v[NR] = $1} END {if (NR) print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }

@@ -25,6 +25,7 @@ if [ -n "${1:-${COLLC_BIN:-}}" ]; then
   collc=$(realpath "${1:-${COLLC_BIN:-}}")
 fi
 cd "$(dirname "$0")/../.."
+. tests/matrix.sh
 collc=${collc:-$(realpath target/release/collc)}
 ranks_list=${RANKS:-2 4 8}
 read -r -a sizes <<<"${SIZES:--b 8 -e 1M -f 128}"
@@ -63,24 +64,7 @@ fi
 echo "== 1. matrix over $transport: ranks {$ranks_list} sharing GPU 0 as threads, every dtype and op, ${sizes[*]}"
 algos=${ALGOS:-$("$collc" list | awk 'NR > 1 && $1 !~ /^#/ && $2 ~ /\// {print $2}')}
 [ -n "$algos" ] || { echo "FAIL: collc list gave no algorithms"; exit 1; }
-runs=0 rows=0
-for n in $ranks_list; do
-  for algo in $algos; do
-    out=$("$collc" run "$algo" --ranks "$n" --transport "$transport" -d all -o all "${sizes[@]}" -n 2 -w 1 -c 1 2>&1)
-    rc=$?
-    if [ $rc -ne 0 ] && grep -q 'does not compile for' <<<"$out"; then
-      continue # the algorithm's `where` excludes this rank count
-    fi
-    runs=$((runs + 1))
-    rows=$((rows + $(grep -cE '^ +[0-9]+ +[0-9]+ ' <<<"$out")))
-    if [ $rc -ne 0 ] || ! grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
-      fail=1
-      echo "FAIL: $algo --ranks $n (exit $rc):"
-      grep -E 'error|FAILED|Out of bounds' <<<"$out" | head -5
-    fi
-  done
-done
-echo "matrix: $runs runs, $rows rows, $([ $fail -eq 0 ] && echo '0 wrong' || echo 'FAILURES above')"
+ALGOS=$algos matrix "$collc" "$transport" "$ranks_list" "${sizes[@]}" || fail=1
 
 if [ "$transport" = cuda ]; then
   echo "== 2. matrix over cuda: 2 ranks as processes sharing GPU 0 through CUDA IPC, every dtype and op, ${ipc_sizes[*]}"

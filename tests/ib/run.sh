@@ -22,6 +22,7 @@ if [ -n "${1:-${COLLC_BIN:-}}" ]; then
   collc=$(realpath "${1:-${COLLC_BIN:-}}")
 fi
 cd "$(dirname "$0")/../.."
+. tests/matrix.sh
 collc=${collc:-$(realpath target/release/collc)}
 read -r -a sizes <<<"${SIZES:--b 8 -e 256K -f 32}"
 export COLLC_TIMEOUT=${COLLC_TIMEOUT:-60}
@@ -29,26 +30,7 @@ started=$(date +%s)
 fail=0
 
 echo "== 1. matrix over ib: ranks {${RANKS:-2 4}}, every dtype and op, ${sizes[*]}"
-algos=${ALGOS:-$("$collc" list | awk 'NR > 1 && $1 !~ /^#/ && $2 ~ /\// {print $2}')}
-[ -n "$algos" ] || { echo "FAIL: collc list gave no algorithms"; exit 1; }
-runs=0 rows=0
-for n in ${RANKS:-2 4}; do
-  for algo in $algos; do
-    out=$("$collc" run "$algo" --ranks "$n" --transport ib -d all -o all "${sizes[@]}" -n 2 -w 1 -c 1 2>&1)
-    rc=$?
-    if [ $rc -ne 0 ] && grep -q 'does not compile for' <<<"$out"; then
-      continue
-    fi
-    runs=$((runs + 1))
-    rows=$((rows + $(grep -cE '^ +[0-9]+ +[0-9]+ ' <<<"$out")))
-    if [ $rc -ne 0 ] || ! grep -q 'Out of bounds values : 0 OK' <<<"$out"; then
-      fail=1
-      echo "FAIL: $algo --ranks $n (exit $rc):"
-      grep -E 'error|FAILED|Out of bounds' <<<"$out" | head -5
-    fi
-  done
-done
-echo "matrix: $runs runs, $rows rows, $([ $fail -eq 0 ] && echo '0 wrong' || echo 'FAILURES above')"
+matrix "$collc" ib "${RANKS:-2 4}" "${sizes[@]}" || fail=1
 
 read -r -a sweep <<<"${SWEEP:--b 1M -e 1G -f 4 -n 20 -w 5}"
 echo "== 2. busbw: allreduce, 2 ranks, ${sweep[*]}"

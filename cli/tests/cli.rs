@@ -274,6 +274,26 @@ fn every_subcommand_keeps_one_exit_status_contract() {
     }
 }
 
+/// `-o premulsum:S` on threads and on shm processes with the data check: an exact factor over every data type at one
+/// and four ranks (bit for bit), and an inexact one (0.1, whose products round, so the sum depends on the order the
+/// algorithm adds them in: compared within the rounding of the additions).
+#[test]
+fn premulsum_runs_with_the_data_check() {
+    for (transport, ranks, dtype, op) in [
+        ("threads", "4", "all", "premulsum:3"),
+        ("threads", "1", "all", "premulsum:3"),
+        ("shm", "3", "all", "premulsum:2"),
+        ("threads", "4", "float", "premulsum:0.1"),
+        ("shm", "2", "bfloat16", "mulsum:0.1"),
+    ] {
+        let args = ["run", "allreduce", "--ranks", ranks, "--transport", transport, "-d", dtype, "-o", op];
+        let out = collc(&[&args[..], &["-b", "8", "-e", "256K", "-f", "16", "-n", "2", "-w", "1", "-c", "1"]].concat());
+        let said = text(&out.stdout);
+        assert!(out.status.success() && said.contains("# Out of bounds values : 0 OK"), "{args:?}: {said}");
+        assert!(said.contains("redop mulsum: premulsum:") && said.contains(" mulsum "), "{args:?}: {said}");
+    }
+}
+
 #[test]
 fn usage_errors_say_what_and_where() {
     let dtype = collc(&["run", "allreduce/ring", "-d", "flaot"]);
@@ -281,6 +301,18 @@ fn usage_errors_say_what_and_where() {
     assert!(text(&dtype.stderr).contains("did you mean: float"), "{}", text(&dtype.stderr));
     let op = collc(&["run", "allreduce/ring", "-o", "smu"]);
     assert!(text(&op.stderr).contains("did you mean: sum"), "{}", text(&op.stderr));
+    // PreMulSum: its factor is required, and must fit every data type of the run before any rank starts.
+    for (args, says) in [
+        (&["-o", "premulsum"][..], "premulsum needs its factor after a colon, e.g. premulsum:0.5"),
+        (&["-o", "premulsum:x"], "`x` is not a number"),
+        (&["-o", "premulsum:0.5", "-d", "all"], "0.5 is not a whole number: int8 multiplies by integers; give a whole"),
+        (&["-o", "premulsum:300", "-d", "uint8"], "premulsum's factor 300 is outside uint8's range"),
+        (&["-o", "premulsum:1e6", "-d", "half"], "beyond the largest finite half; give a smaller factor"),
+    ] {
+        let out = collc(&[&["run", "allreduce/ring", "-n", "2"][..], args].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(text(&out.stderr).contains(says), "{args:?}: {}", text(&out.stderr));
+    }
     let other = collc(&["run", "allreduce", "--ranks", "2", "--algo", "broadcast:chain"]);
     assert_eq!(other.status.code(), Some(2));
     assert!(text(&other.stderr).contains("names no allreduce algorithm"), "{}", text(&other.stderr));

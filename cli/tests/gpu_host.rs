@@ -111,6 +111,15 @@ fn ranks_on_two_gpus_need_peer_access() {
     let out = collc(&[&args[..], &["-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-c", "1"]].concat(), &gpus);
     let said = text(&out);
     assert!(out.status.success() && said.contains("# Out of bounds values : 0 OK"), "{said}");
+    // PreMulSum through the device interpreter: each rank's input multiplied where the schedule first reads it.
+    let premul =
+        [&args[..6], &["-d", "all", "-o", "premulsum:3", "-b", "8", "-e", "4K", "-f", "8", "-n", "2", "-c", "1"]];
+    let out = collc(&premul.concat(), &gpus);
+    let said = text(&out);
+    assert!(
+        out.status.success() && said.contains("mulsum") && said.contains("# Out of bounds values : 0 OK"),
+        "{said}"
+    );
     let out = collc(&args, &[gpus[0], ("COLLC_HOST_GPU_PEER", "0")]);
     let said = text(&out);
     assert!(!out.status.success(), "{said}");

@@ -82,7 +82,14 @@ template <typename F> __device__ __forceinline__ F min_ref(F a, F b) {
     return b;
 }
 
-enum { OP_SUM = COLLC_REDOP_SUM, OP_PROD = COLLC_REDOP_PROD, OP_MAX = COLLC_REDOP_MAX, OP_MIN = COLLC_REDOP_MIN, OP_AVG = COLLC_REDOP_AVG };
+enum {
+    OP_SUM = COLLC_REDOP_SUM,
+    OP_PROD = COLLC_REDOP_PROD,
+    OP_MAX = COLLC_REDOP_MAX,
+    OP_MIN = COLLC_REDOP_MIN,
+    OP_AVG = COLLC_REDOP_AVG,
+    OP_PREMULSUM = COLLC_REDOP_PREMULSUM
+};
 
 // Integers: arithmetic in the unsigned type of the same width, so overflow wraps as Rust's wrapping_add.
 template <typename T, typename U, int OP> struct IntOp {
@@ -159,7 +166,68 @@ __device__ __forceinline__ void reduce_any(u32 dtype, u32 op, void* dst, const v
     case OP_MAX: reduce_op<OP_MAX>(dtype, dst, a, b, n, tid, nt); break;
     case OP_MIN: reduce_op<OP_MIN>(dtype, dst, a, b, n, tid, nt); break;
     case OP_SUM:
-    case OP_AVG: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    case OP_AVG:
+    case OP_PREMULSUM: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    default: COLLC_TRAP();
+    }
+}
+
+// PreMulSum's factor, one element of T in the low bytes of `bits` (the encoder's little-endian `factor` word).
+template <typename T> __device__ __forceinline__ T from_bits(u64 bits) { return (T)bits; }
+template <> __device__ __forceinline__ float from_bits<float>(u64 bits) { return __uint_as_float((u32)bits); }
+template <> __device__ __forceinline__ double from_bits<double>(u64 bits) { return __longlong_as_double((long long)bits); }
+template <> __device__ __forceinline__ f16 from_bits<f16>(u64 bits) { f16 h; h.bits = (u16)bits; return h; }
+template <> __device__ __forceinline__ bf16 from_bits<bf16>(u64 bits) { bf16 h; h.bits = (u16)bits; return h; }
+
+// PreMulSum: dst[i] = a'[i] + b'[i], an operand multiplied by the factor first where its flag says it is the rank's
+// input as it came (Prod's arithmetic, then Sum's: reference::premultiply then reduce); with b null, dst[i] = a'[i].
+// Element by element: only the reads of a rank's own input take this path.
+template <typename T, typename Mul, typename Add>
+__device__ __forceinline__ void premul_range(T* dst, const T* a, bool scale_a, const T* b, bool scale_b, u64 factor_bits,
+                                             u64 n, u32 tid, u32 nthreads) {
+    T factor = from_bits<T>(factor_bits);
+    for (u64 i = tid; i < n; i += nthreads) {
+        T x = scale_a ? Mul::apply(a[i], factor) : a[i];
+        if (b == 0) {
+            dst[i] = x;
+            continue;
+        }
+        T y = scale_b ? Mul::apply(b[i], factor) : b[i];
+        dst[i] = Add::apply(x, y);
+    }
+}
+
+// Each type's operators by code, for premul_as.
+template <int OP> using OpI8 = IntOp<i8, u8, OP>;
+template <int OP> using OpU8 = IntOp<u8, u8, OP>;
+template <int OP> using OpI32 = IntOp<i32, u32, OP>;
+template <int OP> using OpU32 = IntOp<u32, u32, OP>;
+template <int OP> using OpI64 = IntOp<i64, u64, OP>;
+template <int OP> using OpU64 = IntOp<u64, u64, OP>;
+template <int OP> using OpF16 = HalfOp<f16, OP>;
+template <int OP> using OpF32 = FloatOp<float, OP>;
+template <int OP> using OpF64 = FloatOp<double, OP>;
+template <int OP> using OpBf16 = HalfOp<bf16, OP>;
+
+template <typename T, template <int> class Ops>
+__device__ __forceinline__ void premul_as(void* dst, const void* a, bool scale_a, const void* b, bool scale_b, u64 factor,
+                                          u64 n, u32 tid, u32 nt) {
+    premul_range<T, Ops<OP_PROD>, Ops<OP_SUM> >((T*)dst, (const T*)a, scale_a, (const T*)b, scale_b, factor, n, tid, nt);
+}
+
+__device__ __forceinline__ void premul_any(u32 dtype, void* dst, const void* a, bool scale_a, const void* b, bool scale_b,
+                                           u64 factor, u64 n, u32 tid, u32 nt) {
+    switch (dtype) {
+    case COLLC_DTYPE_I8: premul_as<i8, OpI8>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_U8: premul_as<u8, OpU8>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_I32: premul_as<i32, OpI32>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_U32: premul_as<u32, OpU32>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_I64: premul_as<i64, OpI64>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_U64: premul_as<u64, OpU64>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_F16: premul_as<f16, OpF16>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_F32: premul_as<float, OpF32>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_F64: premul_as<double, OpF64>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
+    case COLLC_DTYPE_BF16: premul_as<bf16, OpBf16>(dst, a, scale_a, b, scale_b, factor, n, tid, nt); break;
     default: COLLC_TRAP();
     }
 }

@@ -42,6 +42,11 @@ inline long long __double_as_longlong(double d) {
     memcpy(&l, &d, 8);
     return l;
 }
+inline double __longlong_as_double(long long l) {
+    double d;
+    memcpy(&d, &l, 8);
+    return d;
+}
 
 inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_system() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }

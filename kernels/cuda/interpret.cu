@@ -21,7 +21,7 @@ struct BlockDesc {
 struct PlanDesc {
     u32 rank, n_ranks, dtype, op, elem, tile, n_tiles, capacity, n_instrs, n_links, n_bufs, avg, lanes, pad;
     u32 instrs, pieces, deps, order, links, bases_at, done_at, link_start_at, finished_at, out_buf;
-    u64 out_lo, out_hi, fingerprint;
+    u64 out_lo, out_hi, fingerprint, factor;
 };
 struct DInstr {
     u32 op;
@@ -29,7 +29,8 @@ struct DInstr {
     u32 n, first_piece, first_dep, n_deps, send_pos, recv_pos;
 };
 struct DPlace {
-    u32 buf, valid;
+    u16 buf, raw;
+    u32 valid;
     u64 offset;
 };
 struct DPiece {
@@ -48,7 +49,7 @@ static_assert(sizeof(DPiece) == COLLC_PIECE_BYTES, "DPiece differs from encode.r
 static_assert(sizeof(DLink) == COLLC_LINK_BYTES, "DLink differs from encode.rs");
 
 #define NONE_LINK 0xffff
-#define NO_BUF 0xffffffffu
+#define NO_BUF 0xffffu
 // Connection record words (encode::conn) and control words (encode::control).
 #define C_TAIL 0
 #define C_HEAD 1
@@ -217,14 +218,27 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
         u8* src = local(bases, plan, piece.src, lo, hi, &n_src);
         u8* acc = local(bases, plan, piece.acc, lo, hi, &n_acc);
         u8* dst = local(bases, plan, piece.dst, lo, hi, &n_dst);
+        // PreMulSum: a place holding the rank's input as it came is multiplied by the factor as it is read.
+        bool premul = plan->op == OP_PREMULSUM;
+        bool scale_src = premul && piece.src.raw, scale_acc = premul && piece.acc.raw;
         switch (instr->op) {
-        case COLLC_OP_SEND: copy_range(out, src, n_src * elem, tid, nt); break;
+        case COLLC_OP_SEND:
+            if (scale_src) premul_any(plan->dtype, out, src, true, 0, false, plan->factor, n_src, tid, nt);
+            else copy_range(out, src, n_src * elem, tid, nt);
+            break;
         case COLLC_OP_RECV: copy_range(dst, in, n_dst * elem, tid, nt); break;
-        case COLLC_OP_RECV_REDUCE_COPY: reduce_any(plan->dtype, plan->op, dst, acc, in, n_dst, tid, nt); break;
-        case COLLC_OP_RECV_REDUCE_SEND: reduce_any(plan->dtype, plan->op, out, acc, in, n_acc, tid, nt); break;
+        case COLLC_OP_RECV_REDUCE_COPY:
+            if (scale_acc) premul_any(plan->dtype, dst, acc, true, in, false, plan->factor, n_dst, tid, nt);
+            else reduce_any(plan->dtype, plan->op, dst, acc, in, n_dst, tid, nt);
+            break;
+        case COLLC_OP_RECV_REDUCE_SEND:
+            if (scale_acc) premul_any(plan->dtype, out, acc, true, in, false, plan->factor, n_acc, tid, nt);
+            else reduce_any(plan->dtype, plan->op, out, acc, in, n_acc, tid, nt);
+            break;
         case COLLC_OP_RECV_REDUCE_COPY_SEND:
             // The reduce and the copy split the elements over the threads differently: the copy waits for the reduce.
-            reduce_any(plan->dtype, plan->op, out, acc, in, n_dst, tid, nt);
+            if (scale_acc) premul_any(plan->dtype, out, acc, true, in, false, plan->factor, n_dst, tid, nt);
+            else reduce_any(plan->dtype, plan->op, out, acc, in, n_dst, tid, nt);
             __syncthreads();
             copy_range(dst, out, n_dst * elem, tid, nt);
             break;
@@ -233,8 +247,14 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
             // The whole tile goes on: a later rank may hold more of this chunk than this rank does.
             copy_range(out, in, (hi - lo) * elem, tid, nt);
             break;
-        case COLLC_OP_COPY: copy_range(dst, src, (n_dst < n_src ? n_dst : n_src) * elem, tid, nt); break;
-        case COLLC_OP_REDUCE: reduce_any(plan->dtype, plan->op, dst, acc, src, n_dst, tid, nt); break;
+        case COLLC_OP_COPY:
+            if (scale_src) premul_any(plan->dtype, dst, src, true, 0, false, plan->factor, n_dst < n_src ? n_dst : n_src, tid, nt);
+            else copy_range(dst, src, (n_dst < n_src ? n_dst : n_src) * elem, tid, nt);
+            break;
+        case COLLC_OP_REDUCE:
+            if (scale_acc || scale_src) premul_any(plan->dtype, dst, acc, scale_acc, src, scale_src, plan->factor, n_dst, tid, nt);
+            else reduce_any(plan->dtype, plan->op, dst, acc, src, n_dst, tid, nt);
+            break;
         default: COLLC_TRAP();
         }
     }
@@ -342,8 +362,8 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
         }
     }
     if (!plan->avg) return;
-    // avg: every block of the plan arrives (its own word set to this call's sequence number), then each divides its
-    // share of the output window.
+    // The epilogue (avg's division, or a premulsum's factor on an output window no instruction wrote): every block of
+    // the plan arrives (its own word set to this call's sequence number), then each does its share of the window.
     if (threadIdx.x == 0) {
         store_release(&state[plan->finished_at + block->index_in_plan], seq, system);
         advance = 1;
@@ -368,5 +388,6 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
     if (start > plan->out_hi) start = plan->out_hi;
     u64 end = start + share < plan->out_hi ? start + share : plan->out_hi;
     u8* base = (u8*)bases[plan->out_buf] + start * plan->elem;
-    divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
+    if (plan->avg == 2) premul_any(plan->dtype, base, base, true, 0, false, plan->factor, end - start, threadIdx.x, blockDim.x);
+    else divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
 }

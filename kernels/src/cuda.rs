@@ -32,11 +32,16 @@ pub fn program(defines: &[(String, String)]) -> String {
     text
 }
 
-/// `COLLC_DTYPE_F32`, `COLLC_REDOP_SUM`, ...: each `DataType` and `ReduceOp` with its value as the encoder writes it
-/// into a plan (`dtype as u32`), so the sources name codes rather than repeat numbers.
+/// `COLLC_DTYPE_F32`, `COLLC_REDOP_SUM`, ..., `COLLC_REDOP_PREMULSUM`: each `DataType` and `ReduceOp` with its value
+/// as the encoder writes it into a plan (`dtype as u32`, `op.nccl_code()`), so the sources name codes rather than
+/// repeat numbers.
 pub fn code_defines() -> Vec<(String, String)> {
     let dtypes = DataType::ALL.iter().map(|&d| (format!("COLLC_DTYPE_{}", d.short_name().to_uppercase()), d as u32));
-    let ops = ReduceOp::ALL.iter().map(|&o| (format!("COLLC_REDOP_{}", format!("{o:?}").to_uppercase()), o as u32));
+    let premulsum = ReduceOp::PreMulSum(crate::Scalar::Int(1));
+    let ops = ReduceOp::ALL
+        .iter()
+        .chain([&premulsum])
+        .map(|&o| (format!("COLLC_REDOP_{}", o.name().to_uppercase()), u32::from(o.nccl_code())));
     dtypes.chain(ops).map(|(name, value)| (name, value.to_string())).collect()
 }
 

@@ -16,8 +16,10 @@ mod half_blocks;
 mod half_float;
 mod isa;
 mod lane;
+mod premul;
 
 pub use isa::VectorIsa;
+pub use premul::{premul_sum, Factor};
 
 use half::{bf16, f16};
 
@@ -129,7 +131,8 @@ mod streaming {
 }
 
 /// `dst[i] = a[i] (op) b[i]` for `n_elems` little-endian elements of `dtype`, with
-/// [`crate::reference::reduce`]'s arithmetic; `Avg` combines as `Sum`.
+/// [`crate::reference::reduce`]'s arithmetic; `Avg` and `PreMulSum` combine as `Sum` (PreMulSum's multiplication
+/// is [`Factor`]'s).
 ///
 /// The one difference: when both operands of a float `Sum`, `Prod` or `Avg` are NaN, the
 /// result on x86 is always `a`'s NaN made quiet, where the reference's NaN depends on how LLVM
@@ -174,7 +177,7 @@ pub fn reduce_into(dtype: DataType, op: ReduceOp, dst: &mut [u8], a: &[u8], b: &
 /// holding all fifty.
 type ReduceKernel = unsafe fn(*mut u8, *const u8, *const u8, usize);
 
-static REDUCE_KERNELS: [[ReduceKernel; 5]; 10] = [
+static REDUCE_KERNELS: [[ReduceKernel; 6]; 10] = [
     kernels_for::<i8>(),
     kernels_for::<u8>(),
     kernels_for::<i32>(),
@@ -187,9 +190,16 @@ static REDUCE_KERNELS: [[ReduceKernel; 5]; 10] = [
     kernels_for::<bf16>(),
 ];
 
-/// `T`'s row, in `ReduceOp` code order: `Sum`, `Prod`, `Max`, `Min`, `Avg` (as `Sum`).
-const fn kernels_for<T: Lane>() -> [ReduceKernel; 5] {
-    [reduce_as::<T, Sum>, reduce_as::<T, Prod>, reduce_as::<T, Max>, reduce_as::<T, Min>, reduce_as::<T, Sum>]
+/// `T`'s row, in `ReduceOp` code order: `Sum`, `Prod`, `Max`, `Min`, `Avg` and `PreMulSum` (both as `Sum`).
+const fn kernels_for<T: Lane>() -> [ReduceKernel; 6] {
+    [
+        reduce_as::<T, Sum>,
+        reduce_as::<T, Prod>,
+        reduce_as::<T, Max>,
+        reduce_as::<T, Min>,
+        reduce_as::<T, Sum>,
+        reduce_as::<T, Sum>,
+    ]
 }
 
 /// Less than one wide block runs the baseline loop right here: wider registers would not

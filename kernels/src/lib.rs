@@ -18,10 +18,12 @@ pub mod cuda_host;
 mod dtype;
 mod element;
 mod error;
+mod factor;
 pub mod host;
 mod op;
 pub mod reference;
 
 pub use dtype::{DataType, UnknownDataType};
 pub use error::KernelError;
+pub use factor::{NotAScalar, Scalar, ScalarError};
 pub use op::{ReduceOp, UnknownReduceOp};

@@ -1,6 +1,6 @@
 //! The reduction operators a collective applies, with their NCCL codes and nccl-tests names.
 //!
-//! `Display` prints the nccl-tests `-o` name and `FromStr` parses it back.
+//! `Display` prints the nccl-tests `-o` name (`premulsum:S` with its factor) and `FromStr` parses it back.
 
 use std::fmt;
 use std::str::FromStr;
@@ -8,34 +8,67 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
-/// How two elements combine; each discriminant is NCCL's `ncclRedOp_t` value.
+use crate::factor::Scalar;
+
+/// How two elements combine ([`ReduceOp::nccl_code`] gives NCCL's `ncclRedOp_t` value).
 ///
 /// `Avg` combines like `Sum`; the division by the rank count happens once, at the end,
-/// in [`crate::reference::finish_avg`].
+/// in [`crate::reference::finish_avg`]. `PreMulSum` combines like `Sum` too, after each rank has multiplied its own
+/// input by its factor where the schedule first reads it (docs/language.md §13): ranks may pass different factors,
+/// as NCCL's are local to a rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(into = "&'static str", try_from = "String")]
+#[serde(into = "String", try_from = "String")]
 pub enum ReduceOp {
-    Sum = 0,
-    Prod = 1,
-    Max = 2,
-    Min = 3,
-    Avg = 4,
+    Sum,
+    Prod,
+    Max,
+    Min,
+    Avg,
+    PreMulSum(Scalar),
 }
 
-/// A name that is not one of `sum prod max min avg`.
+/// A name that is not one of `sum prod max min avg premulsum:S`, or a premulsum without its factor.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
-#[error("unknown reduce op `{name}`; expected one of: {}", accepted_reduce_op_names())]
-pub struct UnknownReduceOp {
-    pub name: String,
+pub enum UnknownReduceOp {
+    #[error("unknown reduce op `{name}`; expected one of: {}, premulsum:S", accepted_reduce_op_names())]
+    Name { name: String },
+    #[error("`{name}`: premulsum needs its factor after a colon, e.g. premulsum:0.5 (a float) or premulsum:3")]
+    NoFactor { name: String },
+    #[error("`{name}`: {source}")]
+    Factor { name: String, source: crate::factor::NotAScalar },
 }
 
 impl ReduceOp {
-    /// Every operator, in NCCL code order.
+    /// The five built-in operators, in NCCL code order (`PreMulSum` takes a factor).
     pub const ALL: &'static [ReduceOp] = &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
 
-    /// The value of NCCL's `ncclRedOp_t` for this operator.
+    /// The value of NCCL's `ncclRedOp_t` for the five built-ins; `PreMulSum` is 5 (`ncclNumOps`), the code NCCL gives
+    /// the first operator a communicator creates. Kernel tables and the device image index by it.
     pub const fn nccl_code(self) -> u8 {
-        self as u8
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Max => 2,
+            ReduceOp::Min => 3,
+            ReduceOp::Avg => 4,
+            ReduceOp::PreMulSum(_) => 5,
+        }
+    }
+
+    /// The operator two partial results combine with: `Avg` and `PreMulSum` combine as `Sum`.
+    pub const fn combines_as(self) -> ReduceOp {
+        match self {
+            ReduceOp::Avg | ReduceOp::PreMulSum(_) => ReduceOp::Sum,
+            op => op,
+        }
+    }
+
+    /// PreMulSum's factor.
+    pub const fn factor(self) -> Option<Scalar> {
+        match self {
+            ReduceOp::PreMulSum(factor) => Some(factor),
+            _ => None,
+        }
     }
 
     /// The operator whose `ncclRedOp_t` value is `code`, if it is a built-in one.
@@ -43,7 +76,7 @@ impl ReduceOp {
         ReduceOp::ALL.get(usize::from(code)).copied()
     }
 
-    /// The name nccl-tests uses for `-o`; this is what `Display` prints.
+    /// The name nccl-tests uses for `-o` (`premulsum` without its factor, which `Display` adds).
     pub const fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
@@ -51,6 +84,7 @@ impl ReduceOp {
             ReduceOp::Max => "max",
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
+            ReduceOp::PreMulSum(_) => "premulsum",
         }
     }
 }
@@ -62,26 +96,39 @@ fn accepted_reduce_op_names() -> String {
 
 impl fmt::Display for ReduceOp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+        match self {
+            ReduceOp::PreMulSum(factor) => write!(f, "premulsum:{factor}"),
+            op => f.write_str(op.name()),
+        }
     }
 }
 
 impl FromStr for ReduceOp {
     type Err = UnknownReduceOp;
 
-    /// Accepts the name in any ASCII case (`Sum`, `MAX`).
+    /// Accepts the name in any ASCII case (`Sum`, `MAX`, `PreMulSum:0.5`, `mulsum:0.5`).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
+        let (head, factor) = match name.split_once(':') {
+            Some((head, factor)) => (head, Some(factor)),
+            None => (name, None),
+        };
+        // `mulsum` is what nccl-tests' tables call it.
+        if head.eq_ignore_ascii_case("premulsum") || head.eq_ignore_ascii_case("mulsum") {
+            let factor = factor.ok_or_else(|| UnknownReduceOp::NoFactor { name: name.to_owned() })?;
+            let factor = factor.parse().map_err(|source| UnknownReduceOp::Factor { name: name.to_owned(), source })?;
+            return Ok(ReduceOp::PreMulSum(factor));
+        }
         ReduceOp::ALL
             .iter()
             .copied()
             .find(|op| name.eq_ignore_ascii_case(op.name()))
-            .ok_or_else(|| UnknownReduceOp { name: name.to_owned() })
+            .ok_or_else(|| UnknownReduceOp::Name { name: name.to_owned() })
     }
 }
 
-impl From<ReduceOp> for &'static str {
+impl From<ReduceOp> for String {
     fn from(op: ReduceOp) -> Self {
-        op.name()
+        op.to_string()
     }
 }
 
@@ -121,7 +168,26 @@ mod tests {
     #[test]
     fn unknown_name_lists_accepted_names() {
         let error = "mean".parse::<ReduceOp>().unwrap_err();
-        assert_eq!(error.to_string(), "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg");
+        assert_eq!(
+            error.to_string(),
+            "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg, premulsum:S"
+        );
+        let error = "premulsum".parse::<ReduceOp>().unwrap_err();
+        assert!(error.to_string().contains("premulsum needs its factor after a colon"), "{error}");
+        let error = "premulsum:x".parse::<ReduceOp>().unwrap_err();
+        assert!(error.to_string().contains("`x` is not a number"), "{error}");
+    }
+
+    #[test]
+    fn premulsum_carries_its_factor() {
+        let op: ReduceOp = "PreMulSum:0.5".parse().unwrap();
+        assert_eq!(op, ReduceOp::PreMulSum(Scalar::from(0.5)));
+        assert_eq!(op.to_string(), "premulsum:0.5");
+        assert_eq!(op.to_string().parse::<ReduceOp>(), Ok(op));
+        assert_eq!(op.nccl_code(), 5);
+        assert_eq!(op.combines_as(), ReduceOp::Sum);
+        assert_eq!(ReduceOp::from_nccl_code(5), None, "a code alone does not say the factor");
+        assert_eq!(serde_json::to_string(&op).unwrap(), "\"premulsum:0.5\"");
     }
 
     #[test]

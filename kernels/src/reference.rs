@@ -18,11 +18,26 @@ pub fn copy(dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
 /// Combines `src` into `dst` elementwise: `dst[i] = dst[i] (op) src[i]`.
 ///
 /// `Avg` combines as `Sum`, matching NCCL, which divides once after all ranks are summed;
-/// call [`finish_avg`] on the final buffer.
+/// call [`finish_avg`] on the final buffer. `PreMulSum` combines as `Sum` too: its multiplication is
+/// [`premultiply`], on a rank's input.
 pub fn reduce(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
     check_same_length(dst, src)?;
     check_whole_elements(dtype, dst)?;
     with_element_type!(dtype, Scalar => reduce_elements::<Scalar>(op, dst, src));
+    Ok(())
+}
+
+/// Multiplies every element of `buf` by `factor` (one `dtype` element, little-endian: `Scalar::element`), with the
+/// operator `Prod`'s arithmetic: PreMulSum's multiplication of a rank's input as it came.
+pub fn premultiply(dtype: DataType, factor: &[u8], buf: &mut [u8]) -> Result<(), KernelError> {
+    check_whole_elements(dtype, buf)?;
+    let factor = &factor[..dtype.size_bytes()];
+    with_element_type!(dtype, T => {
+        let factor = T::load(factor);
+        for element in buf.chunks_exact_mut(T::SIZE) {
+            T::prod(T::load(element), factor).store(element);
+        }
+    });
     Ok(())
 }
 
@@ -59,7 +74,7 @@ fn check_whole_elements(dtype: DataType, buf: &[u8]) -> Result<(), KernelError> 
 /// Picks the operator once, so the per-element loop is monomorphic.
 fn reduce_elements<T: Element>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
     match op {
-        ReduceOp::Sum | ReduceOp::Avg => combine_each(dst, src, T::sum),
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => combine_each(dst, src, T::sum),
         ReduceOp::Prod => combine_each(dst, src, T::prod),
         ReduceOp::Max => combine_each(dst, src, T::max),
         ReduceOp::Min => combine_each(dst, src, T::min),

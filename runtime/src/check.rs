@@ -44,14 +44,25 @@ pub fn windows(shape: &CallShape, n_ranks: u32, rank: u32, in_place: bool) -> Wi
     Windows { send, recv, input: input..input + in_blocks * block, output: output..output + out_blocks * block }
 }
 
+/// The operators the test matrices run: the five built-ins, and a premulsum whose factor every type holds and whose
+/// products of the check's inputs stay exact, so every result compares bit for bit.
+pub const OPS: [ReduceOp; 6] = [
+    ReduceOp::Sum,
+    ReduceOp::Prod,
+    ReduceOp::Max,
+    ReduceOp::Min,
+    ReduceOp::Avg,
+    ReduceOp::PreMulSum(collc_kernels::Scalar::Int(3)),
+];
+
 /// Input element `index` of `rank`: small integers, so sums of up to thousands of ranks and products of a few
-/// twos stay exact in every type, `f16` and `bf16` included.
+/// twos stay exact in every type, `f16` and `bf16` included (under premulsum, before its factor).
 pub fn input_value(op: ReduceOp, rank: u32, index: usize) -> i64 {
     let mix = (rank as usize).wrapping_mul(7).wrapping_add(index.wrapping_mul(3));
     match op {
         ReduceOp::Prod => 1 + i64::from(mix.is_multiple_of(16)),
         ReduceOp::Max | ReduceOp::Min => (mix % 101) as i64 - 50,
-        ReduceOp::Sum | ReduceOp::Avg => (mix % 5) as i64,
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => (mix % 5) as i64,
     }
 }
 
@@ -76,7 +87,7 @@ fn period(op: ReduceOp) -> usize {
     match op {
         ReduceOp::Prod => 16,
         ReduceOp::Max | ReduceOp::Min => 101,
-        ReduceOp::Sum | ReduceOp::Avg => 5,
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => 5,
     }
 }
 
@@ -106,10 +117,19 @@ pub fn expected(shape: &CallShape, n_ranks: u32, rank: u32) -> Option<Vec<u8>> {
 pub fn expected_from(shape: &CallShape, n_ranks: u32, rank: u32, inputs: &[Vec<u8>]) -> Option<Vec<u8>> {
     let (elem, count) = (shape.dtype.size_bytes(), shape.count);
     let block = |r: u32, b: usize| &inputs[r as usize][b * count * elem..(b + 1) * count * elem];
+    // Under premulsum every rank's block multiplied by the factor (every rank passes the same one here).
+    let factor = shape.op.factor().map(|f| f.element(shape.dtype).expect("a factor the call's type holds"));
+    let contribution = |r: u32, b: usize| {
+        let mut bytes = block(r, b).to_vec();
+        if let Some(factor) = &factor {
+            reference::premultiply(shape.dtype, factor, &mut bytes).expect("whole elements");
+        }
+        bytes
+    };
     let reduced = |b: usize| {
-        let mut sum = block(0, b).to_vec();
+        let mut sum = contribution(0, b);
         for r in 1..n_ranks {
-            reference::reduce(shape.dtype, shape.op, &mut sum, block(r, b)).expect("same lengths");
+            reference::reduce(shape.dtype, shape.op, &mut sum, &contribution(r, b)).expect("same lengths");
         }
         if shape.op == ReduceOp::Avg {
             reference::finish_avg(shape.dtype, &mut sum, n_ranks as usize).expect("whole elements");
@@ -130,6 +150,51 @@ pub fn expected_from(shape: &CallShape, n_ranks: u32, rank: u32, inputs: &[Vec<u
         Collective::SendRecv if rank == peer => block(root, 0).to_vec(),
         _ => return None,
     })
+}
+
+/// Elements of `got` that differ from `want`: bit for bit, except under a float premulsum, whose products round
+/// unless the factor is a power of two or the values small multiples of it: the sum of rounded products depends on
+/// the order the schedule adds them in. There each element may differ from `want` by the rounding of `n_ranks`
+/// additions of partial sums no larger than `n_ranks` times the largest term (|factor| x 4, the largest input).
+pub fn count_wrong_for(shape: &CallShape, n_ranks: u32, want: &[u8], got: &[u8]) -> usize {
+    let (Some(factor), Some(epsilon)) = (shape.op.factor(), epsilon(shape.dtype)) else {
+        return count_wrong(shape.dtype, want, got);
+    };
+    let n = f64::from(n_ranks);
+    let tolerance = epsilon * n * n * 4.0 * factor.as_f64().abs();
+    let elem = shape.dtype.size_bytes();
+    let value = |bytes: &[u8]| as_f64(shape.dtype, bytes);
+    let differing = want
+        .chunks_exact(elem)
+        .zip(got.chunks_exact(elem))
+        // NaN differences are wrong too: `within` is false for them.
+        .filter(|(a, b)| a != b && !within((value(a) - value(b)).abs(), tolerance))
+        .count();
+    differing + want.len().abs_diff(got.len()) / elem
+}
+
+fn within(difference: f64, tolerance: f64) -> bool {
+    difference <= tolerance
+}
+
+/// A float type's relative rounding error (one ulp of 1), `None` for integers.
+fn epsilon(dtype: DataType) -> Option<f64> {
+    match dtype {
+        DataType::F16 => Some(2f64.powi(-10)),
+        DataType::Bf16 => Some(2f64.powi(-7)),
+        DataType::F32 => Some(f64::from(f32::EPSILON)),
+        DataType::F64 => Some(f64::EPSILON),
+        _ => None,
+    }
+}
+
+fn as_f64(dtype: DataType, bytes: &[u8]) -> f64 {
+    match dtype {
+        DataType::F16 => half::f16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+        DataType::Bf16 => half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f64(),
+        DataType::F32 => f64::from(f32::from_le_bytes(bytes.try_into().expect("4 bytes"))),
+        _ => f64::from_le_bytes(bytes.try_into().expect("8 bytes")),
+    }
 }
 
 /// Elements of `got` that differ from `want`, bit for bit.

@@ -674,7 +674,7 @@ impl Communicator {
         }
         let kind = ((shape.collective as u32) << 24)
             | ((shape.dtype as u32) << 16)
-            | ((shape.op as u32) << 8)
+            | (u32::from(shape.op.nccl_code()) << 8)
             | placement as u32;
         let plan = executor.plan_mut();
         let fingerprint = plan.fingerprint;

@@ -12,6 +12,8 @@ pub enum RuntimeError {
     RankCount { expected: u32, got: usize },
     #[error("rank {rank} instruction #{index}: {source}")]
     Kernel { rank: u32, index: usize, source: KernelError },
+    #[error("rank {rank}: {source}; pass a factor the call's data type holds")]
+    Factor { rank: u32, source: collc_kernels::ScalarError },
     #[error("count {count} x {elem} bytes overflows the address space")]
     CountOverflow { count: usize, elem: usize },
     #[error("invalid communicator: {0}")]

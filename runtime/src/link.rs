@@ -143,7 +143,11 @@ impl CallInfo {
 pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
     let collective = Collective::ALL.get((kind >> 24) as usize).map_or("?", |c| c.name());
     let dtype = DataType::ALL.get(((kind >> 16) & 0xff) as usize).map_or("?".into(), |d| d.to_string());
-    let op = ReduceOp::ALL.get(((kind >> 8) & 0xff) as usize).map_or("?".into(), |o| o.to_string());
+    // A premulsum's factor is its rank's own (peers may pass others): only its name is published.
+    let op = match ((kind >> 8) & 0xff) as u8 {
+        5 => "premulsum".to_string(),
+        code => ReduceOp::from_nccl_code(code).map_or("?".into(), |o| o.to_string()),
+    };
     let placement = if kind & 0xff == Placement::InPlace as u32 { "in-place" } else { "out-of-place" };
     format!("{collective} {dtype} {op} count {count} root {root} {placement}")
 }

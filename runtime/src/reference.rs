@@ -1,9 +1,13 @@
 //! The reference interpreter: runs every rank of a verified schedule in one thread, in dataflow order, with the
 //! scalar kernels. Slow and simple on purpose: it is the oracle.
+//!
+//! PreMulSum follows docs/language.md §13 as it runs: a read of a chunk of the buffer that held a rank's input when
+//! the call started, which nothing has written since, is multiplied by the factor. (The executors decide the same
+//! from program order when a plan is prepared; this tracks it as the instructions execute.)
 
 use crate::error::RuntimeError;
 use crate::layout::ChunkLayout;
-use collc_compiler::sched::{Instr, Op, Operand};
+use collc_compiler::sched::{BufId, Instr, Op, Operand};
 use collc_compiler::VerifiedSchedule;
 use collc_kernels::{reference, DataType, ReduceOp};
 use std::collections::{HashMap, VecDeque};
@@ -42,7 +46,31 @@ pub fn run(
             }
         }
     }
-    Interpreter { sched, layout: layout.clone(), elem, dtype, op, queues: HashMap::new() }.run(buffers)?;
+    let factor = match op.factor().filter(|_| sched.collective.reduces()) {
+        Some(scalar) => Some(scalar.element(dtype).map_err(|source| RuntimeError::Factor { rank: 0, source })?),
+        None => None,
+    };
+    let as_it_came = (0..sched.n_ranks)
+        .map(|rank| {
+            let (buf, _) = sched.input_window(rank);
+            (buf, vec![true; sched.buffers[buf.0 as usize].chunks as usize])
+        })
+        .collect();
+    let mut interpreter =
+        Interpreter { sched, layout: layout.clone(), elem, dtype, op, factor, as_it_came, queues: HashMap::new() };
+    interpreter.run(buffers)?;
+    // An output chunk no instruction wrote still holds its rank's input (one rank's reduction): multiplied once.
+    if let Some(factor) = &interpreter.factor {
+        for (rank, (input, unwritten)) in interpreter.as_it_came.iter().enumerate() {
+            let (buf, offset) = sched.output_window(rank as u32);
+            let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+            for chunk in (offset..offset + out_chunks).filter(|&c| buf == *input && unwritten[c as usize]) {
+                let bytes = byte_range(&layout, elem, Operand::new(buf, chunk), 1);
+                reference::premultiply(dtype, factor, &mut buffers[rank][buf.0 as usize][bytes])
+                    .map_err(|source| RuntimeError::Kernel { rank: rank as u32, index: 0, source })?;
+            }
+        }
+    }
     if op == ReduceOp::Avg && sched.collective.reduces() {
         for rank in 0..sched.n_ranks {
             let (buf, offset) = sched.output_window(rank);
@@ -74,6 +102,9 @@ struct Interpreter<'a> {
     elem: usize,
     dtype: DataType,
     op: ReduceOp,
+    /// PreMulSum's factor as one element, and per rank the buffer that held its input and which of its chunks still do.
+    factor: Option<[u8; 8]>,
+    as_it_came: Vec<(BufId, Vec<bool>)>,
     queues: HashMap<(u32, u32, u8), VecDeque<Vec<u8>>>,
 }
 
@@ -120,8 +151,23 @@ impl Interpreter<'_> {
         }
     }
 
-    fn read(&self, bufs: &RankBuffers, op: Operand, n: u32) -> Vec<u8> {
-        bufs[op.buf.0 as usize][byte_range(&self.layout, self.elem, op, n)].to_vec()
+    /// The bytes of `n` chunks at `op`, those still holding the rank's input multiplied by a PreMulSum's factor.
+    fn read(&self, rank: u32, bufs: &RankBuffers, op: Operand, n: u32) -> Result<Vec<u8>, RuntimeError> {
+        let range = byte_range(&self.layout, self.elem, op, n);
+        let mut bytes = bufs[op.buf.0 as usize][range.clone()].to_vec();
+        let (input, unwritten) = &self.as_it_came[rank as usize];
+        if let (Some(factor), true) = (&self.factor, op.buf == *input) {
+            for k in (0..n).filter(|&k| unwritten[(op.index + k) as usize]) {
+                let chunk = byte_range(&self.layout, self.elem, Operand::new(op.buf, op.index + k), 1);
+                let at = chunk.start - range.start..chunk.end - range.start;
+                reference::premultiply(self.dtype, factor, &mut bytes[at]).map_err(|source| RuntimeError::Kernel {
+                    rank,
+                    index: 0,
+                    source,
+                })?;
+            }
+        }
+        Ok(bytes)
     }
 
     fn execute(&mut self, rank: u32, index: usize, bufs: &mut RankBuffers) -> Result<(), RuntimeError> {
@@ -133,16 +179,20 @@ impl Interpreter<'_> {
                 .get_mut(&(peer, rank, instr.channel))
                 .and_then(VecDeque::pop_front)
                 .expect("ready() saw the message"),
-            None => self.read(bufs, instr.src, instr.count),
+            None => self.read(rank, bufs, instr.src, instr.count)?,
         };
         if let Some(acc) = instr.acc.get() {
-            let mut sum = self.read(bufs, acc, instr.count);
+            let mut sum = self.read(rank, bufs, acc, instr.count)?;
             reference::reduce(self.dtype, self.op, &mut sum, &value).map_err(kernel)?;
             value = sum;
         }
         if let Some(dst) = instr.dst.get() {
             let range = byte_range(&self.layout, self.elem, dst, instr.count);
             reference::copy(&mut bufs[dst.buf.0 as usize][range], &value).map_err(kernel)?;
+            let (input, unwritten) = &mut self.as_it_came[rank as usize];
+            if dst.buf == *input {
+                unwritten[dst.index as usize..(dst.index + instr.count) as usize].fill(false);
+            }
         }
         if let Some(peer) = instr.send_peer() {
             debug_assert!(instr.op != Op::Copy);

@@ -39,7 +39,7 @@ use collc_compiler::sched::{BufId, Instr, Operand, RankProgram};
 use collc_compiler::{
     compile, verify, Bindings, Collective, Limits, Options, Placement, Schedule, Verification, VerifiedSchedule,
 };
-use collc_kernels::{DataType, ReduceOp};
+use collc_kernels::{DataType, ReduceOp, Scalar};
 use collc_runtime::reference::RankBuffers;
 use collc_runtime::{Buffers, CallShape, Communicator, Options as RunOptions};
 use std::collections::BTreeMap;
@@ -175,6 +175,18 @@ fn add_into(size: usize, sum: &mut [u8], x: &[u8]) {
     }
 }
 
+/// `x` with each integer element multiplied by `factor`, wrapping (a premulsum's input, by the fuzzer's own arithmetic:
+/// the low bytes of a product depend only on the low bytes of its operands).
+fn times(size: usize, x: &[u8], factor: u64) -> Vec<u8> {
+    let mut out = x.to_vec();
+    for element in out.chunks_exact_mut(size) {
+        let mut a = [0u8; 8];
+        a[..size].copy_from_slice(element);
+        element.copy_from_slice(&u64::from_le_bytes(a).wrapping_mul(factor).to_le_bytes()[..size]);
+    }
+    out
+}
+
 /// Random bits per element; for floats, an all-ones exponent (infinity or NaN) loses its top bit, so every value
 /// is finite.
 fn random_data(rng: &mut Rng, dtype: DataType, elements: usize) -> Vec<u8> {
@@ -232,7 +244,12 @@ fn contract_output(shape: &CallShape, p: u32, rank: u32, inputs: &[Vec<u8>]) -> 
             return None;
         }
         let mut s = vec![0u8; block];
-        (0..p).for_each(|q| add_into(size, &mut s, x(q, b)));
+        match shape.op {
+            ReduceOp::PreMulSum(Scalar::Int(factor)) => {
+                (0..p).for_each(|q| add_into(size, &mut s, &times(size, x(q, b), factor as u64)))
+            }
+            _ => (0..p).for_each(|q| add_into(size, &mut s, x(q, b))),
+        }
         Some(s)
     };
     let concat = |f: &dyn Fn(u32) -> Vec<u8>| Some((0..p).flat_map(f).collect::<Vec<u8>>());
@@ -617,7 +634,8 @@ fn make_case(index: u64, seed: u64, bases: &[Base]) -> Case {
 }
 
 /// The calls an accepted schedule runs: integer sums at a count the chunk count does not divide and at one cut into
-/// tiles, a float call, and one more integer call of another width (or of no elements).
+/// tiles, a float call, and one more integer call of another width (or of no elements). A quarter of them are
+/// premulsums by a small factor: each rank's input multiplied where the schedule first reads it.
 fn calls_for(sched: &Schedule, rng: &mut Rng) -> Vec<Data> {
     let c = sched.chunks.max(1) as usize;
     let small = c * rng.range(0, 3) as usize + 1 + rng.below(c.max(2) - 1);
@@ -633,7 +651,10 @@ fn calls_for(sched: &Schedule, rng: &mut Rng) -> Vec<Data> {
             collective: sched.collective,
             count,
             dtype,
-            op: ReduceOp::Sum,
+            op: match rng.chance(25) {
+                true => ReduceOp::PreMulSum(Scalar::Int(2 + rng.below(6) as i128)),
+                false => ReduceOp::Sum,
+            },
             root: sched.root,
             peer: sched.peer,
         };

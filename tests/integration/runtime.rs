@@ -132,7 +132,7 @@ fn matrix(transports: &[Transport]) {
                         comm.set_algorithm(collective, name, source, bindings.params.clone());
                     }
                 }
-                let ops: &[ReduceOp] = if collective.reduces() { ReduceOp::ALL } else { &[ReduceOp::Sum] };
+                let ops: &[ReduceOp] = if collective.reduces() { &check::OPS } else { &[ReduceOp::Sum] };
                 for &count in &COUNTS {
                     for &dtype in DataType::ALL {
                         for &op in ops {
@@ -180,4 +180,90 @@ fn matrix(transports: &[Transport]) {
 #[test]
 fn every_algorithm_matches_the_reference_on_every_transport() {
     matrix(&Transport::host().collect::<Vec<_>>());
+}
+
+/// PreMulSum's factor is each rank's own, as NCCL's is: ranks passing 1, 2, 3, ... get the sum of `factor_r x input_r`.
+/// One shot's sends on threads carry the input's addresses (single copy), so there the receiver multiplies by the
+/// sender's factor, which the message carries; shm copies through its FIFOs. In place and out of place, an integer
+/// and a float type. A factor the call's type cannot hold fails the call on every rank, saying which and why.
+#[test]
+fn premulsum_multiplies_each_rank_input_by_its_own_factor() {
+    use collc_kernels::{reference, Scalar};
+    let count = 70_000;
+    for (name, n_ranks) in [("allreduce/one_shot", 2), ("allreduce/one_shot", 4), ("allreduce/ring", 3)] {
+        let source = collc_compiler::library::get(name).expect("in the library");
+        for transport in [Transport::named("threads"), Transport::named("shm")] {
+            let mut comms = communicators(transport, n_ranks);
+            for comm in &mut comms {
+                comm.set_algorithm(Collective::AllReduce, name, source, Vec::new());
+            }
+            for dtype in [DataType::I32, DataType::F32] {
+                let base =
+                    CallShape { collective: Collective::AllReduce, count, dtype, op: ReduceOp::Sum, root: 0, peer: 1 };
+                let inputs = check::inputs(&base, n_ranks);
+                let factor = |rank: u32| Scalar::Int(i128::from(rank) + 1);
+                let mut want = vec![0u8; count * dtype.size_bytes()];
+                for (rank, input) in inputs.iter().enumerate() {
+                    let mut scaled = input.clone();
+                    let element = factor(rank as u32).element(dtype).expect("a small factor");
+                    reference::premultiply(dtype, &element, &mut scaled).expect("whole elements");
+                    reference::reduce(dtype, ReduceOp::Sum, &mut want, &scaled).expect("same lengths");
+                }
+                for placement in [Placement::OutOfPlace, Placement::InPlace] {
+                    let outputs: Vec<Vec<u8>> = std::thread::scope(|scope| {
+                        let handles: Vec<_> = comms
+                            .iter_mut()
+                            .map(|comm| {
+                                let input = inputs[comm.rank() as usize].clone();
+                                scope.spawn(move || {
+                                    let shape = CallShape { op: ReduceOp::PreMulSum(factor(comm.rank())), ..base };
+                                    let mut out = input.clone();
+                                    let buffers = match placement {
+                                        Placement::InPlace => Buffers::InPlace(&mut out),
+                                        Placement::OutOfPlace => Buffers::OutOfPlace { send: &input, recv: &mut out },
+                                    };
+                                    comm.call(shape, buffers).expect("the call runs");
+                                    out
+                                })
+                            })
+                            .collect();
+                        handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
+                    });
+                    for (rank, got) in outputs.iter().enumerate() {
+                        let wrong = check::count_wrong(dtype, &want, got);
+                        assert_eq!(wrong, 0, "{transport:?} {name} p={n_ranks} {dtype} {placement} rank {rank}");
+                    }
+                }
+            }
+            // 0.5 in an integer type: refused before anything moves, on every rank.
+            let shape = CallShape {
+                collective: Collective::AllReduce,
+                count: 8,
+                dtype: DataType::I32,
+                op: ReduceOp::PreMulSum(Scalar::from(0.5)),
+                root: 0,
+                peer: 1,
+            };
+            let errors: Vec<String> = std::thread::scope(|scope| {
+                let handles: Vec<_> = comms
+                    .iter_mut()
+                    .map(|comm| {
+                        scope.spawn(move || {
+                            let (send, mut recv) = (vec![0u8; 32], vec![0u8; 32]);
+                            let result = comm.call(shape, Buffers::OutOfPlace { send: &send, recv: &mut recv });
+                            result.expect_err("a fraction in int32").to_string()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
+            });
+            for (rank, error) in errors.iter().enumerate() {
+                let want = format!(
+                    "rank {rank}: premulsum's factor 0.5 is not a whole number: int32 multiplies by integers; pass a \
+                     factor the call's data type holds"
+                );
+                assert_eq!(error, &want);
+            }
+        }
+    }
 }

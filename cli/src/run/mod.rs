@@ -14,7 +14,7 @@ use collc_compiler::cost::Topology;
 use collc_compiler::emit::SchedLines;
 use collc_compiler::{compile, Bindings, Collective, Error, Errors, Limits, Options as CompileOptions};
 use collc_compiler::{Placement, VerifiedSchedule};
-use collc_kernels::{DataType, ReduceOp};
+use collc_kernels::{DataType, ReduceOp, UnknownReduceOp};
 use collc_runtime::{Communicator, Options, Transport};
 use std::sync::Arc;
 
@@ -67,7 +67,8 @@ pub struct RunArgs {
     /// Data type: float, half, bfloat16, double, int8, uint8, int32, uint32, int64, uint64, or `all`.
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
-    /// Reduction: sum, prod, max, min, avg, or `all`.
+    /// Reduction: sum, prod, max, min, avg, premulsum:S (each input multiplied by S, then summed: NCCL's PreMulSum),
+    /// or `all` (the first five).
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
     /// Root rank for rooted collectives (the sender of sendrecv) [default: 0, or a schedule file's].
@@ -328,10 +329,29 @@ fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), Strin
     };
     let ops = match args.op.as_str() {
         "all" => ReduceOp::ALL.to_vec(),
-        name => vec![name
-            .parse::<ReduceOp>()
-            .map_err(|e| suggest(name, ReduceOp::ALL.iter().map(|o| o.to_string()).collect(), format!("-o: {e}")))?],
+        name => vec![name.parse::<ReduceOp>().map_err(|e| match e {
+            UnknownReduceOp::Name { .. } => {
+                suggest(name, ReduceOp::ALL.iter().map(|o| o.to_string()).collect(), format!("-o: {e}"))
+            }
+            _ => format!("-o: {e}"),
+        })?],
     };
+    // A premulsum factor every data type of the run holds, before any rank starts.
+    for (op, factor) in ops.iter().filter_map(|op| Some((op, op.factor()?))) {
+        if let Some(error) = dtypes.iter().find_map(|&dtype| factor.element(dtype).err()) {
+            let hint = match error.dtype.is_float() {
+                true => "a smaller factor".to_string(),
+                false => format!(
+                    "a whole factor in its range, or a float type (-d float){}",
+                    match args.dtype.as_str() {
+                        "all" => " in place of -d all",
+                        _ => "",
+                    }
+                ),
+            };
+            return Err(format!("-o {op}: {error}; give {hint}"));
+        }
+    }
     Ok((dtypes, ops))
 }
 

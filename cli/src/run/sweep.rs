@@ -299,5 +299,5 @@ fn check_one(
     scratch.download(comm, windows)?;
     let Some(want) = check::expected(shape, job.n_ranks, rank) else { return Ok(0) };
     let got = if in_place { &scratch.send[windows.output.clone()] } else { &scratch.recv[windows.output.clone()] };
-    Ok(check::count_wrong(shape.dtype, &want, got) as u64)
+    Ok(check::count_wrong_for(shape, job.n_ranks, &want, got) as u64)
 }

@@ -92,7 +92,11 @@ impl Report {
             row.bytes,
             row.count,
             row.dtype.to_string(),
-            row.op.map_or("none".to_string(), |o| o.to_string()),
+            // nccl-tests' column names premulsum `mulsum` (its factor is in the header).
+            row.op.map_or("none".to_string(), |o| match o.factor() {
+                Some(_) => "mulsum".to_string(),
+                None => o.to_string(),
+            }),
             row.root.map_or(-1, i64::from)
         );
         for cell in [&row.out_of_place, &row.in_place] {
@@ -209,6 +213,9 @@ fn print_header(job: &Job, header: &Header) {
     }
     if let Some(topology) = &job.algorithms.topology {
         println!("#   cost model on {topology}");
+    }
+    for factor in job.ops.iter().filter_map(|op| op.factor()) {
+        println!("#   redop mulsum: premulsum:{factor}, every rank's input multiplied by {factor}, then summed");
     }
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",

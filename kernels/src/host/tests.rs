@@ -227,7 +227,9 @@ unsafe fn reduce_for_isa_as<T: Lane>(
     // SAFETY: forwarded from the caller.
     unsafe {
         match op {
-            ReduceOp::Sum | ReduceOp::Avg => isa::combine_with::<T, Sum>(isa, dst, a, b, n_elems),
+            ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => {
+                isa::combine_with::<T, Sum>(isa, dst, a, b, n_elems)
+            }
             ReduceOp::Prod => isa::combine_with::<T, Prod>(isa, dst, a, b, n_elems),
             ReduceOp::Max => isa::combine_with::<T, Max>(isa, dst, a, b, n_elems),
             ReduceOp::Min => isa::combine_with::<T, Min>(isa, dst, a, b, n_elems),
@@ -493,5 +495,57 @@ fn a_range_copied_onto_itself_is_unchanged() {
         // SAFETY: as above.
         unsafe { super::copy_streaming(at.wrapping_add(7), at.wrapping_add(7), len) };
         assert_eq!(buf, original, "len {len}");
+    }
+}
+
+/// PreMulSum's kernels against the reference's `premultiply` then `reduce`: every type, a random and a special factor,
+/// the factor on either operand or both, lengths across the block size, in place on the first operand.
+#[test]
+fn premul_sum_matches_the_reference() {
+    use super::{premul_sum, Factor};
+    let mut rng = Rng(0x9E1_5C41E);
+    for &dtype in DataType::ALL {
+        let size = dtype.size_bytes();
+        for n_elems in [0, 1, 17, 255, 1023, 1024, 1025, 2049, 4099] {
+            let a = random_buffer(dtype, n_elems, &mut rng);
+            let b = random_buffer(dtype, n_elems, &mut rng);
+            let specials = special_values(dtype);
+            for factor_bits in [random_element(dtype, &mut rng), specials[rng.below(specials.len())]] {
+                let mut element = [0u8; 8];
+                element[..size].copy_from_slice(&factor_bits.to_le_bytes()[..size]);
+                let factor = Factor::new(dtype, element);
+                let scaled = |bytes: &[u8], on: bool| {
+                    let mut bytes = bytes.to_vec();
+                    if on {
+                        reference::premultiply(dtype, &element, &mut bytes).unwrap();
+                    }
+                    bytes
+                };
+                for (on_a, on_b) in [(true, false), (false, true), (true, true)] {
+                    let (a_read, b_read) = (scaled(&a, on_a), scaled(&b, on_b));
+                    let expected = reference_result(dtype, ReduceOp::Sum, &a_read, &b_read);
+                    let (fa, fb) = (on_a.then_some(&factor), on_b.then_some(&factor));
+                    let mut dst = vec![0u8; a.len()];
+                    // SAFETY: three buffers of `n_elems` elements; `dst` overlaps neither operand.
+                    unsafe { premul_sum(dtype, dst.as_mut_ptr(), (a.as_ptr(), fa), (b.as_ptr(), fb), n_elems) };
+                    let case = format!("{dtype} n={n_elems} factor={factor_bits:#x} on a {on_a} on b {on_b}");
+                    assert_host_is_right(dtype, ReduceOp::Sum, [&a_read, &b_read], &dst, &expected, &case);
+                    let mut in_place = a.clone();
+                    let acc = in_place.as_mut_ptr();
+                    // SAFETY: `acc` is exactly the first operand, which the kernel allows.
+                    unsafe { premul_sum(dtype, acc, (acc, fa), (b.as_ptr(), fb), n_elems) };
+                    assert_host_is_right(dtype, ReduceOp::Sum, [&a_read, &b_read], &in_place, &expected, &case);
+                }
+                let mut copied = vec![0u8; a.len()];
+                // SAFETY: two buffers of `n_elems` elements that do not overlap.
+                unsafe { factor.apply(copied.as_mut_ptr(), a.as_ptr(), n_elems) };
+                let expected = scaled(&a, true);
+                let same = copied.chunks_exact(size).zip(expected.chunks_exact(size)).all(|(h, r)| {
+                    let (h, r) = (element_bits(h), element_bits(r));
+                    h == r || (is_nan(dtype, h) && is_nan(dtype, r))
+                });
+                assert!(same, "{dtype} n={n_elems} factor={factor_bits:#x}: apply differs from premultiply");
+            }
+        }
     }
 }

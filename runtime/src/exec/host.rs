@@ -10,7 +10,8 @@ use crate::link::{CallInfo, Link, LinkFault, Stamp};
 use crate::recorder::{Current, InstrState};
 use crate::wait::{Backoff, Fault};
 use collc_compiler::sched::Op;
-use collc_kernels::{host, ReduceOp};
+use collc_kernels::host::{self, Factor};
+use collc_kernels::{DataType, ReduceOp};
 
 /// A plan and its links (`links[i]` is the connection `plan.links[i]` describes).
 pub(crate) struct Host<L> {
@@ -218,6 +219,15 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
     if plan.op == ReduceOp::Avg && plan.collective.reduces() {
         finish_avg(plan)?;
     }
+    if let Some(factor) = &plan.factor {
+        let base = plan.bases[plan.output.0 as usize];
+        for range in &plan.unscaled {
+            let at = base.wrapping_add(range.start * plan.elem);
+            // SAFETY: the range lies inside the output window, inside the caller's buffer (checked when the call
+            // started); in place on itself, which `apply` allows.
+            unsafe { factor.apply(at, at, range.len()) };
+        }
+    }
     Ok(())
 }
 
@@ -329,11 +339,15 @@ fn try_fire<L: Link>(
     if step.by_reference
         && links[step.send as usize].shares_memory()
         && pieces.iter().all(|p| p.src.valid >= hi)
-        && step.n as usize * 8 <= plan.links[step.send as usize].slot_bytes
+        && refs_bytes(step.n as usize, plan.factor.is_some()) <= plan.links[step.send as usize].slot_bytes
     {
         for (k, piece) in pieces.iter().enumerate() {
             // SAFETY: the reserved slot holds `n` addresses (checked above); `outgoing` is 64-byte aligned.
             unsafe { (outgoing as *mut *const u8).add(k).write(local(plan, piece.src, lo, hi).0) };
+        }
+        if let Some(factor) = &plan.factor {
+            // SAFETY: the slot holds the factor and a flag a chunk after the addresses (checked above).
+            unsafe { write_factor(outgoing, factor, pieces) };
         }
         links[step.send as usize].post_refs(stamp, step.n as usize);
         plan.fired_on[step.send as usize] += 1;
@@ -354,6 +368,69 @@ fn try_fire<L: Link>(
         plan.fired_on[step.recv as usize] += 1;
     }
     Ok(true)
+}
+
+/// Bytes of a message by reference of `n` chunks: an address a chunk and, under PreMulSum, the sender's factor and
+/// whether each chunk is its input as it came (the receiver multiplies those, by the sender's factor).
+fn refs_bytes(n: usize, premul: bool) -> usize {
+    n * 8 + if premul { 8 + n } else { 0 }
+}
+
+/// # Safety
+/// `slot` holds `refs_bytes(pieces.len(), true)` bytes.
+unsafe fn write_factor(slot: *mut u8, factor: &Factor, pieces: &[Piece]) {
+    let at = slot.wrapping_add(pieces.len() * 8);
+    // SAFETY: inside the slot (caller's contract).
+    unsafe {
+        std::ptr::copy_nonoverlapping(factor.element().as_ptr(), at, 8);
+        for (k, piece) in pieces.iter().enumerate() {
+            at.add(8 + k).write(u8::from(piece.src.raw));
+        }
+    }
+}
+
+/// The sender's factor of a message by reference of `n` chunks under PreMulSum (`own` when it is the same, else
+/// made in `theirs`), and the flags of its chunks.
+///
+/// # Safety
+/// `slot` holds `refs_bytes(n, true)` bytes written by `write_factor`.
+unsafe fn read_factor<'a>(
+    slot: *const u8,
+    n: usize,
+    own: &'a Factor,
+    dtype: DataType,
+    theirs: &'a mut Option<Factor>,
+) -> (&'a Factor, *const u8) {
+    let mut element = [0u8; 8];
+    // SAFETY: inside the slot (caller's contract).
+    unsafe { std::ptr::copy_nonoverlapping(slot.add(n * 8), element.as_mut_ptr(), 8) };
+    let flags = slot.wrapping_add(n * 8 + 8);
+    if element == own.element() {
+        return (own, flags);
+    }
+    (theirs.insert(Factor::new(dtype, element)), flags)
+}
+
+/// `dst = a (op) b`; under PreMulSum an operand with a factor is multiplied by it first.
+///
+/// # Safety
+/// As `host::reduce`.
+#[inline]
+unsafe fn combine(
+    dtype: DataType,
+    op: ReduceOp,
+    dst: *mut u8,
+    a: (*const u8, Option<&Factor>),
+    b: (*const u8, Option<&Factor>),
+    n: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match (a.1, b.1) {
+            (None, None) => host::reduce(dtype, op, dst, a.0, b.0, n),
+            _ => host::premul_sum(dtype, dst, a, b, n),
+        }
+    }
 }
 
 /// The bytes of `place` inside tile `lo..hi`, and how many elements of it are valid.
@@ -382,32 +459,49 @@ unsafe fn execute(
 ) {
     let (dtype, op, elem) = (plan.dtype, plan.op, plan.elem);
     let stride = plan.tile * elem;
+    // PreMulSum: this rank's factor for its input as it came, and the sender's for a message by reference of its own.
+    let own = plan.factor.as_deref();
+    let mut theirs_storage = None;
+    let theirs = match (refs, own) {
+        // SAFETY: the sender wrote its factor after the addresses (`write_factor`), as this rank's plan has one too.
+        (true, Some(own)) => Some(unsafe { read_factor(incoming, pieces.len(), own, dtype, &mut theirs_storage) }),
+        _ => None,
+    };
+    let own_for = |place: Place| if place.raw { own } else { None };
     for (k, piece) in pieces.iter().enumerate() {
         let slot_in = match refs {
             // SAFETY: the message holds one address a chunk (caller's contract).
             true => unsafe { (incoming as *const *const u8).add(k).read() },
             false => incoming.wrapping_add(k * stride),
         };
+        // SAFETY: the flags follow the factor, one a chunk.
+        let in_factor = theirs.and_then(|(factor, flags)| (unsafe { flags.add(k).read() } != 0).then_some(factor));
         let slot_out = outgoing.wrapping_add(k * stride);
         // SAFETY: every pointer below is inside its buffer or FIFO slot for the `n` elements used.
         unsafe {
             match step.op {
                 Op::Send => {
                     let (src, n) = local(plan, piece.src, lo, hi);
-                    host::copy(slot_out, src, n * elem);
+                    match own_for(piece.src) {
+                        Some(factor) => factor.apply(slot_out, src, n),
+                        None => host::copy(slot_out, src, n * elem),
+                    }
                 }
                 Op::Recv => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
-                    store(plan, piece.dst, dst, slot_in, n * elem);
+                    match in_factor {
+                        Some(factor) => factor.apply(dst, slot_in, n),
+                        None => store(plan, piece.dst, dst, slot_in, n * elem),
+                    }
                 }
                 Op::RecvReduceCopy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, dst, acc, slot_in, n);
+                    combine(dtype, op, dst, (acc.cast_const(), own_for(piece.acc)), (slot_in, in_factor), n);
                 }
                 Op::RecvReduceSend => {
                     let (acc, n) = local(plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, slot_out, acc, slot_in, n);
+                    combine(dtype, op, slot_out, (acc.cast_const(), own_for(piece.acc)), (slot_in, in_factor), n);
                 }
                 // The fused forms write two places from one read: in blocks small enough that the second write
                 // reads what the first just touched from L1, not the message again from the other core.
@@ -415,7 +509,9 @@ unsafe fn execute(
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
                     for (at, m) in blocks(n, elem) {
-                        host::reduce(dtype, op, slot_out.add(at), acc.add(at), slot_in.add(at), m);
+                        let (acc, slot_in) =
+                            ((acc.add(at).cast_const(), own_for(piece.acc)), (slot_in.add(at), in_factor));
+                        combine(dtype, op, slot_out.add(at), acc, slot_in, m);
                         store(plan, piece.dst, dst.add(at), slot_out.add(at), m * elem);
                     }
                 }
@@ -424,6 +520,11 @@ unsafe fn execute(
                     // Forward the whole tile: a later rank may hold more of this chunk than this rank does.
                     for (at, m) in blocks(hi - lo, elem) {
                         let here = n.saturating_sub(at / elem).min(m);
+                        if let Some(factor) = in_factor {
+                            factor.apply(dst.add(at), slot_in.add(at), here);
+                            factor.apply(slot_out.add(at), slot_in.add(at), m);
+                            continue;
+                        }
                         store(plan, piece.dst, dst.add(at), slot_in.add(at), here * elem);
                         host::copy(slot_out.add(at), slot_in.add(at), m * elem);
                     }
@@ -431,13 +532,23 @@ unsafe fn execute(
                 Op::Copy => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (src, m) = local(plan, piece.src, lo, hi);
-                    store(plan, piece.dst, dst, src, n.min(m) * elem);
+                    match own_for(piece.src) {
+                        Some(factor) => factor.apply(dst, src, n.min(m)),
+                        None => store(plan, piece.dst, dst, src, n.min(m) * elem),
+                    }
                 }
                 Op::Reduce => {
                     let (dst, n) = local(plan, piece.dst, lo, hi);
                     let (acc, _) = local(plan, piece.acc, lo, hi);
                     let (src, _) = local(plan, piece.src, lo, hi);
-                    host::reduce(dtype, op, dst, acc, src, n);
+                    combine(
+                        dtype,
+                        op,
+                        dst,
+                        (acc.cast_const(), own_for(piece.acc)),
+                        (src.cast_const(), own_for(piece.src)),
+                        n,
+                    );
                 }
             }
         }

@@ -17,6 +17,7 @@ use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
 use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
 use collc_compiler::{Collective, VerifiedSchedule};
+use collc_kernels::host::Factor;
 use collc_kernels::{DataType, ReduceOp};
 use std::collections::HashMap;
 
@@ -30,12 +31,14 @@ pub(crate) const NO_BUF: u8 = u8::MAX;
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Place {
     pub buf: u8,
+    /// Under PreMulSum, a read of this rank's input as it came (`input_as_it_came`): multiplied by the rank's factor.
+    pub raw: bool,
     pub offset: usize,
     pub valid: usize,
 }
 
 impl Place {
-    const NONE: Place = Place { buf: NO_BUF, offset: 0, valid: 0 };
+    const NONE: Place = Place { buf: NO_BUF, raw: false, offset: 0, valid: 0 };
 }
 
 /// One instruction of this rank.
@@ -81,6 +84,8 @@ pub struct Plan {
     pub(crate) algorithm: String,
     pub(crate) dtype: DataType,
     pub(crate) op: ReduceOp,
+    /// PreMulSum's factor in `dtype`: what the places marked `raw` are multiplied by.
+    pub(crate) factor: Option<Box<Factor>>,
     pub(crate) elem: usize,
     /// Elements per tile of one chunk, and tiles per call.
     pub(crate) tile: usize,
@@ -104,6 +109,8 @@ pub struct Plan {
     pub(crate) user_elements: [usize; 2],
     /// The output window, for the `avg` epilogue: buffer and element range.
     pub(crate) output: (u8, std::ops::Range<usize>),
+    /// PreMulSum's epilogue: the ranges of the output window that still hold the rank's input (`Translated`).
+    pub(crate) unscaled: Vec<std::ops::Range<usize>>,
     /// The call shape and the schedule's hash: every rank of a matching call computes the same value.
     pub(crate) fingerprint: u64,
     /// Where the schedule came from and its hash, as mismatch reports name it:
@@ -169,6 +176,13 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         return Err(RuntimeError::Slots { name: name.to_string(), proved, transport, slots });
     }
     let elem = dtype.size_bytes();
+    // A collective that reduces nothing ignores its operator, as NCCL does.
+    let factor = match op.factor().filter(|_| sched.collective.reduces()) {
+        Some(scalar) => {
+            Some(Box::new(Factor::of(dtype, scalar).map_err(|source| RuntimeError::Factor { rank, source })?))
+        }
+        None => None,
+    };
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
         .checked_mul(elem)
@@ -176,7 +190,8 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let layout = ChunkLayout::new(count, sched.chunks);
     let (tile, n_tiles, widest) = tiles(sched, elem, capacity, slot_cap)?;
-    let Translated { steps, pieces, labels, links } = translate(sched, rank, origin, &layout, capacity, tile * elem);
+    let Translated { unscaled, steps, pieces, labels, links } =
+        translate(sched, rank, origin, &layout, capacity, tile * elem, factor.is_some());
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
     let (bases, scratch) = scratch_buffers(sched, capacity * elem);
@@ -195,6 +210,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         algorithm: name.to_string(),
         dtype,
         op,
+        factor,
         elem,
         tile,
         n_tiles,
@@ -212,6 +228,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         _scratch: scratch,
         user_elements,
         output,
+        unscaled,
         fingerprint: fingerprint(sched, count, dtype, op),
         source: format!("{name} ({name_is}; schedule {:016x})", sched.hash()),
         unmet: vec![0; n_steps],
@@ -246,6 +263,9 @@ fn tiles(
 
 /// One rank's instructions as the executor runs them.
 struct Translated {
+    /// Under PreMulSum, the element ranges of the output window no instruction wrote: they still hold the rank's own
+    /// input (one rank's reduction), which the end of the call multiplies by the factor.
+    unscaled: Vec<std::ops::Range<usize>>,
     steps: Vec<Step>,
     pieces: Vec<Piece>,
     labels: Vec<StepLabel>,
@@ -254,7 +274,8 @@ struct Translated {
 
 /// `rank`'s instructions as steps with the element places of every chunk they touch, and its connections, each
 /// step with its position on them. A connection's slots hold its largest message, `tile_bytes` per chunk: both
-/// ends size it alike, as the verifier matched each send with a receive of the same chunk count.
+/// ends size it alike, as the verifier matched each send with a receive of the same chunk count. With `premul`, the
+/// places that read the rank's input as it came are marked `raw`.
 fn translate(
     sched: &VerifiedSchedule,
     rank: u32,
@@ -262,6 +283,7 @@ fn translate(
     layout: &ChunkLayout,
     capacity: usize,
     tile_bytes: usize,
+    premul: bool,
 ) -> Translated {
     // A user buffer's chunk j sits in block j / C at the chunk layout's offset. A scratch chunk is stored padded to
     // the capacity but holds as many elements as a user chunk at its position in a block (the memory model's chunk
@@ -272,12 +294,13 @@ fn translate(
         let j = operand.index + k;
         if operand.buf.0 < 2 {
             let elements = layout.elements(j, 1);
-            Place { buf: operand.buf.0, offset: elements.start, valid: elements.len() }
+            Place { buf: operand.buf.0, raw: false, offset: elements.start, valid: elements.len() }
         } else {
             let valid = layout.elements(j % chunks, 1).len();
-            Place { buf: operand.buf.0, offset: j as usize * capacity, valid }
+            Place { buf: operand.buf.0, raw: false, offset: j as usize * capacity, valid }
         }
     };
+    let mut input = InputAsItCame::new(sched, rank);
     let program = &sched.ranks[rank as usize];
     let stays = sched.sources_that_stay(rank);
     let mut connections = connections_of(program, rank);
@@ -317,9 +340,12 @@ fn translate(
         let (send_pos, recv_pos) = (position(send), position(recv));
         let first_piece = pieces.len() as u32;
         for k in 0..instr.count {
-            let piece = Piece { src: place(instr.src, k), acc: place(instr.acc, k), dst: place(instr.dst, k) };
+            let mut piece = Piece { src: place(instr.src, k), acc: place(instr.acc, k), dst: place(instr.dst, k) };
+            piece.src.raw = premul && input.read(instr.src, k);
+            piece.acc.raw = premul && input.read(instr.acc, k);
             pieces.push(piece);
         }
+        input.write(instr.dst, instr.count);
         steps.push(Step {
             op: instr.op,
             channel: instr.channel,
@@ -333,7 +359,62 @@ fn translate(
         });
         labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }
-    Translated { steps, pieces, labels, links }
+    let unscaled = match premul {
+        true => input.unwritten_output(sched, rank, layout),
+        false => Vec::new(),
+    };
+    Translated { unscaled, steps, pieces, labels, links }
+}
+
+/// Which chunks of the buffer that holds a rank's input when a call starts (`in`, or in place the one buffer) still
+/// hold it as it came, walking the rank's instructions in program order. The verifier ordered every write of a chunk
+/// after the reads before it and before the reads after it, so program order is the order they run in.
+///
+/// PreMulSum's rule (docs/language.md §13): a read of such a chunk is multiplied by the rank's factor; everything
+/// else a rank reads was made from reads that were, so each input enters the sum multiplied once.
+struct InputAsItCame {
+    buf: BufId,
+    written: Vec<bool>,
+}
+
+impl InputAsItCame {
+    fn new(sched: &VerifiedSchedule, rank: u32) -> Self {
+        let (buf, _) = sched.input_window(rank);
+        InputAsItCame { buf, written: vec![false; sched.buffers[buf.0 as usize].chunks as usize] }
+    }
+
+    /// Whether chunk `k` of `operand` is the input as it came.
+    fn read(&self, operand: Operand, k: u32) -> bool {
+        operand.get().is_some_and(|o| o.buf == self.buf && !self.written[(o.index + k) as usize])
+    }
+
+    fn write(&mut self, operand: Operand, count: u32) {
+        if let Some(o) = operand.get().filter(|o| o.buf == self.buf) {
+            self.written[o.index as usize..(o.index + count) as usize].fill(true);
+        }
+    }
+
+    /// The element ranges of the output window still holding the input once every instruction ran (in place only,
+    /// and only where the rank's reduction is its own input: one rank).
+    fn unwritten_output(
+        &self,
+        sched: &VerifiedSchedule,
+        rank: u32,
+        layout: &ChunkLayout,
+    ) -> Vec<std::ops::Range<usize>> {
+        let (out_buf, out_offset) = sched.output_window(rank);
+        let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+        let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+        for chunk in (out_offset..out_offset + out_chunks).filter(|&c| out_buf == self.buf && !self.written[c as usize])
+        {
+            let elements = layout.elements(chunk, 1);
+            match ranges.last_mut() {
+                Some(last) if last.end == elements.start => last.end = elements.end,
+                _ => ranges.push(elements),
+            }
+        }
+        ranges
+    }
 }
 
 /// One of a rank's connections while its links are laid out.
@@ -443,7 +524,8 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
     mix(sched.algorithm.as_bytes());
     mix(sched.collective.name().as_bytes());
     mix(&(count as u64).to_le_bytes());
-    mix(&[dtype as u8, op as u8, sched.placement as u8]);
+    // Not a premulsum's factor: each rank multiplies its own input by its own.
+    mix(&[dtype as u8, op.nccl_code(), sched.placement as u8]);
     mix(&sched.root.to_le_bytes());
     mix(&sched.peer.to_le_bytes());
     mix(&sched.chunks.to_le_bytes());

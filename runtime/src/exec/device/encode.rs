@@ -16,7 +16,7 @@ use std::collections::HashMap;
 
 /// The image starts with these bytes ("COLC") and the version; the interpreter refuses anything else.
 pub const MAGIC: u32 = 0x434f_4c43;
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 // Message slots per connection record: the one `SLOTS` of every link (the compiler's `CHANNEL_SLOTS`); the CUDA
 // source is compiled with it (`COLLC_SLOTS`).
 pub use crate::link::SLOTS;
@@ -86,7 +86,8 @@ pub struct PlanDesc {
     pub n_instrs: u32,
     pub n_links: u32,
     pub n_bufs: u32,
-    /// 1: divide the output window by the rank count once every block is done (`avg` of a reduction).
+    /// The epilogue once every block is done: 1 divides the output window by the rank count (`avg` of a reduction),
+    /// 2 multiplies it by `factor` (a premulsum whose output is the rank's own input, unwritten: one rank), 0 none.
     pub avg: u32,
     /// Lanes: the tiles are dealt round-robin to this many copies of each channel's block, each with its own
     /// connection records, done words and link counts, so a call runs on `lanes` times the blocks (as NCCL runs more
@@ -110,6 +111,8 @@ pub struct PlanDesc {
     pub out_lo: u64,
     pub out_hi: u64,
     pub fingerprint: u64,
+    /// PreMulSum's factor in `dtype` (`Scalar::element`), little-endian in the low bytes; 0 for other operators.
+    pub factor: u64,
 }
 
 /// One instruction (32 bytes). `send` and `recv` index the plan's links (`NONE_LINK`: none).
@@ -128,11 +131,13 @@ pub struct DInstr {
     pub recv_pos: u32,
 }
 
-/// Where one chunk of an operand lives: buffer (`NO_BUF_ID`: none), valid elements, first element.
+/// Where one chunk of an operand lives: buffer (`NO_BUF_ID`: none), whether it is the rank's input as it came (1:
+/// PreMulSum multiplies it by the plan's `factor` as it is read), valid elements, first element.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DPlace {
-    pub buf: u32,
+    pub buf: u16,
+    pub raw: u16,
     pub valid: u32,
     pub offset: u64,
 }
@@ -159,7 +164,7 @@ pub struct DLink {
 }
 
 pub const NONE_LINK: u16 = u16::MAX;
-pub const NO_BUF_ID: u32 = u32::MAX;
+pub const NO_BUF_ID: u16 = u16::MAX;
 
 /// A connection's record (`CONN_WORDS` words, 8-byte aligned; one per lane, the state's address table holding lane
 /// `k`'s records at `conn_table + k * n_conns`), wherever it lives: the count of messages posted
@@ -303,11 +308,27 @@ impl Writer {
     }
 }
 
+/// `PlanDesc::avg`: the epilogue of the plan's output window.
+fn epilogue(plan: &Plan) -> Result<u32, String> {
+    if plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces() {
+        return Ok(1);
+    }
+    match plan.unscaled.as_slice() {
+        [] => Ok(0),
+        [range] if *range == plan.output.1 => Ok(2),
+        _ => Err(format!(
+            "rank {}: a premulsum whose output is partly this rank's own input, never written, runs on the host \
+             transports only",
+            plan.rank
+        )),
+    }
+}
+
 fn place(p: Place) -> DPlace {
     if p.buf == NO_BUF {
-        DPlace { buf: NO_BUF_ID, valid: 0, offset: 0 }
+        DPlace { buf: NO_BUF_ID, raw: 0, valid: 0, offset: 0 }
     } else {
-        DPlace { buf: p.buf as u32, valid: p.valid as u32, offset: p.offset as u64 }
+        DPlace { buf: u16::from(p.buf), raw: u16::from(p.raw), valid: p.valid as u32, offset: p.offset as u64 }
     }
 }
 
@@ -390,6 +411,11 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
         let mut channels: Vec<u8> = plan.steps.iter().map(|step| step.channel).collect();
         channels.sort_unstable();
         channels.dedup();
+        let epilogue = epilogue(plan)?;
+        if channels.is_empty() && epilogue != 0 {
+            // No instruction, yet the window needs its epilogue (one rank in place): one block of none runs it.
+            channels.push(0);
+        }
         let mut order = Vec::with_capacity(plan.steps.len());
         let plan_blocks = channels.len() as u32 * lanes;
         for (c, &channel) in channels.iter().enumerate() {
@@ -414,7 +440,7 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
             rank: plan.rank,
             n_ranks: plan.n_ranks,
             dtype: plan.dtype as u32,
-            op: plan.op as u32,
+            op: u32::from(plan.op.nccl_code()),
             elem: plan.elem as u32,
             tile: small("tile", plan.tile)?,
             n_tiles: small("tiles", plan.n_tiles)?,
@@ -422,12 +448,13 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
             n_instrs: plan.steps.len() as u32,
             n_links: plan.links.len() as u32,
             n_bufs: plan.bases.len() as u32,
-            avg: (plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces()) as u32,
+            avg: epilogue,
             lanes,
             out_buf: plan.output.0 as u32,
             out_lo: plan.output.1.start as u64,
             out_hi: plan.output.1.end as u64,
             fingerprint: plan.fingerprint,
+            factor: plan.factor.as_ref().map_or(0, |f| u64::from_le_bytes(f.element())),
             ..PlanDesc::default()
         };
         desc.instrs = w.table(&instrs);
@@ -475,7 +502,7 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
 // passes them in as macros when it compiles the kernels).
 const _: () = assert!(std::mem::size_of::<Header>() == 40);
 const _: () = assert!(std::mem::size_of::<BlockDesc>() == 32);
-const _: () = assert!(std::mem::size_of::<PlanDesc>() == 120);
+const _: () = assert!(std::mem::size_of::<PlanDesc>() == 128);
 const _: () = assert!(std::mem::size_of::<DInstr>() == 32);
 const _: () = assert!(std::mem::size_of::<DPiece>() == 48);
 const _: () = assert!(std::mem::size_of::<DLink>() == 16);

@@ -213,7 +213,7 @@ fn every_library_collective_in_one_launch(runner: Runner) -> usize {
                 let Ok(sched) = compile(source, &bindings, Options::placed(placement), &Limits::default()) else {
                     continue;
                 };
-                let ops: &[ReduceOp] = if collective.reduces() { ReduceOp::ALL } else { &[ReduceOp::Sum] };
+                let ops: &[ReduceOp] = if collective.reduces() { &check::OPS } else { &[ReduceOp::Sum] };
                 for &dtype in DataType::ALL {
                     for &op in ops {
                         let (root, peer) = (sched.root, sched.peer);

@@ -15,7 +15,8 @@ use super::encode::{
     code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, RECORD_BYTES, SLOTS,
 };
 use collc_compiler::sched::Op;
-use collc_kernels::{host, DataType, ReduceOp};
+use collc_kernels::host::{self, Factor};
+use collc_kernels::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// The memory a launch runs in: the image, the state words, the buffers' addresses, the control words, and the
@@ -313,7 +314,7 @@ fn local(launch: &Launch, plan: &PlanDesc, place: DPlace, lo: u64, hi: u64) -> (
     if place.buf == NO_BUF_ID {
         return (std::ptr::null_mut(), 0);
     }
-    let base = launch.bases[(plan.bases_at + place.buf) as usize].load(Ordering::Relaxed);
+    let base = launch.bases[(plan.bases_at + u32::from(place.buf)) as usize].load(Ordering::Relaxed);
     let n = hi.min(place.valid as u64).saturating_sub(lo) as usize;
     ((base + (place.offset + lo) * plan.elem as u64) as *mut u8, n)
 }
@@ -322,8 +323,13 @@ fn dtype_of(plan: &PlanDesc) -> DataType {
     DataType::ALL.iter().copied().find(|d| *d as u32 == plan.dtype).expect("a dtype the encoder wrote")
 }
 
-fn op_of(plan: &PlanDesc) -> ReduceOp {
-    ReduceOp::from_nccl_code(plan.op as u8).expect("an op the encoder wrote")
+/// The plan's operator (a PreMulSum stands for its combining, `Sum`) and its factor, if any.
+fn op_of(plan: &PlanDesc) -> (ReduceOp, Option<Factor>) {
+    let premulsum = ReduceOp::PreMulSum(collc_kernels::Scalar::Int(1));
+    if plan.op == u32::from(premulsum.nccl_code()) {
+        return (ReduceOp::Sum, Some(Factor::new(dtype_of(plan), plan.factor.to_le_bytes())));
+    }
+    (ReduceOp::from_nccl_code(plan.op as u8).expect("an op the encoder wrote"), None)
 }
 
 /// The data movement of one instruction on tile `t`: the host executor's, element for element.
@@ -331,7 +337,9 @@ fn op_of(plan: &PlanDesc) -> ReduceOp {
 /// # Safety
 /// As `Block::poll`; `incoming` / `outgoing` are this message's slots when the instruction receives / sends.
 unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, incoming: *const u8, outgoing: *mut u8) {
-    let (dtype, op, elem) = (dtype_of(plan), op_of(plan), plan.elem as usize);
+    let (dtype, (op, factor), elem) = (dtype_of(plan), op_of(plan), plan.elem as usize);
+    // PreMulSum: a place holding the rank's input as it came is multiplied by the factor as it is read.
+    let factor_for = |place: DPlace| factor.as_ref().filter(|_| place.raw != 0);
     let lo = t as u64 * plan.tile as u64;
     let hi = (lo + plan.tile as u64).min(plan.capacity as u64);
     let stride = plan.tile as usize * elem;
@@ -344,16 +352,24 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
         let (dst, n_dst) = local(launch, plan, piece.dst, lo, hi);
         // SAFETY: every pointer is inside its buffer or slot for the elements used (caller's contract).
         unsafe {
+            let (src_factor, acc_factor) = (factor_for(piece.src), factor_for(piece.acc));
+            let reduce = |dst: *mut u8, b: *const u8, n: usize| match acc_factor {
+                Some(f) => host::premul_sum(dtype, dst, (acc, Some(f)), (b, None), n),
+                None => host::reduce(dtype, op, dst, acc, b, n),
+            };
             match Op::ALL[instr.op as usize] {
-                Op::Send => host::copy(slot_out, src, n_src * elem),
+                Op::Send => match src_factor {
+                    Some(f) => f.apply(slot_out, src, n_src),
+                    None => host::copy(slot_out, src, n_src * elem),
+                },
                 Op::Recv => host::copy(dst, slot_in, n_dst * elem),
-                Op::RecvReduceCopy => host::reduce(dtype, op, dst, acc, slot_in, n_dst),
+                Op::RecvReduceCopy => reduce(dst, slot_in, n_dst),
                 Op::RecvReduceSend => {
                     let (_, n_acc) = local(launch, plan, piece.acc, lo, hi);
-                    host::reduce(dtype, op, slot_out, acc, slot_in, n_acc)
+                    reduce(slot_out, slot_in, n_acc)
                 }
                 Op::RecvReduceCopySend => {
-                    host::reduce(dtype, op, slot_out, acc, slot_in, n_dst);
+                    reduce(slot_out, slot_in, n_dst);
                     host::copy(dst, slot_out, n_dst * elem);
                 }
                 Op::RecvCopySend => {
@@ -361,14 +377,20 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
                     // The whole tile goes on: a later rank may hold more of this chunk than this rank does.
                     host::copy(slot_out, slot_in, (hi - lo) as usize * elem);
                 }
-                Op::Copy => host::copy(dst, src, n_dst.min(n_src) * elem),
-                Op::Reduce => host::reduce(dtype, op, dst, acc, src, n_dst),
+                Op::Copy => match src_factor {
+                    Some(f) => f.apply(dst, src, n_dst.min(n_src)),
+                    None => host::copy(dst, src, n_dst.min(n_src) * elem),
+                },
+                Op::Reduce => match (acc_factor, src_factor) {
+                    (None, None) => host::reduce(dtype, op, dst, acc, src, n_dst),
+                    (a, b) => host::premul_sum(dtype, dst, (acc, a), (src, b), n_dst),
+                },
             }
         }
     }
 }
 
-/// This block's share of the `avg` division of the plan's output window.
+/// This block's share of the plan's epilogue on its output window: the `avg` division, or a premulsum's factor.
 ///
 /// # Safety
 /// As `Block::poll`.
@@ -382,6 +404,11 @@ unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
     // SAFETY: the window lies inside the output buffer (caller's contract).
     let bytes =
         unsafe { std::slice::from_raw_parts_mut((base + start * elem) as *mut u8, ((end - start) * elem) as usize) };
+    if plan.avg == 2 {
+        let factor = Factor::new(dtype_of(plan), plan.factor.to_le_bytes());
+        // SAFETY: as above; in place on itself, which `apply` allows.
+        return unsafe { factor.apply(bytes.as_mut_ptr(), bytes.as_ptr(), bytes.len() / plan.elem as usize) };
+    }
     collc_kernels::reference::finish_avg(dtype_of(plan), bytes, plan.n_ranks as usize)
         .expect("whole elements and ranks");
 }

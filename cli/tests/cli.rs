@@ -291,6 +291,9 @@ fn premulsum_runs_with_the_data_check() {
         let said = text(&out.stdout);
         assert!(out.status.success() && said.contains("# Out of bounds values : 0 OK"), "{args:?}: {said}");
         assert!(said.contains("redop mulsum: premulsum:") && said.contains(" mulsum "), "{args:?}: {said}");
+        // Over shm the ranks read each other's buffers, which come from their arenas, in place.
+        let protocol = "single copy where a send's source stays in a buffer from the arena";
+        assert_eq!(said.contains(protocol), transport == "shm", "{args:?}: {said}");
     }
 }
 

@@ -264,6 +264,16 @@ impl Communicator {
         self.fabric.gpu_ordinal(self.rank)
     }
 
+    /// A zeroed host buffer of `bytes` for this communicator's calls (NCCL's `ncclMemAlloc`): over shm, rank processes
+    /// read each other's such buffers in place (single copy); a buffer from elsewhere travels through the FIFOs.
+    /// Other transports, or no room left in the arena: from the heap (`HostBuffer::shared` says which).
+    pub fn alloc(&self, bytes: usize) -> crate::HostBuffer {
+        match self.fabric.alloc(bytes) {
+            Some(buf) => crate::HostBuffer::arena(buf),
+            None => crate::HostBuffer::heap(bytes),
+        }
+    }
+
     /// Rank `rank` of job `job` on this host, in its own process (the `shm` transport). Every rank of the job
     /// calls this with the same `job` and `n_ranks`; it returns once all have joined.
     pub fn shm(job: &str, rank: u32, n_ranks: u32, options: Options) -> Result<Communicator, RuntimeError> {

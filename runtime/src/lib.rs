@@ -23,6 +23,7 @@ pub mod comm;
 pub mod cuda;
 mod error;
 mod exec;
+mod host_buffer;
 pub mod launch;
 pub mod layout;
 mod link;
@@ -41,6 +42,7 @@ pub use error::RuntimeError;
 #[cfg(feature = "cuda-host")]
 pub use exec::build_host_driver;
 pub use exec::Plan;
+pub use host_buffer::HostBuffer;
 pub use layout::ChunkLayout;
 pub use reference::run;
 #[cfg(feature = "ib")]

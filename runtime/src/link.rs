@@ -43,14 +43,21 @@ pub(crate) trait Link: Send + Sized {
     fn peek(&mut self) -> Option<(Stamp, *const u8)>;
     /// Receiver: frees the message `peek` returned.
     fn release(&mut self);
-    /// Sender: whether the receiver shares this rank's address space, so that a message may carry the addresses of
-    /// the sender's chunks in place of their bytes (single copy: the receiver reads them where they are).
-    fn shares_memory(&self) -> bool {
-        false
+    /// Sender: how the receiver can find `len` bytes of this rank's at `ptr` in place (an address, or an offset in
+    /// this process's arena), so that a message may carry that in place of their bytes (single copy: the receiver
+    /// reads them where they are); `None` where it cannot.
+    fn reference(&self, ptr: *const u8, len: usize) -> Option<u64> {
+        let _ = (ptr, len);
+        None
     }
-    /// Sender: publishes a message of `refs` addresses written into the area `reserve` returned, in place of its
-    /// bytes; what they point at stays as it is until the receiver releases the message, which `flushed` waits
-    /// for. Only where `shares_memory`.
+    /// Receiver: where the chunk a message's reference (from the sender's `reference`) names is in this process.
+    fn dereference(&self, token: u64) -> *const u8 {
+        let _ = token;
+        unreachable!("a link that carries no references has none to resolve")
+    }
+    /// Sender: publishes a message of `refs` references written into the area `reserve` returned, in place of its
+    /// bytes; what they name stays as it is until the receiver releases the message, which `flushed` waits for.
+    /// Only with references `reference` gave.
     fn post_refs(&mut self, stamp: Stamp, refs: usize) {
         let _ = (stamp, refs);
         unreachable!("a link that does not share memory carries no addresses")
@@ -60,7 +67,7 @@ pub(crate) trait Link: Send + Sized {
     fn refs_outstanding(&self) -> bool {
         false
     }
-    /// Receiver: how many addresses the message `peek` returned carries in place of its bytes (0: its bytes).
+    /// Receiver: how many references the message `peek` returned carries in place of its bytes (0: its bytes).
     fn peeked_refs(&self) -> usize {
         0
     }

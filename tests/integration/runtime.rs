@@ -1,7 +1,8 @@
 //! gloo's matrix for the runtime: every library algorithm x transport (threads, shm, tcp) x ranks {1,2,3,4,5,8} x counts
 //! {0,1,7,1000,65537} x every dtype x every op x both placements (x roots 0 and p-1 where there is a root). Each
 //! rank's result must equal the reference interpreter's on the same inputs and the collective's definition
-//! (`check::expected`), and the guard bytes around every buffer must stay untouched.
+//! (`check::expected`), and the guard bytes around every buffer must stay untouched. Buffers come from
+//! `Communicator::alloc`, so over shm the ranks read them in place (single copy), as `collc run`'s.
 
 use crate::corpus;
 use collc_compiler::library::LIBRARY;
@@ -20,12 +21,13 @@ fn communicators(transport: Transport, n_ranks: u32) -> Vec<Communicator> {
     Communicator::group(transport, n_ranks, options).expect("a communicator group")
 }
 
-/// A buffer with guard bytes on both sides.
-struct Guarded(Vec<u8>);
+/// A buffer from the communicator with guard bytes on both sides.
+struct Guarded(collc_runtime::HostBuffer);
 
 impl Guarded {
-    fn new(payload: &[u8]) -> Self {
-        let mut bytes = vec![GUARD_BYTE; payload.len() + 2 * GUARD];
+    fn new(comm: &Communicator, payload: &[u8]) -> Self {
+        let mut bytes = comm.alloc(payload.len() + 2 * GUARD);
+        bytes.fill(GUARD_BYTE);
         bytes[GUARD..GUARD + payload.len()].copy_from_slice(payload);
         Guarded(bytes)
     }
@@ -81,13 +83,13 @@ fn run_call(
                     let input = &inputs[comm.rank() as usize];
                     let w = check::windows(&shape, n_ranks, comm.rank(), in_place);
                     if in_place {
-                        let mut buf = Guarded::new(&w.in_place_buffer(input));
+                        let mut buf = Guarded::new(comm, &w.in_place_buffer(input));
                         comm.call(shape, Buffers::InPlace(buf.payload()))
                             .unwrap_or_else(|e| panic!("{shape:?} in place: {e}"));
                         return (buf.payload()[w.output].to_vec(), buf.guards_intact());
                     }
-                    let send = Guarded::new(input);
-                    let mut recv = Guarded::new(&vec![0xEE; w.recv]);
+                    let send = Guarded::new(comm, input);
+                    let mut recv = Guarded::new(comm, &vec![0xEE; w.recv]);
                     let send_payload = &send.0[GUARD..GUARD + input.len()];
                     comm.call(shape, Buffers::OutOfPlace { send: send_payload, recv: recv.payload() })
                         .unwrap_or_else(|e| panic!("{shape:?} out of place: {e}"));
@@ -183,9 +185,10 @@ fn every_algorithm_matches_the_reference_on_every_transport() {
 }
 
 /// PreMulSum's factor is each rank's own, as NCCL's is: ranks passing 1, 2, 3, ... get the sum of `factor_r x input_r`.
-/// One shot's sends on threads carry the input's addresses (single copy), so there the receiver multiplies by the
-/// sender's factor, which the message carries; shm copies through its FIFOs. In place and out of place, an integer
-/// and a float type. A factor the call's type cannot hold fails the call on every rank, saying which and why.
+/// One shot's sends carry where the input is (single copy: addresses on threads, arena offsets on shm, the buffers
+/// being the communicator's), so the receiver multiplies by the sender's factor, which the message carries; the same
+/// from a buffer of the caller's goes through the FIFOs on shm. In place and out of place, an integer and a float
+/// type. A factor the call's type cannot hold fails the call on every rank, saying which and why.
 #[test]
 fn premulsum_multiplies_each_rank_input_by_its_own_factor() {
     use collc_kernels::{reference, Scalar};
@@ -210,28 +213,39 @@ fn premulsum_multiplies_each_rank_input_by_its_own_factor() {
                     reference::reduce(dtype, ReduceOp::Sum, &mut want, &scaled).expect("same lengths");
                 }
                 for placement in [Placement::OutOfPlace, Placement::InPlace] {
-                    let outputs: Vec<Vec<u8>> = std::thread::scope(|scope| {
+                    let outputs: Vec<[Vec<u8>; 2]> = std::thread::scope(|scope| {
                         let handles: Vec<_> = comms
                             .iter_mut()
                             .map(|comm| {
                                 let input = inputs[comm.rank() as usize].clone();
                                 scope.spawn(move || {
                                     let shape = CallShape { op: ReduceOp::PreMulSum(factor(comm.rank())), ..base };
-                                    let mut out = input.clone();
-                                    let buffers = match placement {
-                                        Placement::InPlace => Buffers::InPlace(&mut out),
-                                        Placement::OutOfPlace => Buffers::OutOfPlace { send: &input, recv: &mut out },
+                                    let (mut send, mut out) = (comm.alloc(input.len()), comm.alloc(input.len()));
+                                    send.copy_from_slice(&input);
+                                    let mut run = |send: &[u8], out: &mut [u8]| {
+                                        out.copy_from_slice(&input);
+                                        let buffers = match placement {
+                                            Placement::InPlace => Buffers::InPlace(out),
+                                            Placement::OutOfPlace => Buffers::OutOfPlace { send, recv: out },
+                                        };
+                                        comm.call(shape, buffers).expect("the call runs");
+                                        out.to_vec()
                                     };
-                                    comm.call(shape, buffers).expect("the call runs");
-                                    out
+                                    let ours = run(&send, &mut out);
+                                    let theirs = run(&input, &mut input.clone());
+                                    [ours, theirs]
                                 })
                             })
                             .collect();
                         handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
                     });
-                    for (rank, got) in outputs.iter().enumerate() {
-                        let wrong = check::count_wrong(dtype, &want, got);
-                        assert_eq!(wrong, 0, "{transport:?} {name} p={n_ranks} {dtype} {placement} rank {rank}");
+                    for (rank, [ours, theirs]) in outputs.iter().enumerate() {
+                        for (got, buffers) in [(ours, "the communicator's"), (theirs, "the caller's")] {
+                            let wrong = check::count_wrong(dtype, &want, got);
+                            let case =
+                                format!("{transport:?} {name} p={n_ranks} {dtype} {placement} {buffers} rank {rank}");
+                            assert_eq!(wrong, 0, "{case}");
+                        }
                     }
                 }
             }

@@ -163,12 +163,13 @@ fn warm_up_at(
     Ok(())
 }
 
-/// Buffers reused across rows, so a row pays no page faults of the last one's size. Over the cuda transport the
-/// calls run on device buffers of the rank's GPU, and `send`/`recv` are their host copies for the data check.
+/// Buffers reused across rows, so a row pays no page faults of the last one's size; allocated by the communicator
+/// (`Communicator::alloc`), so that over shm the ranks read them in place. Over the cuda transport the calls run on
+/// device buffers of the rank's GPU, and `send`/`recv` are their host copies for the data check.
 #[derive(Default)]
 struct Scratch {
-    send: Vec<u8>,
-    recv: Vec<u8>,
+    send: Grown,
+    recv: Grown,
     #[cfg(feature = "cuda")]
     device: Option<(collc_runtime::cuda::DeviceBuffer, collc_runtime::cuda::DeviceBuffer)>,
 }
@@ -193,8 +194,8 @@ impl Scratch {
             };
             return comm.call(*shape, buffers);
         }
-        grow(&mut self.send, windows.send);
-        grow(&mut self.recv, windows.recv);
+        self.send.grow(comm, windows.send);
+        self.recv.grow(comm, windows.recv);
         let buffers = match in_place {
             true => Buffers::InPlace(&mut self.send[..windows.send]),
             false => Buffers::OutOfPlace { send: &self.send[..windows.send], recv: &mut self.recv[..windows.recv] },
@@ -245,9 +246,30 @@ impl Scratch {
     }
 }
 
-fn grow(buf: &mut Vec<u8>, len: usize) {
-    if buf.len() < len {
-        buf.resize(len, 0);
+/// A buffer from the communicator, replaced by a larger one when a row needs more (its bytes are the caller's to set).
+#[derive(Default)]
+struct Grown(Option<collc_runtime::HostBuffer>);
+
+impl Grown {
+    fn grow(&mut self, comm: &Communicator, len: usize) {
+        if self.0.as_ref().map_or(0, |buf| buf.len()) < len {
+            self.0 = None;
+            self.0 = Some(comm.alloc(len));
+        }
+    }
+}
+
+impl std::ops::Deref for Grown {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.0.as_deref().unwrap_or(&[])
+    }
+}
+
+impl std::ops::DerefMut for Grown {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        self.0.as_deref_mut().unwrap_or(&mut [])
     }
 }
 
@@ -289,8 +311,8 @@ fn check_one(
     scratch: &mut Scratch,
 ) -> Result<u64, RuntimeError> {
     let rank = comm.rank();
-    grow(&mut scratch.send, windows.send);
-    grow(&mut scratch.recv, windows.recv);
+    scratch.send.grow(comm, windows.send);
+    scratch.recv.grow(comm, windows.recv);
     scratch.send.fill(0xEE);
     scratch.recv.fill(0xEE);
     scratch.send[windows.input.clone()].copy_from_slice(&check::input(shape, job.n_ranks, rank));

@@ -334,17 +334,13 @@ fn try_fire<L: Link>(
         std::ptr::null_mut()
     };
     let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
-    // Single copy: the addresses of the source's tile, when the receiver shares this rank's memory and may read a
-    // whole tile of every chunk there (it reads as many elements as a message of bytes holds).
+    // Single copy: where the source's tile of each chunk is, when the receiver may read a whole tile there (it reads
+    // as many elements as a message of bytes holds) and can read it in place.
     if step.by_reference
-        && links[step.send as usize].shares_memory()
         && pieces.iter().all(|p| p.src.valid >= hi)
         && refs_bytes(step.n as usize, plan.factor.is_some()) <= plan.links[step.send as usize].slot_bytes
+        && refer(plan, &links[step.send as usize], pieces, outgoing, lo, hi)
     {
-        for (k, piece) in pieces.iter().enumerate() {
-            // SAFETY: the reserved slot holds `n` addresses (checked above); `outgoing` is 64-byte aligned.
-            unsafe { (outgoing as *mut *const u8).add(k).write(local(plan, piece.src, lo, hi).0) };
-        }
         if let Some(factor) = &plan.factor {
             // SAFETY: the slot holds the factor and a flag a chunk after the addresses (checked above).
             unsafe { write_factor(outgoing, factor, pieces) };
@@ -352,6 +348,18 @@ fn try_fire<L: Link>(
         links[step.send as usize].post_refs(stamp, step.n as usize);
         plan.fired_on[step.send as usize] += 1;
         return Ok(true);
+    }
+    if refs {
+        // The sender's references become addresses in this process, once the step is sure to run (a message peeked
+        // by a step that then found no room to send is peeked again), in the slot only this rank reads until it
+        // releases it.
+        for k in 0..step.n as usize {
+            // SAFETY: the message holds one reference a chunk.
+            unsafe {
+                let at = (incoming as *mut u64).add(k);
+                at.write(links[step.recv as usize].dereference(at.read()) as u64);
+            }
+        }
     }
     // SAFETY: `bases` point at buffers checked to hold every place the plan names; FIFO areas hold `n` tiles, or
     // (`refs`) the addresses of the sender's tiles, which stay as they are until the message is released.
@@ -368,6 +376,18 @@ fn try_fire<L: Link>(
         plan.fired_on[step.recv as usize] += 1;
     }
     Ok(true)
+}
+
+/// Writes into `slot` a reference to each piece's source tile; false (the slot left for the copy) as soon as the
+/// link cannot refer to one of them in place (a buffer outside the sender's arena, across processes).
+fn refer<L: Link>(plan: &Plan, link: &L, pieces: &[Piece], slot: *mut u8, lo: usize, hi: usize) -> bool {
+    let bytes = (hi - lo) * plan.elem;
+    for (k, piece) in pieces.iter().enumerate() {
+        let Some(token) = link.reference(local(plan, piece.src, lo, hi).0, bytes) else { return false };
+        // SAFETY: the reserved slot holds `n` references (the caller checked); `slot` is 64-byte aligned.
+        unsafe { (slot as *mut u64).add(k).write(token) };
+    }
+    true
 }
 
 /// Bytes of a message by reference of `n` chunks: an address a chunk and, under PreMulSum, the sender's factor and

@@ -289,6 +289,10 @@ pub(crate) trait Fabric: Send + Sync {
     fn gpu_ordinal(&self, _rank: u32) -> Option<i32> {
         None
     }
+    /// Host memory its peers read in place (`Communicator::alloc`), where it has such memory and room.
+    fn alloc(&self, _bytes: usize) -> Option<shm::ArenaBuf> {
+        None
+    }
     /// Message slots per connection of the links (or device records) this fabric opens: the most a schedule it
     /// runs may have been proved deadlock-free with.
     fn slots(&self) -> u32 {

@@ -30,6 +30,8 @@ struct Header {
 struct RankState {
     status: AtomicU32,
     pid: AtomicU32,
+    /// 1 + the descriptor of the rank process's arena (`arena.rs`), which peers map through `/proc`; 0: none.
+    arena_fd: AtomicU32,
     /// Counts the rank's health checks: a rank inside a call checks in while it waits, so one whose count stands
     /// still while others wait is the one they wait for (stopped, hung, or busy outside its calls).
     beat: AtomicU64,
@@ -69,6 +71,14 @@ pub(crate) struct Control {
 }
 
 impl Control {
+    /// The process and arena descriptor of a rank that has joined, when it has an arena.
+    pub fn arena_of(&self, rank: u32) -> Option<(u32, i32)> {
+        let state = self.state(rank);
+        let pid = state.pid.load(Ordering::Acquire);
+        let fd = state.arena_fd.load(Ordering::Relaxed);
+        (pid != 0 && fd != 0).then(|| (pid, fd as i32 - 1))
+    }
+
     /// The ranks that have not reached barrier `generation`, for a timeout's message: `rank 2 (it never joined the
     /// job), rank 3`.
     fn missing(&self, generation: u64) -> String {
@@ -147,6 +157,10 @@ impl Bootstrap for Control {
                 "rank {rank} joined this job twice: two processes claim it, or an earlier run with the same job id \
                  died without cleaning up (remove /dev/shm/collc-<job>-*, or give the job a new id)"
             )));
+        }
+        if self.processes {
+            let fd = super::arena::arena().map_or(0, |arena| arena.fd() as u32 + 1);
+            state.arena_fd.store(fd, Ordering::Relaxed);
         }
         state.pid.store(std::process::id(), Ordering::Release);
         Ok(())

@@ -1,10 +1,13 @@
 //! A connection's message FIFO in shared memory, NCCL's SHM transport: `SLOTS` slots in a ring, the sender writes
 //! a message straight into the next free slot and publishes it, the receiver reduces or copies straight out of it
 //! and frees it. Each slot starts with a header holding its ready flag and the stamp of the call the message
-//! belongs to (mismatched calls are caught instead of misread); small messages share that cache line. Between rank
-//! threads of one process a message may carry the addresses of the sender's chunks instead of their bytes (single
-//! copy: the receiver reads them in place; the sender's call returns once they are released).
+//! belongs to (mismatched calls are caught instead of misread); small messages share that cache line. Where the
+//! receiver can read the sender's chunks a message may carry where they are instead of their bytes (single copy: the
+//! receiver reads them in place; the sender's call returns once they are released): between rank threads of one
+//! process their addresses, between processes their offsets in the sender's arena (`arena.rs`), for chunks of
+//! buffers cut from it.
 
+use super::arena::{Arena, PeerArena};
 use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
 use crate::transport::{Link, LinkEnd, Stamp, SLOTS};
@@ -23,13 +26,16 @@ struct Counters {
     _pad: [u8; 56],
     /// Messages the receiver has consumed; the sender reads it only when it believes the ring is full.
     consumed: AtomicU64,
+    /// Set by a receiver in another process once it has mapped the sender's arena: offsets may then be sent.
+    maps_arena: AtomicU64,
 }
 
 #[repr(C)]
 struct SlotHeader {
     /// 1 + the message number once the message is complete: the receiver polls this, not a shared counter.
     ready: AtomicU64,
-    /// How many addresses the data holds in place of the message's bytes (0: its bytes).
+    /// How many references (addresses, or arena offsets) the data holds in place of the message's bytes (0: its
+    /// bytes).
     refs: u64,
     stamp: Stamp,
 }
@@ -51,15 +57,27 @@ pub(crate) fn direct() -> bool {
     *DIRECT.get_or_init(|| std::env::var("COLLC_P2P_DIRECT_DISABLE").map_or(true, |v| v.trim() != "1"))
 }
 
+/// How one end of a connection names the chunks a message carries by reference.
+pub(crate) enum Refs {
+    /// Every message carries its bytes.
+    None,
+    /// Both ends are threads of one process: addresses.
+    Addresses,
+    /// The sending end in a process of its own: offsets of chunks that lie in this process's arena.
+    Offsets(&'static Arena),
+    /// The receiving end: the sender's arena, mapped here.
+    Peer(std::sync::Arc<PeerArena>),
+}
+
 /// One end of a connection.
 pub(crate) struct Fifo {
     base: *mut u8,
     stride: usize,
     /// The sender's last look at `consumed`: a lower bound, refreshed only when the ring seems full.
     known_consumed: u64,
-    /// Both ends are threads of this process (messages may carry addresses), and the sender's messages carried so
-    /// up to this number (the call waits until the receiver has released them).
-    shares: bool,
+    refs: Refs,
+    /// The sender's messages carried by reference so far, up to this number (the call waits until the receiver has
+    /// released them).
     refs_until: u64,
     _segment: Segment,
 }
@@ -67,20 +85,24 @@ pub(crate) struct Fifo {
 unsafe impl Send for Fifo {}
 
 impl Fifo {
-    /// The FIFO of connection `end`, in the segment both of its ends open.
-    pub fn open(segments: &dyn Segments, end: &LinkEnd) -> Result<Fifo, RuntimeError> {
+    /// The FIFO of connection `end`, in the segment both of its ends open; `refs` says how this end names chunks
+    /// carried by reference (`Refs::Peer`: the receiver has mapped the sender's arena, which it tells the sender).
+    pub fn open(segments: &dyn Segments, end: &LinkEnd, refs: Refs) -> Result<Fifo, RuntimeError> {
         let LinkEnd { from, to, channel, slot_bytes } = *end;
         let len = segment_bytes(slot_bytes);
         let segment = segments.open(&format!("fifo-{from}-{to}-{channel}-{slot_bytes}"), len)?;
-        let shares = segments.one_address_space() && direct();
-        Ok(Fifo {
+        let fifo = Fifo {
             base: segment.as_ptr(),
             stride: stride(slot_bytes),
             known_consumed: 0,
-            shares,
+            refs,
             refs_until: 0,
             _segment: segment,
-        })
+        };
+        if let Refs::Peer(_) = fifo.refs {
+            fifo.counters().maps_arena.store(1, Ordering::Release);
+        }
+        Ok(fifo)
     }
 
     fn counters(&self) -> &Counters {
@@ -122,14 +144,29 @@ impl Link for Fifo {
         self.publish(stamp, 0);
     }
 
-    fn shares_memory(&self) -> bool {
-        self.shares
+    #[inline]
+    fn reference(&self, ptr: *const u8, len: usize) -> Option<u64> {
+        match &self.refs {
+            Refs::Addresses => Some(ptr as u64),
+            Refs::Offsets(arena) if self.counters().maps_arena.load(Ordering::Acquire) == 1 => {
+                arena.offset_of(ptr, len)
+            }
+            _ => None,
+        }
     }
 
-    /// Sender: publishes a message of `refs` addresses (both ends are threads of this process).
+    #[inline]
+    fn dereference(&self, token: u64) -> *const u8 {
+        match &self.refs {
+            Refs::Peer(arena) => arena.at(token),
+            _ => token as *const u8,
+        }
+    }
+
+    /// Sender: publishes a message of `refs` references, each from `reference`.
     #[inline]
     fn post_refs(&mut self, stamp: Stamp, refs: usize) {
-        debug_assert!(self.shares && refs > 0);
+        debug_assert!(refs > 0);
         self.refs_until = self.publish(stamp, refs as u64) + 1;
     }
 
@@ -204,22 +241,22 @@ mod tests {
     fn a_message_of_addresses_is_flushed_only_once_released_and_only_between_threads() {
         let end = LinkEnd { from: 0, to: 1, channel: 0, slot_bytes: 4096 };
         let heap = Heap::default();
-        let (mut sender, mut receiver) = (Fifo::open(&heap, &end).unwrap(), Fifo::open(&heap, &end).unwrap());
-        assert_eq!(sender.shares_memory(), direct(), "rank threads share memory unless COLLC_P2P_DIRECT_DISABLE=1");
-        sender.shares = true;
+        let (mut sender, mut receiver) =
+            (Fifo::open(&heap, &end, Refs::Addresses).unwrap(), Fifo::open(&heap, &end, Refs::Addresses).unwrap());
         let chunks = [[1.0f32; 4], [2.0f32; 4]];
         let stamp = Stamp { seq: 7, fingerprint: 9 };
-        let area = sender.reserve().expect("room") as *mut *const u8;
+        let area = sender.reserve().expect("room") as *mut u64;
         for (k, chunk) in chunks.iter().enumerate() {
+            let token = sender.reference(chunk.as_ptr().cast(), 16).expect("an address");
             // SAFETY: the reserved slot holds 4096 bytes.
-            unsafe { area.add(k).write(chunk.as_ptr().cast()) };
+            unsafe { area.add(k).write(token) };
         }
         sender.post_refs(stamp, 2);
         assert!(!Fifo::flushed(std::slice::from_mut(&mut sender)), "not released yet");
         let (got, data) = receiver.peek().expect("posted");
         assert_eq!((got, receiver.peeked_refs()), (stamp, 2));
-        // SAFETY: two addresses, each of a live chunk of 4 floats.
-        let second = unsafe { *((data as *const *const f32).add(1)) };
+        // SAFETY: two references, each of a live chunk of 4 floats.
+        let second = receiver.dereference(unsafe { *((data as *const u64).add(1)) }) as *const f32;
         assert_eq!(unsafe { std::slice::from_raw_parts(second, 4) }, &chunks[1]);
         receiver.release();
         assert!(Fifo::flushed(std::slice::from_mut(&mut sender)), "released");
@@ -230,9 +267,33 @@ mod tests {
 
         let job = format!("fifo-test-{}", std::process::id());
         let shm = Shm::new(&job);
-        let across = Fifo::open(&shm, &end).unwrap();
-        assert!(!across.shares_memory(), "processes do not share their address spaces");
+        let across = Fifo::open(&shm, &end, Refs::None).unwrap();
+        assert!(across.reference(chunks[0].as_ptr().cast(), 16).is_none(), "processes do not share the heap");
         drop(across);
+        shm.remove_all();
+    }
+
+    /// Between processes, a chunk of the sender's arena goes by its offset once the receiver has mapped the arena,
+    /// and the receiver finds it there; a chunk outside the arena, or before the receiver says it maps it, does not.
+    #[test]
+    fn an_arena_chunk_goes_by_offset_once_the_receiver_maps_the_arena() {
+        let arena = super::super::arena::arena().expect("an arena");
+        let buf = arena.alloc(4096).expect("room");
+        // SAFETY: 4096 bytes.
+        unsafe { std::ptr::write_bytes(buf.as_mut_ptr(), 0x33, 4096) };
+        let job = format!("fifo-arena-test-{}", std::process::id());
+        let shm = Shm::new(&job);
+        let end = LinkEnd { from: 0, to: 1, channel: 0, slot_bytes: 4096 };
+        let sender = Fifo::open(&shm, &end, Refs::Offsets(arena)).unwrap();
+        assert!(sender.reference(buf.as_mut_ptr(), 64).is_none(), "the receiver has not mapped the arena yet");
+        let peer = PeerArena::map(std::process::id(), arena.fd()).expect("maps through /proc");
+        let receiver = Fifo::open(&shm, &end, Refs::Peer(std::sync::Arc::new(peer))).unwrap();
+        let token = sender.reference(buf.as_mut_ptr().wrapping_add(64), 64).expect("an arena chunk");
+        // SAFETY: the receiver's mapping of the same pages.
+        assert_eq!(unsafe { receiver.dereference(token).read() }, 0x33);
+        let heap = vec![0u8; 64];
+        assert!(sender.reference(heap.as_ptr(), 64).is_none(), "the heap is not the arena");
+        drop((sender, receiver));
         shm.remove_all();
     }
 }

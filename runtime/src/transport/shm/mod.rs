@@ -2,9 +2,12 @@
 //! (`fifo.rs`) in a segment (`segment.rs`) every rank can map: on the heap of one process for `threads`, a file in
 //! `/dev/shm` for `shm`. The bootstrap is a control block in a segment of its own (`control.rs`).
 
+mod arena;
 mod control;
 mod fifo;
 mod segment;
+
+pub use arena::ArenaBuf;
 
 pub(crate) use control::Control;
 pub use fifo::segment_bytes;
@@ -17,8 +20,10 @@ use crate::error::RuntimeError;
 use crate::exec::{Executor, Host, Plan};
 use crate::launch::Launch;
 use crate::transport::{Backend, Bootstrap, Fabric, Ranks, Status, Transport};
-use fifo::Fifo;
-use std::sync::Arc;
+use arena::PeerArena;
+use fifo::{Fifo, Refs};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub(crate) static THREADS: Threads = Threads;
 pub(crate) static SHM: ShmBackend = ShmBackend;
@@ -92,6 +97,22 @@ impl Backend for ShmBackend {
         Ranks::Processes
     }
 
+    /// As `collc run` allocates its buffers (`Communicator::alloc`): from the arena, read in place.
+    fn single_copy(&self) -> bool {
+        fifo::direct()
+    }
+
+    fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {
+        let isa = collc_kernels::host::VectorIsa::detected().name();
+        match fifo::direct() {
+            true => format!(
+                "host {isa} (dataflow, tiled, single copy where a send's source stays in a buffer from the arena, \
+                 else {slots}-slot FIFOs"
+            ),
+            false => format!("host {isa} (dataflow, tiled, {slots}-slot FIFOs; single copy off"),
+        }
+    }
+
     fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {
         let job = group_job_id();
         Communicator::rank_threads(n_ranks, &|rank| process(&job, rank, n_ranks, options.clone()))
@@ -143,17 +164,52 @@ pub(crate) fn process(job: &str, rank: u32, n_ranks: u32, options: Options) -> R
     }
     let memory = Arc::new(Memory::new(Arc::new(Shm::new(job))));
     let bootstrap = Arc::new(memory.bootstrap(n_ranks)?);
+    let _ = memory.control.set(bootstrap.clone());
     Communicator::process(memory, bootstrap, (rank, n_ranks), job, options)
 }
 
 /// Links as FIFOs in the segments of one job.
 pub(crate) struct Memory {
     segments: Arc<dyn Segments>,
+    /// Rank processes: the job's control block, where each rank's arena is published, and the peers' arenas mapped
+    /// so far.
+    control: OnceLock<Arc<Control>>,
+    peer_arenas: Mutex<HashMap<u32, Arc<PeerArena>>>,
 }
 
 impl Memory {
     pub fn new(segments: Arc<dyn Segments>) -> Memory {
-        Memory { segments }
+        Memory { segments, control: OnceLock::new(), peer_arenas: Mutex::new(HashMap::new()) }
+    }
+
+    /// How the end of `end` on rank `rank` names chunks carried by reference: addresses between rank threads; across
+    /// processes, offsets into the sender's arena, which the receiving end maps here (if it cannot, one WARN, and
+    /// that link copies).
+    fn refs(&self, end: &crate::link::LinkEnd, rank: u32) -> Refs {
+        if !fifo::direct() {
+            return Refs::None;
+        }
+        if self.segments.one_address_space() {
+            return Refs::Addresses;
+        }
+        let Some(control) = self.control.get() else { return Refs::None };
+        if end.from == rank {
+            return arena::arena().map_or(Refs::None, Refs::Offsets);
+        }
+        let Ok(mut mapped) = self.peer_arenas.lock() else { return Refs::None };
+        if let Some(peer) = mapped.get(&end.from) {
+            return Refs::Peer(peer.clone());
+        }
+        let Some((pid, fd)) = control.arena_of(end.from) else { return Refs::None };
+        match PeerArena::map(pid, fd) {
+            Ok(peer) => Refs::Peer(mapped.entry(end.from).or_insert(Arc::new(peer)).clone()),
+            Err(why) => {
+                let what =
+                    format_args!("rank {rank}: copies what rank {} sends, as it cannot map its arena: {why}", end.from);
+                crate::log::warn(crate::log::Subsys::Init, what);
+                Refs::None
+            }
+        }
     }
 
     /// The job's control block, for a rank of `n_ranks`.
@@ -172,8 +228,20 @@ impl Fabric for Memory {
     }
 
     fn prepare(&self, plan: Plan) -> Result<Box<dyn Executor>, RuntimeError> {
-        let links = plan.links.iter().map(|end| Fifo::open(self.segments.as_ref(), end)).collect::<Result<_, _>>()?;
+        let links = plan
+            .links
+            .iter()
+            .map(|end| Fifo::open(self.segments.as_ref(), end, self.refs(end, plan.rank)))
+            .collect::<Result<_, _>>()?;
         Ok(Box::new(Host { plan, links }))
+    }
+
+    /// Rank processes: a buffer of this process's arena, which peers read in place.
+    fn alloc(&self, bytes: usize) -> Option<ArenaBuf> {
+        if self.segments.one_address_space() || self.control.get().is_none() || !fifo::direct() {
+            return None;
+        }
+        arena::arena()?.alloc(bytes)
     }
 }
 

@@ -721,6 +721,10 @@ impl Communicator {
         if !self.plan_index.contains_key(&key) {
             let algorithm = self.algorithm_for(&shape, explore)?;
             let shared = self.schedule_for(&algorithm, shape, placement)?;
+            let backend = self.fabric.transport().backend();
+            let (in_blocks, out_blocks) = shape.collective.buffer_chunks(self.n_ranks, 1);
+            let call_bytes = shape.count.saturating_mul(shape.dtype.size_bytes() * in_blocks.max(out_blocks) as usize);
+            let single_copy = call_bytes <= backend.single_copy_max_bytes();
             let plan = exec::prepare(
                 &shared.sched,
                 PlanInput {
@@ -734,7 +738,12 @@ impl Communicator {
                         Some(fixed) => Origin::Sched(&fixed.1),
                         None => Origin::Coll(&algorithm.source),
                     },
-                    slot_cap: self.options.slot_cap(self.fabric.transport(), shared.connections, shared.by_reference),
+                    slot_cap: self.options.slot_cap(
+                        self.fabric.transport(),
+                        shared.connections,
+                        shared.by_reference && single_copy,
+                    ),
+                    single_copy,
                     transport: self.fabric.transport().name(),
                     slots: self.fabric.slots(),
                 },

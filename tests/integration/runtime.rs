@@ -188,12 +188,13 @@ fn every_algorithm_matches_the_reference_on_every_transport() {
 /// One shot's sends carry where the input is (single copy: addresses on threads, arena offsets on shm, the buffers
 /// being the communicator's), so the receiver multiplies by the sender's factor, which the message carries; the same
 /// from a buffer of the caller's goes through the FIFOs on shm. In place and out of place, an integer and a float
-/// type. A factor the call's type cannot hold fails the call on every rank, saying which and why.
+/// type; and a call of 12 MiB, which over shm goes through the FIFOs (`Backend::single_copy_max_bytes`). A factor the
+/// call's type cannot hold fails the call on every rank, saying which and why.
 #[test]
 fn premulsum_multiplies_each_rank_input_by_its_own_factor() {
     use collc_kernels::{reference, Scalar};
-    let count = 70_000;
-    for (name, n_ranks) in [("allreduce/one_shot", 2), ("allreduce/one_shot", 4), ("allreduce/ring", 3)] {
+    let cases = [("allreduce/one_shot", 2, 70_000), ("allreduce/one_shot", 4, 70_000), ("allreduce/ring", 3, 70_000)];
+    for (name, n_ranks, count) in cases.into_iter().chain([("allreduce/one_shot", 2, 3 << 20)]) {
         let source = collc_compiler::library::get(name).expect("in the library");
         for transport in [Transport::named("threads"), Transport::named("shm")] {
             let mut comms = communicators(transport, n_ranks);

@@ -164,13 +164,15 @@ pub(crate) struct PlanInput<'a> {
     pub origin: Origin<'a>,
     /// The largest FIFO slot (`Options::slot_cap`): it sets the tile.
     pub slot_cap: usize,
+    /// Whether sends whose source stays may go by reference (`Backend::single_copy_max_bytes`).
+    pub single_copy: bool,
     /// The transport's name and the message slots per connection of its links (`Fabric::slots`).
     pub transport: &'static str,
     pub slots: u32,
 }
 
 pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan, RuntimeError> {
-    let PlanInput { name, name_is, rank, count, dtype, op, origin, slot_cap, transport, slots } = input;
+    let PlanInput { name, name_is, rank, count, dtype, op, origin, slot_cap, single_copy, transport, slots } = input;
     if sched.channel_slots() > slots {
         let proved = sched.channel_slots();
         return Err(RuntimeError::Slots { name: name.to_string(), proved, transport, slots });
@@ -190,8 +192,11 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         .ok_or(RuntimeError::CountOverflow { count, elem })?;
     let layout = ChunkLayout::new(count, sched.chunks);
     let (tile, n_tiles, widest) = tiles(sched, elem, capacity, slot_cap)?;
-    let Translated { unscaled, steps, pieces, labels, links } =
+    let Translated { unscaled, mut steps, pieces, labels, links } =
         translate(sched, rank, origin, &layout, capacity, tile * elem, factor.is_some());
+    if !single_copy {
+        steps.iter_mut().for_each(|step| step.by_reference = false);
+    }
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
     let (bases, scratch) = scratch_buffers(sched, capacity * elem);
@@ -553,6 +558,7 @@ mod tests {
             op: ReduceOp::Sum,
             origin: Origin::Coll(""),
             slot_cap: 128 << 10,
+            single_copy: true,
             transport: "threads",
             slots: crate::link::SLOTS as u32,
         }

@@ -96,6 +96,11 @@ pub trait Backend: Sync {
     fn single_copy(&self) -> bool {
         false
     }
+    /// With `single_copy`: the largest call (bytes of its larger buffer) whose messages go by reference; larger ones
+    /// copy through the FIFOs.
+    fn single_copy_max_bytes(&self) -> usize {
+        usize::MAX
+    }
     /// Whether it runs on a machine without a GPU or a network card of its own (the runtime matrix checks these).
     fn on_cpu(&self) -> bool {
         true

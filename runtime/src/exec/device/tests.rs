@@ -118,6 +118,7 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
                 op: shape.op,
                 origin: Origin::Coll(""),
                 slot_cap: case.slot_cap,
+                single_copy: false,
                 transport: "twin",
                 slots: encode::SLOTS as u32,
             };

@@ -232,7 +232,7 @@ impl Verbs {
                 meta.call,
             )
             .encode();
-            let slot = (message % SLOTS) as u64;
+            let slot = message % SLOTS;
             let remote = state.remote;
             let to_header = remote.words + slot * frame::HEADER as u64;
             let to_slot = remote.slots + slot * end.slot_bytes as u64;

@@ -291,7 +291,7 @@ mod tests {
         let token = sender.reference(buf.as_mut_ptr().wrapping_add(64), 64).expect("an arena chunk");
         // SAFETY: the receiver's mapping of the same pages.
         assert_eq!(unsafe { receiver.dereference(token).read() }, 0x33);
-        let heap = vec![0u8; 64];
+        let heap = [0u8; 64];
         assert!(sender.reference(heap.as_ptr(), 64).is_none(), "the heap is not the arena");
         drop((sender, receiver));
         shm.remove_all();

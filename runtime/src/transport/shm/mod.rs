@@ -102,6 +102,12 @@ impl Backend for ShmBackend {
         fifo::direct()
     }
 
+    /// Across processes, reading a peer's buffers in place loses to the FIFOs once a call's buffers outgrow the
+    /// last-level cache (2 and 4 ranks, 16 MiB and up: bench/README.md), as between threads it does not.
+    fn single_copy_max_bytes(&self) -> usize {
+        8 << 20
+    }
+
     fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {
         let isa = collc_kernels::host::VectorIsa::detected().name();
         match fifo::direct() {

@@ -297,6 +297,32 @@ fn premulsum_runs_with_the_data_check() {
     }
 }
 
+/// `collc check` reports the reduction operators a file defines before its algorithm: the types each takes, whether
+/// it may be reordered (with a counterexample when not), and an operator that does not lower as a diagnostic at its
+/// span, failing the check.
+#[test]
+fn check_reports_the_operators_a_file_defines() {
+    let algorithm = "algorithm a for allreduce {\n    ranks p\n    for r in 1..p { send in[0] from r to 0 reduce }\n    for r in 1..p { send in[0] from 0 to r }\n}\n";
+    let good = TempFile::with(
+        "ops.coll",
+        &format!("op absmax(a, b) = max(abs(a), abs(b))\nop mean(a, b) = (a + b) * 0.5\n{algorithm}"),
+    );
+    let out = collc(&["check", good.path(), "--ranks", "2"]);
+    let said = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}");
+    assert!(said.contains("op absmax: types on int8, uint8, int32, uint32, int64, uint64, half, float, double, bfloat16; commutative and associative"), "{said}");
+    assert!(said.contains("op mean: types on half, float, double, bfloat16 (not int8"), "{said}");
+    assert!(
+        said.contains("`mean` is not associative on half: mean(mean(0, 0), 1) = 0.5 but mean(0, mean(0, 1)) = 0.25"),
+        "{said}"
+    );
+    let bad = TempFile::with("bad.coll", &format!("op shift(a, b) = a << b\n{algorithm}"));
+    let out = collc(&["check", bad.path(), "--ranks", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let said = text(&out.stderr);
+    assert!(said.contains("collc::op::expr") && said.contains("`<<` is not part of an operator"), "{said}");
+}
+
 #[test]
 fn usage_errors_say_what_and_where() {
     let dtype = collc(&["run", "allreduce/ring", "-d", "flaot"]);

@@ -37,11 +37,22 @@ pub struct Ident {
     pub span: Span,
 }
 
-/// A parsed file: one algorithm and the doc comments before it.
+/// A parsed file: one algorithm, the reduction operators and doc comments before it.
 #[derive(Clone, Debug, Serialize)]
 pub struct File {
     pub doc: Vec<String>,
+    pub ops: Vec<OpDef>,
     pub algorithm: Algorithm,
+}
+
+/// `op name(a, b) = body`: an elementwise reduction operator.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpDef {
+    pub doc: Vec<String>,
+    pub name: Ident,
+    pub operands: [Ident; 2],
+    pub body: Expr,
+    pub span: Span,
 }
 
 /// `algorithm NAME for COLLECTIVE { items }`
@@ -126,6 +137,8 @@ pub struct Expr {
 #[derive(Clone, Debug, Serialize)]
 pub enum ExprKind {
     Int(i64),
+    /// A literal with a fraction or exponent: only reduction operators take one.
+    Float(f64),
     Var(String),
     Unary(UnOp, Box<Expr>),
     Binary(BinOp, Box<Expr>, Box<Expr>),
@@ -194,6 +207,7 @@ impl fmt::Display for Expr {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {
             ExprKind::Int(v) => write!(f, "{v}"),
+            ExprKind::Float(v) => write!(f, "{v:?}"),
             ExprKind::Var(name) => f.write_str(name),
             ExprKind::Unary(op, e) => {
                 let sym = match op {

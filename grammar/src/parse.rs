@@ -19,16 +19,44 @@ pub fn parse(source: &str, limits: &Limits) -> Result<File> {
     let mut pairs = CollParser::parse(Rule::file, source).map_err(|e| from_pest(e, source))?;
     let file = pairs.next().expect("pest returns the `file` rule it was asked for");
     let mut doc = Vec::new();
+    let mut ops = Vec::new();
     let mut algorithm = None;
     for pair in file.into_inner() {
         match pair.as_rule() {
             Rule::doc => doc.push(doc_text(&pair)),
+            Rule::op_def => ops.push(build_op(pair, std::mem::take(&mut doc), limits)?),
             Rule::algorithm => algorithm = Some(build_algorithm(pair, limits)?),
             _ => {}
         }
     }
     let algorithm = algorithm.expect("the grammar requires exactly one algorithm");
-    Ok(File { doc, algorithm })
+    Ok(File { doc, ops, algorithm })
+}
+
+/// Parses a file of reduction operators only (`op NAME(a, b) = EXPR`, with doc comments).
+pub fn parse_ops(source: &str, limits: &Limits) -> Result<Vec<OpDef>> {
+    check_limits(source, limits)?;
+    let mut pairs = CollParser::parse(Rule::ops_file, source).map_err(|e| from_pest(e, source))?;
+    let file = pairs.next().expect("pest returns the `ops_file` rule it was asked for");
+    let mut doc = Vec::new();
+    let mut ops = Vec::new();
+    for pair in file.into_inner() {
+        match pair.as_rule() {
+            Rule::doc => doc.push(doc_text(&pair)),
+            Rule::op_def => ops.push(build_op(pair, std::mem::take(&mut doc), limits)?),
+            _ => {}
+        }
+    }
+    Ok(ops)
+}
+
+fn build_op(pair: Pair<Rule>, doc: Vec<String>, limits: &Limits) -> Result<OpDef> {
+    let span = span_of(&pair);
+    let mut inner = pair.into_inner().filter(|p| !is_keyword(p.as_rule()));
+    let mut next = || inner.next().expect("op_def's parts");
+    let (name, a, b) = (ident(next()), ident(next()), ident(next()));
+    let body = build_expr(next(), limits)?;
+    Ok(OpDef { doc, name, operands: [a, b], body, span })
 }
 
 /// Rejects inputs whose size or nesting would make parsing slow or recursion deep, before pest sees them.
@@ -126,6 +154,7 @@ fn is_keyword(rule: Rule) -> bool {
             | k_on
             | k_channel
             | k_by
+            | k_op
     )
 }
 
@@ -416,6 +445,10 @@ fn build_primary(pair: Pair<Rule>, limits: &Limits) -> Result<(Expr, usize)> {
     let span = span_of(&pair);
     match pair.as_rule() {
         Rule::int => Ok((Expr { kind: ExprKind::Int(parse_int(pair.as_str(), span)?), span }, 1)),
+        Rule::float => {
+            let value = pair.as_str().parse::<f64>().expect("the grammar's float is Rust's");
+            Ok((Expr { kind: ExprKind::Float(value), span }, 1))
+        }
         Rule::boolean => Ok((Expr { kind: ExprKind::Int((pair.as_str() == "true") as i64), span }, 1)),
         Rule::ident => Ok((Expr { kind: ExprKind::Var(pair.as_str().to_string()), span }, 1)),
         Rule::expr => build_expr_depth(pair, limits),
@@ -466,6 +499,7 @@ fn rule_name(rule: &Rule) -> String {
     let name = match rule {
         EOI => "end of file",
         file => "`algorithm NAME for COLLECTIVE { ... }`",
+        ops_file | op_def | k_op => "an operator `op NAME(a, b) = EXPR`",
         doc => "a `##` doc comment",
         ident | buf_name => "a name",
         collective_name => "a collective name (allreduce, reducescatter, allgather, broadcast, reduce, gather, scatter, alltoall, sendrecv)",
@@ -479,7 +513,7 @@ fn rule_name(rule: &Rule) -> String {
         }
         block => "a `{` block",
         buf_ref => "a buffer reference like `in[i]` or `out[a..b]`",
-        expr | primary | if_expr | call | int | boolean => "an expression",
+        expr | primary | if_expr | call | int | float | exponent | boolean => "an expression",
         or | and | eq | ne | le | ge | lt | gt | shl | shr | bor | bxor | band | add | sub | pow | mul | div | rem => {
             "an operator"
         }

@@ -21,6 +21,7 @@ mod error;
 mod factor;
 pub mod host;
 mod op;
+pub mod operator;
 pub mod reference;
 
 pub use dtype::{DataType, UnknownDataType};

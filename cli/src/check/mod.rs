@@ -2,9 +2,11 @@
 //! rooted collective (or a spread of roots at large p, drawn from the invocation's seed), exactly or keyed; for a
 //! reducing collective, whether its replicas agree bitwise and its results are chunk-independent
 //! (`collc_compiler::replicas`, up to `REPLICAS_MAX_RANKS`). Each line states the verdict of every binding and
-//! placement it covers (`lines.rs`; the bindings swept at each rank count are `roots.rs`'s).
+//! placement it covers (`lines.rs`; the bindings swept at each rank count are `roots.rs`'s). The reduction operators
+//! the file defines are reported first (`ops.rs`).
 
 mod lines;
+mod ops;
 mod roots;
 
 use crate::args::{parse_rank_list, LimitArgs, ParamArgs, VerifyArgs};
@@ -262,6 +264,12 @@ pub fn run(args: CheckArgs) -> u8 {
         eprintln!("error: {message} ({help})");
         return 2;
     }
+    let op_reports: Vec<ops::OpReport> = file.ops.iter().map(ops::check).collect();
+    let op_errors = ops::errors(&op_reports);
+    report::print_all(&op_errors, &source.name, &source.text);
+    if table {
+        op_reports.iter().for_each(|r| println!("{}", r.line));
+    }
     let collective = file.algorithm.collective.name.parse::<Collective>().ok();
     let reduces = collective.is_some_and(Collective::reduces);
     // Roots drawn from the seed are only replayable if the seed is shown.
@@ -332,6 +340,7 @@ pub fn run(args: CheckArgs) -> u8 {
             "{}",
             json!({
                 "algorithm": args.algorithm, "seed": seed.to_string(), "exact": args.verify.exact, "results": results,
+                "operators": op_reports.iter().map(|r| r.json.clone()).collect::<Vec<_>>(),
                 "summary": {
                     "verified": verified, "not_admitted": skipped, "failed": failed, "seconds": seconds,
                     "replicas": if reduces { replicas.json() } else { serde_json::Value::Null },
@@ -340,7 +349,7 @@ pub fn run(args: CheckArgs) -> u8 {
         ),
     }
     let single_not_admitted = ranks.len() == 1 && skipped == 1;
-    if failed > 0 || single_not_admitted || verified == 0 {
+    if failed > 0 || single_not_admitted || verified == 0 || !op_errors.0.is_empty() {
         1
     } else {
         0

@@ -160,6 +160,14 @@ impl<'a> Resolver<'a> {
         let span = expr.span;
         Ok(match &expr.kind {
             ExprKind::Int(v) => RExpr::Const(*v, span),
+            ExprKind::Float(v) => {
+                return Err(Error::new(
+                    "collc::lower::float",
+                    format!("`{v:?}` is a fraction; an algorithm's expressions are integers"),
+                    "only reduction operators (`op NAME(a, b) = ...`) take fractions",
+                )
+                .at(span, "not an integer"))
+            }
             ExprKind::Var(name) => match self.lookup(name) {
                 Some(RExprRef::Local(slot)) => RExpr::Local(slot, span),
                 Some(RExprRef::Global(slot)) => RExpr::Global(slot, span),

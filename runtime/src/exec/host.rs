@@ -409,26 +409,15 @@ unsafe fn write_factor(slot: *mut u8, factor: &Factor, pieces: &[Piece]) {
     }
 }
 
-/// The sender's factor of a message by reference of `n` chunks under PreMulSum (`own` when it is the same, else
-/// made in `theirs`), and the flags of its chunks.
+/// The sender's factor of a message by reference of `n` chunks under PreMulSum, and the flags of its chunks.
 ///
 /// # Safety
 /// `slot` holds `refs_bytes(n, true)` bytes written by `write_factor`.
-unsafe fn read_factor<'a>(
-    slot: *const u8,
-    n: usize,
-    own: &'a Factor,
-    dtype: DataType,
-    theirs: &'a mut Option<Factor>,
-) -> (&'a Factor, *const u8) {
+unsafe fn read_factor(slot: *const u8, n: usize, dtype: DataType) -> (Factor, *const u8) {
     let mut element = [0u8; 8];
     // SAFETY: inside the slot (caller's contract).
     unsafe { std::ptr::copy_nonoverlapping(slot.add(n * 8), element.as_mut_ptr(), 8) };
-    let flags = slot.wrapping_add(n * 8 + 8);
-    if element == own.element() {
-        return (own, flags);
-    }
-    (theirs.insert(Factor::new(dtype, element)), flags)
+    (Factor::new(dtype, element), slot.wrapping_add(n * 8 + 8))
 }
 
 /// `dst = a (op) b`; under PreMulSum an operand with a factor is multiplied by it first.
@@ -480,11 +469,10 @@ unsafe fn execute(
     let (dtype, op, elem) = (plan.dtype, plan.op, plan.elem);
     let stride = plan.tile * elem;
     // PreMulSum: this rank's factor for its input as it came, and the sender's for a message by reference of its own.
-    let own = plan.factor.as_deref();
-    let mut theirs_storage = None;
+    let own = plan.factor.as_ref();
     let theirs = match (refs, own) {
         // SAFETY: the sender wrote its factor after the addresses (`write_factor`), as this rank's plan has one too.
-        (true, Some(own)) => Some(unsafe { read_factor(incoming, pieces.len(), own, dtype, &mut theirs_storage) }),
+        (true, Some(_)) => Some(unsafe { read_factor(incoming, pieces.len(), dtype) }),
         _ => None,
     };
     let own_for = |place: Place| if place.raw { own } else { None };
@@ -495,7 +483,8 @@ unsafe fn execute(
             false => incoming.wrapping_add(k * stride),
         };
         // SAFETY: the flags follow the factor, one a chunk.
-        let in_factor = theirs.and_then(|(factor, flags)| (unsafe { flags.add(k).read() } != 0).then_some(factor));
+        let in_factor =
+            theirs.as_ref().and_then(|(factor, flags)| (unsafe { flags.add(k).read() } != 0).then_some(factor));
         let slot_out = outgoing.wrapping_add(k * stride);
         // SAFETY: every pointer below is inside its buffer or FIFO slot for the `n` elements used.
         unsafe {

@@ -85,7 +85,7 @@ pub struct Plan {
     pub(crate) dtype: DataType,
     pub(crate) op: ReduceOp,
     /// PreMulSum's factor in `dtype`: what the places marked `raw` are multiplied by.
-    pub(crate) factor: Option<Box<Factor>>,
+    pub(crate) factor: Option<Factor>,
     pub(crate) elem: usize,
     /// Elements per tile of one chunk, and tiles per call.
     pub(crate) tile: usize,
@@ -180,9 +180,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let elem = dtype.size_bytes();
     // A collective that reduces nothing ignores its operator, as NCCL does.
     let factor = match op.factor().filter(|_| sched.collective.reduces()) {
-        Some(scalar) => {
-            Some(Box::new(Factor::of(dtype, scalar).map_err(|source| RuntimeError::Factor { rank, source })?))
-        }
+        Some(scalar) => Some(Factor::of(dtype, scalar).map_err(|source| RuntimeError::Factor { rank, source })?),
         None => None,
     };
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);

@@ -22,6 +22,7 @@ struct PlanDesc {
     u32 rank, n_ranks, dtype, op, elem, tile, n_tiles, capacity, n_instrs, n_links, n_bufs, avg, lanes, pad;
     u32 instrs, pieces, deps, order, links, bases_at, done_at, link_start_at, finished_at, out_buf;
     u64 out_lo, out_hi, fingerprint, factor;
+    u32 unscaled, n_unscaled;
 };
 struct DInstr {
     u32 op;
@@ -382,12 +383,18 @@ extern "C" __global__ void __launch_bounds__(COLLC_THREADS, 1) collc_interpret(c
     }
     __syncthreads();
     if (!advance) return;
-    u64 span = plan->out_hi - plan->out_lo;
-    u64 share = (span + block->plan_blocks - 1) / block->plan_blocks;
-    u64 start = plan->out_lo + share * block->index_in_plan;
-    if (start > plan->out_hi) start = plan->out_hi;
-    u64 end = start + share < plan->out_hi ? start + share : plan->out_hi;
-    u8* base = (u8*)bases[plan->out_buf] + start * plan->elem;
-    if (plan->avg == 2) premul_any(plan->dtype, base, base, true, 0, false, plan->factor, end - start, threadIdx.x, blockDim.x);
-    else divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
+    // Each block takes its share of each range: the window for avg, the unwritten ranges for premulsum.
+    const u64* ranges = (const u64*)(image + plan->unscaled);
+    u32 n_ranges = plan->avg == 2 ? plan->n_unscaled : 1;
+    for (u32 r = 0; r < n_ranges; r++) {
+        u64 lo = plan->avg == 2 ? ranges[2 * r] : plan->out_lo;
+        u64 hi = plan->avg == 2 ? ranges[2 * r + 1] : plan->out_hi;
+        u64 share = (hi - lo + block->plan_blocks - 1) / block->plan_blocks;
+        u64 start = lo + share * block->index_in_plan;
+        if (start > hi) start = hi;
+        u64 end = start + share < hi ? start + share : hi;
+        u8* base = (u8*)bases[plan->out_buf] + start * plan->elem;
+        if (plan->avg == 2) premul_any(plan->dtype, base, base, true, 0, false, plan->factor, end - start, threadIdx.x, blockDim.x);
+        else divide_range(plan->dtype, base, end - start, plan->n_ranks, threadIdx.x, blockDim.x);
+    }
 }

@@ -397,8 +397,9 @@ impl InputAsItCame {
         }
     }
 
-    /// The element ranges of the output window still holding the input once every instruction ran (in place only,
-    /// and only where the rank's reduction is its own input: one rank).
+    /// The element ranges of the output window still holding the input once every instruction ran, where the
+    /// collective defines this rank's output (in place only, and only where the rank's reduction is its own input:
+    /// one rank).
     fn unwritten_output(
         &self,
         sched: &VerifiedSchedule,
@@ -407,10 +408,14 @@ impl InputAsItCame {
     ) -> Vec<std::ops::Range<usize>> {
         let (out_buf, out_offset) = sched.output_window(rank);
         let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+        let defined = |c: u32| {
+            let expected = sched.collective.expected(rank, c, sched.chunks, sched.root, sched.peer);
+            !matches!(expected, collc_compiler::collective::Expected::Unchecked)
+        };
         let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
-        for chunk in (out_offset..out_offset + out_chunks).filter(|&c| out_buf == self.buf && !self.written[c as usize])
-        {
-            let elements = layout.elements(chunk, 1);
+        let unwritten = |&c: &u32| defined(c) && out_buf == self.buf && !self.written[(out_offset + c) as usize];
+        for c in (0..out_chunks).filter(unwritten) {
+            let elements = layout.elements(out_offset + c, 1);
             match ranges.last_mut() {
                 Some(last) if last.end == elements.start => last.end = elements.end,
                 _ => ranges.push(elements),

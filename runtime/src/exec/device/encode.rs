@@ -87,7 +87,8 @@ pub struct PlanDesc {
     pub n_links: u32,
     pub n_bufs: u32,
     /// The epilogue once every block is done: 1 divides the output window by the rank count (`avg` of a reduction),
-    /// 2 multiplies it by `factor` (a premulsum whose output is the rank's own input, unwritten: one rank), 0 none.
+    /// 2 multiplies the `unscaled` ranges by `factor` (a premulsum's output that is the rank's own input, unwritten:
+    /// one rank), 0 none.
     pub avg: u32,
     /// Lanes: the tiles are dealt round-robin to this many copies of each channel's block, each with its own
     /// connection records, done words and link counts, so a call runs on `lanes` times the blocks (as NCCL runs more
@@ -113,6 +114,10 @@ pub struct PlanDesc {
     pub fingerprint: u64,
     /// PreMulSum's factor in `dtype` (`Scalar::element`), little-endian in the low bytes; 0 for other operators.
     pub factor: u64,
+    /// PreMulSum's epilogue: a table of `n_unscaled` element ranges (two u64 each) of the output window that no
+    /// instruction wrote, which still hold the rank's input (`Plan::unscaled`).
+    pub unscaled: u32,
+    pub n_unscaled: u32,
 }
 
 /// One instruction (32 bytes). `send` and `recv` index the plan's links (`NONE_LINK`: none).
@@ -282,6 +287,12 @@ impl Image {
         self.read(plan.order as usize + k as usize * 4)
     }
 
+    /// Range `r` of the plan's PreMulSum epilogue, in elements.
+    pub fn unscaled(&self, plan: &PlanDesc, r: u32) -> std::ops::Range<u64> {
+        let [lo, hi]: [u64; 2] = self.read(plan.unscaled as usize + r as usize * 16);
+        lo..hi
+    }
+
     pub fn link(&self, plan: &PlanDesc, l: u32) -> DLink {
         self.read(plan.links as usize + l as usize * std::mem::size_of::<DLink>())
     }
@@ -309,18 +320,11 @@ impl Writer {
 }
 
 /// `PlanDesc::avg`: the epilogue of the plan's output window.
-fn epilogue(plan: &Plan) -> Result<u32, String> {
-    if plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces() {
-        return Ok(1);
-    }
-    match plan.unscaled.as_slice() {
-        [] => Ok(0),
-        [range] if *range == plan.output.1 => Ok(2),
-        _ => Err(format!(
-            "rank {}: a premulsum whose output is partly this rank's own input, never written, runs on the host \
-             transports only",
-            plan.rank
-        )),
+fn epilogue(plan: &Plan) -> u32 {
+    match () {
+        _ if plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces() => 1,
+        _ if !plan.unscaled.is_empty() => 2,
+        _ => 0,
     }
 }
 
@@ -411,7 +415,7 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
         let mut channels: Vec<u8> = plan.steps.iter().map(|step| step.channel).collect();
         channels.sort_unstable();
         channels.dedup();
-        let epilogue = epilogue(plan)?;
+        let epilogue = epilogue(plan);
         if channels.is_empty() && epilogue != 0 {
             // No instruction, yet the window needs its epilogue (one rank in place): one block of none runs it.
             channels.push(0);
@@ -462,6 +466,8 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
         desc.deps = w.table(&deps);
         desc.order = w.table(&order);
         desc.links = w.table(&links);
+        let unscaled: Vec<[u64; 2]> = plan.unscaled.iter().map(|r| [r.start as u64, r.end as u64]).collect();
+        (desc.unscaled, desc.n_unscaled) = (w.table(&unscaled), unscaled.len() as u32);
         desc.bases_at = bases_words as u32;
         bases_words += plan.bases.len();
         desc.done_at = state as u32;
@@ -502,7 +508,7 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
 // passes them in as macros when it compiles the kernels).
 const _: () = assert!(std::mem::size_of::<Header>() == 40);
 const _: () = assert!(std::mem::size_of::<BlockDesc>() == 32);
-const _: () = assert!(std::mem::size_of::<PlanDesc>() == 128);
+const _: () = assert!(std::mem::size_of::<PlanDesc>() == 136);
 const _: () = assert!(std::mem::size_of::<DInstr>() == 32);
 const _: () = assert!(std::mem::size_of::<DPiece>() == 48);
 const _: () = assert!(std::mem::size_of::<DLink>() == 16);

@@ -390,27 +390,35 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
     }
 }
 
-/// This block's share of the plan's epilogue on its output window: the `avg` division, or a premulsum's factor.
+/// This block's share of the plan's epilogue on its output window: the `avg` division, or a premulsum's factor on
+/// the ranges no instruction wrote.
 ///
 /// # Safety
 /// As `Block::poll`.
 unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
-    let (lo, hi) = (plan.out_lo, plan.out_hi);
-    let share = (hi - lo).div_ceil(block.plan_blocks as u64);
-    let start = (lo + share * block.index_in_plan as u64).min(hi);
-    let end = (start + share).min(hi);
+    let ranges: Vec<std::ops::Range<u64>> = match plan.avg {
+        2 => (0..plan.n_unscaled).map(|r| launch.image.unscaled(plan, r)).collect(),
+        _ => vec![plan.out_lo..plan.out_hi],
+    };
     let base = launch.bases[(plan.bases_at + plan.out_buf) as usize].load(Ordering::Relaxed);
     let elem = plan.elem as u64;
-    // SAFETY: the window lies inside the output buffer (caller's contract).
-    let bytes =
-        unsafe { std::slice::from_raw_parts_mut((base + start * elem) as *mut u8, ((end - start) * elem) as usize) };
-    if plan.avg == 2 {
-        let factor = Factor::new(dtype_of(plan), plan.factor.to_le_bytes());
-        // SAFETY: as above; in place on itself, which `apply` allows.
-        return unsafe { factor.apply(bytes.as_mut_ptr(), bytes.as_ptr(), bytes.len() / plan.elem as usize) };
+    for range in ranges {
+        let share = (range.end - range.start).div_ceil(block.plan_blocks as u64);
+        let start = (range.start + share * block.index_in_plan as u64).min(range.end);
+        let end = (start + share).min(range.end);
+        // SAFETY: the range lies inside the output buffer (caller's contract).
+        let bytes = unsafe {
+            std::slice::from_raw_parts_mut((base + start * elem) as *mut u8, ((end - start) * elem) as usize)
+        };
+        if plan.avg == 2 {
+            let factor = Factor::new(dtype_of(plan), plan.factor.to_le_bytes());
+            // SAFETY: as above; in place on itself, which `apply` allows.
+            unsafe { factor.apply(bytes.as_mut_ptr(), bytes.as_ptr(), bytes.len() / plan.elem as usize) };
+            continue;
+        }
+        collc_kernels::reference::finish_avg(dtype_of(plan), bytes, plan.n_ranks as usize)
+            .expect("whole elements and ranks");
     }
-    collc_kernels::reference::finish_avg(dtype_of(plan), bytes, plan.n_ranks as usize)
-        .expect("whole elements and ranks");
 }
 
 /// Runs every block of `launches` (images of one launch, each with its own state, bases and fault report) on this

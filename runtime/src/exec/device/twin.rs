@@ -398,7 +398,7 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
 unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
     let ranges: Vec<std::ops::Range<u64>> = match plan.avg {
         2 => (0..plan.n_unscaled).map(|r| launch.image.unscaled(plan, r)).collect(),
-        _ => vec![plan.out_lo..plan.out_hi],
+        _ => std::iter::once(plan.out_lo..plan.out_hi).collect(),
     };
     let base = launch.bases[(plan.bases_at + plan.out_buf) as usize].load(Ordering::Relaxed);
     let elem = plan.elem as u64;

@@ -55,7 +55,7 @@ impl Arena {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), ARENA_BYTES as libc::off_t) } != 0 {
             return Err(format!("ftruncate: {}", std::io::Error::last_os_error()));
         }
-        let base = map(fd.as_raw_fd(), ARENA_BYTES)?;
+        let base = map(fd.as_raw_fd(), ARENA_BYTES, libc::PROT_READ | libc::PROT_WRITE)?;
         let whole: Range<usize> = 0..ARENA_BYTES;
         Ok(Arena { fd, base, free: Mutex::new(Vec::from([whole])) })
     }
@@ -149,16 +149,15 @@ unsafe impl Send for PeerArena {}
 unsafe impl Sync for PeerArena {}
 
 impl PeerArena {
-    /// The arena `fd` of process `pid`, through `/proc`.
+    /// The arena `fd` of process `pid`, through `/proc`, read-only: a receiver only reads what it is sent.
     pub fn map(pid: u32, fd: i32) -> Result<PeerArena, String> {
         let path = format!("/proc/{pid}/fd/{fd}");
-        let file =
-            std::fs::OpenOptions::new().read(true).write(true).open(&path).map_err(|e| format!("{path}: {e}"))?;
+        let file = std::fs::File::open(&path).map_err(|e| format!("{path}: {e}"))?;
         let len = file.metadata().map_err(|e| format!("{path}: {e}"))?.len() as usize;
         if len != ARENA_BYTES {
             return Err(format!("{path} is not a collc arena ({len} bytes)"));
         }
-        Ok(PeerArena { base: map(file.as_raw_fd(), ARENA_BYTES)? })
+        Ok(PeerArena { base: map(file.as_raw_fd(), ARENA_BYTES, libc::PROT_READ)? })
     }
 
     /// Where the peer's offset `offset` is in this process.
@@ -174,19 +173,11 @@ impl Drop for PeerArena {
     }
 }
 
-/// A shared read-write mapping of `len` bytes of `fd`, reserving no swap.
-fn map(fd: i32, len: usize) -> Result<*mut u8, String> {
+/// A shared mapping of `len` bytes of `fd` with `protection`, reserving no swap.
+fn map(fd: i32, len: usize, protection: i32) -> Result<*mut u8, String> {
     // SAFETY: a new shared mapping of a descriptor the caller holds open; the result is checked.
-    let ptr = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_NORESERVE,
-            fd,
-            0,
-        )
-    };
+    let ptr =
+        unsafe { libc::mmap(std::ptr::null_mut(), len, protection, libc::MAP_SHARED | libc::MAP_NORESERVE, fd, 0) };
     match ptr == libc::MAP_FAILED {
         true => Err(format!("mmap of {len} bytes: {}", std::io::Error::last_os_error())),
         false => Ok(ptr.cast()),

@@ -140,26 +140,44 @@ fn is_float(rep: Rep) -> bool {
     matches!(rep, Rep::F16 | Rep::Bf16 | Rep::F32 | Rep::F64)
 }
 
-/// An operator checked for one data type: every node's type, in the order `eval` walks them.
+/// An operator checked for one data type: its body with every node's type, literals already in theirs.
 #[derive(Clone, Debug)]
 pub struct Typed {
     pub name: String,
     pub dtype: DataType,
-    body: Node,
+    body: TNode,
+}
+
+/// A node of a checked body and its type.
+#[derive(Clone, Debug)]
+struct TNode {
+    kind: TKind,
+    ty: Ty,
+}
+
+#[derive(Clone, Debug)]
+enum TKind {
+    A,
+    B,
+    Lit(Val),
+    Unary(Unary, Box<TNode>),
+    Binary(Binary, Box<TNode>, Box<TNode>),
+    Select(Box<TNode>, Box<TNode>, Box<TNode>),
+    Cast(Box<TNode>),
 }
 
 impl Operator {
-    /// The operator for `dtype`, or every place its body does not type.
+    /// The operator for `dtype`, or the first place its body does not type.
     pub fn check(&self, dtype: DataType) -> Result<Typed, TypeError> {
-        let ty = infer(&self.body, Some(Ty::Elem), dtype)?;
-        if ty != Ty::Elem {
+        let body = infer(&self.body, Some(Ty::Elem), dtype)?;
+        if body.ty != Ty::Elem {
             return Err(TypeError {
-                message: format!("`{}` computes {}, not the element type ({dtype})", self.name, name(ty, dtype)),
+                message: format!("`{}` computes {}, not the element type ({dtype})", self.name, name(body.ty, dtype)),
                 at: self.body.at,
                 help: Some("cast the result: elem(...)".into()),
             });
         }
-        Ok(Typed { name: self.name.clone(), dtype, body: self.body.clone() })
+        Ok(Typed { name: self.name.clone(), dtype, body })
     }
 }
 
@@ -178,59 +196,66 @@ fn is_literal(node: &Node) -> bool {
         || matches!(&node.kind, Kind::Unary(Unary::Neg, e) if is_literal(e))
 }
 
-/// The type of `node`, where `want` is what its context asks for (literals take it).
-fn infer(node: &Node, want: Option<Ty>, dtype: DataType) -> Result<Ty, TypeError> {
+/// `node` typed, where `want` is what its context asks for (literals take it).
+fn infer(node: &Node, want: Option<Ty>, dtype: DataType) -> Result<TNode, TypeError> {
     let fail = |message: String, help: Option<&str>| TypeError { message, at: node.at, help: help.map(String::from) };
+    let typed = |kind: TKind, ty: Ty| Ok(TNode { kind, ty });
     let numeric = |ty: Ty| ty != Ty::Bool;
     match &node.kind {
-        Kind::A | Kind::B => Ok(Ty::Elem),
-        Kind::Bool(_) => Ok(Ty::Bool),
+        Kind::A => typed(TKind::A, Ty::Elem),
+        Kind::B => typed(TKind::B, Ty::Elem),
+        Kind::Bool(v) => typed(TKind::Lit(Val::Bool(*v)), Ty::Bool),
         Kind::Int(v) => {
             let ty = want.filter(|&t| numeric(t)).unwrap_or(Ty::I64);
             match rep(ty, dtype) {
                 Rep::Int { bits, signed } if wrap(*v, bits, signed) != *v => {
                     Err(fail(format!("{v} does not fit {}", name(ty, dtype)), None))
                 }
-                _ => Ok(ty),
+                r => typed(TKind::Lit(convert(Val::Int(*v), r)), ty),
             }
         }
-        Kind::Float(_) => match want.filter(|&t| numeric(t)) {
-            Some(t) if is_float(rep(t, dtype)) => Ok(t),
+        Kind::Float(v) => match want.filter(|&t| numeric(t)) {
+            Some(t) if is_float(rep(t, dtype)) => typed(TKind::Lit(convert(Val::Float(*v), rep(t, dtype))), t),
             Some(t) => Err(fail(
                 format!("a fraction where {} is expected", name(t, dtype)),
                 Some("a float literal needs a float type: cast the other side, f64(a)"),
             )),
-            None => Ok(Ty::F64),
+            None => typed(TKind::Lit(Val::Float(*v)), Ty::F64),
         },
-        Kind::Unary(Unary::Not, e) => expect(e, Ty::Bool, dtype),
-        Kind::Unary(_, e) => {
-            let ty = infer(e, want, dtype)?;
-            match numeric(ty) {
-                true => Ok(ty),
+        Kind::Unary(Unary::Not, e) => typed(TKind::Unary(Unary::Not, Box::new(expect(e, Ty::Bool, dtype)?)), Ty::Bool),
+        Kind::Unary(op, e) => {
+            let e = infer(e, want, dtype)?;
+            match numeric(e.ty) {
+                true => {
+                    let ty = e.ty;
+                    typed(TKind::Unary(*op, Box::new(e)), ty)
+                }
                 false => Err(fail("a number is expected, not a bool".into(), None)),
             }
         }
         Kind::Binary(op, l, r) => {
-            let logical = matches!(op, Binary::And | Binary::Or);
-            if logical {
-                expect(l, Ty::Bool, dtype)?;
-                return expect(r, Ty::Bool, dtype);
+            if matches!(op, Binary::And | Binary::Or) {
+                let (l, r) = (expect(l, Ty::Bool, dtype)?, expect(r, Ty::Bool, dtype)?);
+                return typed(TKind::Binary(*op, Box::new(l), Box::new(r)), Ty::Bool);
             }
             let compares = matches!(op, Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge | Binary::Eq | Binary::Ne);
-            let ty = same(l, r, if compares { None } else { want }, dtype)?;
-            if !numeric(ty) {
+            let (l, r) = same(l, r, if compares { None } else { want }, dtype)?;
+            if !numeric(l.ty) {
                 return Err(fail("arithmetic and comparisons take numbers, not bools".into(), None));
             }
-            Ok(if compares { Ty::Bool } else { ty })
+            let ty = if compares { Ty::Bool } else { l.ty };
+            typed(TKind::Binary(*op, Box::new(l), Box::new(r)), ty)
         }
         Kind::Select(c, x, y) => {
-            expect(c, Ty::Bool, dtype)?;
-            same(x, y, want, dtype)
+            let c = expect(c, Ty::Bool, dtype)?;
+            let (x, y) = same(x, y, want, dtype)?;
+            let ty = x.ty;
+            typed(TKind::Select(Box::new(c), Box::new(x), Box::new(y)), ty)
         }
         Kind::Cast(to, e) => {
-            let from = infer(e, None, dtype)?;
-            match numeric(from) {
-                true => Ok(*to),
+            let e = infer(e, None, dtype)?;
+            match numeric(e.ty) {
+                true => typed(TKind::Cast(Box::new(e)), *to),
                 false => {
                     Err(fail("a bool cannot be cast to a number".into(), Some("select instead: if c { 1 } else { 0 }")))
                 }
@@ -240,12 +265,12 @@ fn infer(node: &Node, want: Option<Ty>, dtype: DataType) -> Result<Ty, TypeError
 }
 
 /// `node` must have type `ty`.
-fn expect(node: &Node, ty: Ty, dtype: DataType) -> Result<Ty, TypeError> {
+fn expect(node: &Node, ty: Ty, dtype: DataType) -> Result<TNode, TypeError> {
     let got = infer(node, Some(ty), dtype)?;
-    match got == ty {
-        true => Ok(ty),
+    match got.ty == ty {
+        true => Ok(got),
         false => Err(TypeError {
-            message: format!("{} is expected, this is {}", name(ty, dtype), name(got, dtype)),
+            message: format!("{} is expected, this is {}", name(ty, dtype), name(got.ty, dtype)),
             at: node.at,
             help: None,
         }),
@@ -253,21 +278,22 @@ fn expect(node: &Node, ty: Ty, dtype: DataType) -> Result<Ty, TypeError> {
 }
 
 /// Two operands of one type (a literal takes the other's).
-fn same(l: &Node, r: &Node, want: Option<Ty>, dtype: DataType) -> Result<Ty, TypeError> {
+fn same(l: &Node, r: &Node, want: Option<Ty>, dtype: DataType) -> Result<(TNode, TNode), TypeError> {
     let (tl, tr) = match is_literal(l) && !is_literal(r) {
         true => {
             let tr = infer(r, want, dtype)?;
-            (infer(l, Some(tr), dtype)?, tr)
+            (infer(l, Some(tr.ty), dtype)?, tr)
         }
         false => {
             let tl = infer(l, want, dtype)?;
-            (tl, infer(r, Some(tl), dtype)?)
+            let tr = infer(r, Some(tl.ty), dtype)?;
+            (tl, tr)
         }
     };
-    match tl == tr {
-        true => Ok(tl),
+    match tl.ty == tr.ty {
+        true => Ok((tl, tr)),
         false => Err(TypeError {
-            message: format!("mismatched types: {} and {}", name(tl, dtype), name(tr, dtype)),
+            message: format!("mismatched types: {} and {}", name(tl.ty, dtype), name(tr.ty, dtype)),
             at: (l.at.0, r.at.1),
             help: Some("cast one side: f32(a), elem(x)".into()),
         }),
@@ -287,8 +313,7 @@ impl Typed {
     pub fn eval(&self, a: &[u8], b: &[u8], out: &mut [u8]) {
         let elem = rep(Ty::Elem, self.dtype);
         let (a, b) = (load(a, elem, self.dtype), load(b, elem, self.dtype));
-        let value = self.node(&self.body, Some(Ty::Elem), a, b).0;
-        store(value, elem, out);
+        store(self.value(&self.body, a, b), elem, out);
     }
 
     /// `dst[i] = dst[i] (op) src[i]` over whole elements: what a reduction does with the operator.
@@ -301,51 +326,21 @@ impl Typed {
         }
     }
 
-    /// The value of `node` and its type (typing again as `check` did, which succeeded).
-    fn node(&self, node: &Node, want: Option<Ty>, a: Val, b: Val) -> (Val, Ty) {
-        let dtype = self.dtype;
-        let ty = infer(node, want, dtype).expect("checked");
-        let r = rep(ty, dtype);
-        let value = match &node.kind {
-            Kind::A => a,
-            Kind::B => b,
-            Kind::Bool(v) => Val::Bool(*v),
-            Kind::Int(v) => convert(Val::Int(*v), r),
-            Kind::Float(v) => convert(Val::Float(*v), r),
-            Kind::Unary(op, e) => {
-                let (x, _) = self.node(e, Some(ty), a, b);
-                unary(*op, x, r)
-            }
-            Kind::Binary(op, l, rhs) => {
-                let operand = match op {
-                    Binary::And | Binary::Or => Some(Ty::Bool),
-                    Binary::Lt | Binary::Le | Binary::Gt | Binary::Ge | Binary::Eq | Binary::Ne => None,
-                    _ => Some(ty),
-                };
-                let (tl, tr) = operand_types(l, rhs, operand, dtype);
-                let ((x, _), (y, _)) = (self.node(l, Some(tl), a, b), self.node(rhs, Some(tr), a, b));
-                binary(*op, x, y, rep(tl, dtype))
-            }
-            Kind::Select(c, x, y) => {
-                let (tx, ty2) = operand_types(x, y, Some(ty), dtype);
-                match self.node(c, Some(Ty::Bool), a, b).0 {
-                    Val::Bool(true) => self.node(x, Some(tx), a, b).0,
-                    _ => self.node(y, Some(ty2), a, b).0,
-                }
-            }
-            Kind::Cast(_, e) => {
-                let (x, _) = self.node(e, None, a, b);
-                convert(x, r)
-            }
-        };
-        (value, ty)
+    fn value(&self, node: &TNode, a: Val, b: Val) -> Val {
+        let r = |ty: Ty| rep(ty, self.dtype);
+        match &node.kind {
+            TKind::A => a,
+            TKind::B => b,
+            TKind::Lit(v) => *v,
+            TKind::Unary(op, e) => unary(*op, self.value(e, a, b), r(node.ty)),
+            TKind::Binary(op, l, rhs) => binary(*op, self.value(l, a, b), self.value(rhs, a, b), r(l.ty)),
+            TKind::Select(c, x, y) => match self.value(c, a, b) {
+                Val::Bool(true) => self.value(x, a, b),
+                _ => self.value(y, a, b),
+            },
+            TKind::Cast(e) => convert(self.value(e, a, b), r(node.ty)),
+        }
     }
-}
-
-/// The types `same` gave two operands.
-fn operand_types(l: &Node, r: &Node, want: Option<Ty>, dtype: DataType) -> (Ty, Ty) {
-    let ty = same(l, r, want, dtype).expect("checked");
-    (ty, ty)
 }
 
 fn load(bytes: &[u8], rep: Rep, dtype: DataType) -> Val {

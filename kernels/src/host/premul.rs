@@ -33,10 +33,6 @@ impl Factor {
         self.element
     }
 
-    pub fn dtype(&self) -> DataType {
-        self.dtype
-    }
-
     /// `dst[i] = src[i] * factor` for `n_elems` elements.
     ///
     /// # Safety

@@ -158,7 +158,7 @@ impl Block {
                     return Poll::Idle;
                 }
                 // SAFETY: forwarded from the caller.
-                unsafe { divide_share(launch, &plan, &self.desc) };
+                unsafe { epilogue_share(launch, &plan, &self.desc) };
                 self.phase = Phase::Done;
                 Poll::Progressed
             }
@@ -395,7 +395,7 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
 ///
 /// # Safety
 /// As `Block::poll`.
-unsafe fn divide_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
+unsafe fn epilogue_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
     let ranges: Vec<std::ops::Range<u64>> = match plan.avg {
         2 => (0..plan.n_unscaled).map(|r| launch.image.unscaled(plan, r)).collect(),
         _ => std::iter::once(plan.out_lo..plan.out_hi).collect(),

@@ -2,7 +2,7 @@
 //! kernels' `operator::Operator`, checked against a data type, with a diagnostic at the source span of whatever does
 //! not fit. The language and its arithmetic: docs/language.md §16.
 
-use crate::diag::Error;
+use crate::diag::{Error, Errors};
 use collc_grammar::ast::{BinOp, Expr, ExprKind, OpDef, Span, UnOp};
 use collc_kernels::operator::{Binary, Kind, Node, Operator, Ty, Typed, Unary};
 use collc_kernels::DataType;
@@ -20,6 +20,17 @@ pub fn lower_op(def: &OpDef) -> Result<Operator, Error> {
     }
     let body = node(&def.body, (&a.name, &b.name))?;
     Ok(Operator { name: def.name.name.clone(), body })
+}
+
+/// The operators of a file that holds only operators (`op NAME(a, b) = EXPR`, docs/language.md §16), lowered: what
+/// a library user registers (`collc_kernels::operator::UserOp::register`) to call collectives with them.
+pub fn parse_operators(source: &str, limits: &collc_grammar::Limits) -> Result<Vec<Operator>, Errors> {
+    let defs = collc_grammar::parse_ops(source, limits).map_err(|e| Errors(vec![Error::from(e)]))?;
+    let (operators, errors): (Vec<_>, Vec<_>) = defs.iter().map(lower_op).partition(Result::is_ok);
+    match errors.is_empty() {
+        true => Ok(operators.into_iter().map(Result::unwrap).collect()),
+        false => Err(Errors(errors.into_iter().filter_map(Result::err).collect())),
+    }
 }
 
 /// `def` for `dtype`: lowered and type-checked.
@@ -175,5 +186,151 @@ mod tests {
         let errors =
             crate::lower(&file, &crate::Bindings::ranks(2), &crate::Limits::default()).expect_err("a fraction");
         assert_eq!(errors.0[0].code, "collc::lower::float");
+    }
+
+    /// Values that test each data type's edges, as little-endian bit patterns: zeros of both signs, ones, the
+    /// extremes, subnormals, infinities and NaNs (quiet, signalling, negative), and random bits.
+    fn edge_values(dtype: DataType) -> Vec<u64> {
+        let mut bits: Vec<u64> = match dtype {
+            DataType::F16 => vec![
+                0, 0x8000, 0x3C00, 0xBC00, 0x3800, 0x4000, 0x4200, 0x7BFF, 0xFBFF, 0x0001, 0x0400, 0x7C00, 0xFC00,
+                0x7E00, 0xFE00, 0x7C01, 0x5BF8,
+            ],
+            DataType::Bf16 => vec![
+                0, 0x8000, 0x3F80, 0xBF80, 0x3F00, 0x4000, 0x4040, 0x7F7F, 0xFF7F, 0x0001, 0x0080, 0x7F80, 0xFF80,
+                0x7FC0, 0xFFC0, 0x7F81, 0x4B80,
+            ],
+            DataType::F32 => [
+                0.0f32,
+                -0.0,
+                1.0,
+                -1.0,
+                0.5,
+                2.0,
+                3.0,
+                f32::MAX,
+                f32::MIN,
+                1e-45,
+                f32::MIN_POSITIVE,
+                f32::INFINITY,
+                f32::NEG_INFINITY,
+                f32::NAN,
+                -f32::NAN,
+                3e9,
+                -3e9,
+                200.7,
+            ]
+            .map(|v| u64::from(v.to_bits()))
+            .into_iter()
+            .chain([0x7F80_0001])
+            .collect(),
+            DataType::F64 => [
+                0.0f64,
+                -0.0,
+                1.0,
+                -1.0,
+                0.5,
+                2.0,
+                3.0,
+                f64::MAX,
+                f64::MIN,
+                5e-324,
+                f64::MIN_POSITIVE,
+                f64::INFINITY,
+                f64::NEG_INFINITY,
+                f64::NAN,
+                -f64::NAN,
+                1e19,
+                -1e19,
+                1e300,
+                200.7,
+            ]
+            .map(f64::to_bits)
+            .into_iter()
+            .chain([0x7FF0_0000_0000_0001])
+            .collect(),
+            _ => {
+                let mask = u64::MAX >> (64 - 8 * dtype.size_bytes());
+                let top = 1u64 << (8 * dtype.size_bytes() - 1);
+                [0u64, 1, 2, 3, 7, 100, u64::MAX, u64::MAX - 1, u64::MAX - 99, top, top - 1, top + 1]
+                    .map(|v| v & mask)
+                    .to_vec()
+            }
+        };
+        let mask = u64::MAX >> (64 - 8 * dtype.size_bytes());
+        let mut state = 0x2545_F491_4F6C_DD1Du64 ^ u64::from(dtype.nccl_code());
+        for _ in 0..8 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            bits.push((state >> 7) & mask);
+        }
+        bits
+    }
+
+    /// Every construct of the language, compiled with cranelift, computes what the reference evaluation computes,
+    /// bit for bit, on every data type it types on and every pair of edge values (a result both compute as NaN may
+    /// differ in its payload only where x86 and the reference pick different NaN operands).
+    #[test]
+    fn compiled_operators_match_the_reference_bit_for_bit() {
+        let source = "op absmax(a, b) = max(abs(a), abs(b))\n\
+                      op arith(a, b) = (a - b) * a + b / (a - 3) - b % a\n\
+                      op minmax(a, b) = min(a, max(b, -a))\n\
+                      op pick(a, b) = if a < b && !(a == 0) || a >= b + 1 { a } else { -b }\n\
+                      op cmp(a, b) = if a != b { if a <= b { a } else { b } } else { a * 2 }\n\
+                      op wide(a, b) = elem(f64(a) * 0.75 + f64(b) / 3)\n\
+                      op narrow(a, b) = elem(f32(a) + f32(b) * 0.1)\n\
+                      op ints(a, b) = elem(i64(a) / i64(b) + i64(a) % 7 - abs(i64(b)))\n\
+                      op round_trip(a, b) = elem(i64(f64(a) * 2.5)) + b\n\
+                      op mean(a, b) = (a + b) / 2\n";
+        let defs = ops(source);
+        let mut compiled = 0;
+        for def in &defs {
+            let op = collc_kernels::operator::UserOp::register(lower_op(def).unwrap()).unwrap();
+            for &dtype in DataType::ALL {
+                let Ok(prepared) = op.prepare(dtype) else { continue };
+                let kernel = prepared.native.clone().unwrap_or_else(|e| panic!("{e}"));
+                compiled += 1;
+                let size = dtype.size_bytes();
+                let values = edge_values(dtype);
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for x in &values {
+                    for y in &values {
+                        a.extend_from_slice(&x.to_le_bytes()[..size]);
+                        b.extend_from_slice(&y.to_le_bytes()[..size]);
+                    }
+                }
+                let mut native = vec![0u8; a.len()];
+                // SAFETY: three buffers of the same whole number of elements.
+                unsafe { kernel(native.as_mut_ptr(), a.as_ptr(), b.as_ptr(), a.len() / size) };
+                let mut want = [0u8; 8];
+                for k in 0..a.len() / size {
+                    let at = k * size..(k + 1) * size;
+                    prepared.typed.eval(&a[at.clone()], &b[at.clone()], &mut want[..size]);
+                    let both_nan = is_nan(dtype, &want[..size]) && is_nan(dtype, &native[at.clone()]);
+                    assert!(
+                        native[at.clone()] == want[..size] || both_nan,
+                        "`{}` on {dtype}: a={:02x?} b={:02x?}: compiled {:02x?}, reference {:02x?}",
+                        def.name.name,
+                        &a[at.clone()],
+                        &b[at.clone()],
+                        &native[at.clone()],
+                        &want[..size]
+                    );
+                }
+            }
+        }
+        assert!(compiled >= 60, "most operators type on most types: {compiled}");
+    }
+
+    fn is_nan(dtype: DataType, bytes: &[u8]) -> bool {
+        let mut raw = [0u8; 8];
+        raw[..bytes.len()].copy_from_slice(bytes);
+        let bits = u64::from_le_bytes(raw);
+        match dtype {
+            DataType::F16 => bits & 0x7C00 == 0x7C00 && bits & 0x03FF != 0,
+            DataType::Bf16 => bits & 0x7F80 == 0x7F80 && bits & 0x007F != 0,
+            DataType::F32 => f32::from_bits(bits as u32).is_nan(),
+            DataType::F64 => f64::from_bits(bits).is_nan(),
+            _ => false,
+        }
     }
 }

@@ -134,7 +134,7 @@ enum Node {
     Leaf {
         rank: u32,
     },
-    /// The smaller id first: the reduction is commutative.
+    /// The smaller id first where the reduction is commutative; in `Trees::ordered`, the accumulated operand first.
     Pair(TreeId, TreeId),
 }
 
@@ -144,14 +144,16 @@ struct Trees {
     nodes: Vec<Node>,
     /// Each pair's id, keyed by its two children's (smaller one in the high half).
     pairs: HashMap<u64, TreeId, FxBuildHasher>,
+    /// Whether a pair keeps its operands' order (`acc` first), for an operator that may not commute.
+    ordered: bool,
 }
 
 impl Trees {
     /// Every slot's value before anything is written to it.
     const UNDEFINED: TreeId = TreeId(0);
 
-    fn new() -> Trees {
-        Trees { nodes: vec![Node::Undefined], pairs: HashMap::default() }
+    fn new(ordered: bool) -> Trees {
+        Trees { nodes: vec![Node::Undefined], pairs: HashMap::default(), ordered }
     }
 
     /// A new leaf: each contribution (or, for shapes, each rank) is made once.
@@ -161,7 +163,7 @@ impl Trees {
     }
 
     fn pair(&mut self, a: TreeId, b: TreeId) -> TreeId {
-        let (low, high) = (a.min(b), a.max(b));
+        let (low, high) = if self.ordered { (a, b) } else { (a.min(b), a.max(b)) };
         let next = TreeId(self.nodes.len() as u32);
         let id = *self.pairs.entry(u64::from(low.0) << 32 | u64::from(high.0)).or_insert(next);
         if id == next {
@@ -172,7 +174,7 @@ impl Trees {
 
     /// Each tree's shape with leaves named by rank only, as an id into `shapes`.
     fn shapes(&self, n_ranks: u32) -> Vec<TreeId> {
-        let mut shapes = Trees::new();
+        let mut shapes = Trees::new(self.ordered);
         let leaves: Vec<TreeId> = (0..n_ranks).map(|rank| shapes.leaf(rank)).collect();
         let mut shape = Vec::with_capacity(self.nodes.len());
         for node in &self.nodes {
@@ -192,9 +194,30 @@ pub fn analyse(sched: &VerifiedSchedule) -> Replicas {
     if !sched.collective.reduces() {
         return Replicas::default();
     }
-    let mut run = Run::new(sched);
+    let mut run = Run::new(sched, false);
     run.execute();
     run.judge()
+}
+
+/// A rank's output chunk that `sched` does not reduce as a chain in rank order, `((x0 ⊕ x1) ⊕ x2) ⊕ ...`, each
+/// reduction's accumulated operand first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OutOfOrder {
+    pub rank: u32,
+    /// The chunk of the rank's output window.
+    pub chunk: u32,
+}
+
+/// Whether every rank's reduced output chunks are chains in rank order: the one order an operator that is not
+/// commutative and associative computes the contract in (docs/language.md §16). Trivially so for a collective that
+/// does not reduce.
+pub fn in_rank_order(sched: &VerifiedSchedule) -> Result<(), OutOfOrder> {
+    if !sched.collective.reduces() {
+        return Ok(());
+    }
+    let mut run = Run::new(sched, true);
+    run.execute();
+    run.first_out_of_order().map_or(Ok(()), Err)
 }
 
 /// One symbolic execution: every rank's chunk slots (its buffers end to end), and the messages in flight.
@@ -207,7 +230,7 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(sched: &'a Schedule) -> Run<'a> {
+    fn new(sched: &'a Schedule, ordered: bool) -> Run<'a> {
         let (bases, total) = slot_bases(&sched.buffers);
         // In place, `in` and `out` are windows of one buffer (`Schedule::shared_buffer`): an operand naming the
         // other one is put onto it at that window's offset (the verifier's alias pass has already done so).
@@ -224,7 +247,7 @@ impl<'a> Run<'a> {
                 })
             })
             .collect();
-        let trees = Trees::new();
+        let trees = Trees::new(ordered);
         let (in_chunks, _) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
         let mut run = Run { sched, trees, bases, slots: Vec::new() };
         for rank in 0..sched.n_ranks {
@@ -287,8 +310,8 @@ impl<'a> Run<'a> {
             let (r, i) = (rank as usize, index as usize);
             let g = (first[r] + index) as usize;
             let instr = sched.ranks[r].instrs[i];
-            let message = &arena[room[g] as usize..][..instr.count as usize];
-            self.apply(rank, i, instr.op.receives().then_some(message), &mut value);
+            let message = instr.op.receives().then(|| &arena[room[g] as usize..][..instr.count as usize]);
+            self.apply(rank, i, message, &mut value);
             done += 1;
             let mut release = |g: u32, at: (u32, u32), ready: &mut Vec<(u32, u32)>| {
                 unmet[g as usize] -= 1;
@@ -330,6 +353,35 @@ impl<'a> Run<'a> {
             let dst = self.slot(rank, dst);
             self.slots[rank as usize][dst..dst + n].copy_from_slice(value);
         }
+    }
+
+    /// The first reduced output chunk whose (ordered) tree is not the chain of ranks 0, 1, ..., p-1.
+    fn first_out_of_order(&self) -> Option<OutOfOrder> {
+        let sched = self.sched;
+        let (_, out_chunks) = sched.collective.buffer_chunks(sched.n_ranks, sched.chunks);
+        let is_chain = |mut tree: TreeId| {
+            for rank in (1..sched.n_ranks).rev() {
+                match self.trees.nodes[tree.0 as usize] {
+                    Node::Pair(rest, last) if self.trees.nodes[last.0 as usize] == Node::Leaf { rank } => tree = rest,
+                    _ => return false,
+                }
+            }
+            self.trees.nodes[tree.0 as usize] == Node::Leaf { rank: 0 }
+        };
+        for rank in 0..sched.n_ranks {
+            let (buf, offset) = sched.output_window(rank);
+            for chunk in 0..out_chunks {
+                let Expected::SumOverRanks { .. } =
+                    sched.collective.expected(rank, chunk, sched.chunks, sched.root, sched.peer)
+                else {
+                    continue;
+                };
+                if !is_chain(self.slots[rank as usize][self.slot(rank, Operand::new(buf, offset + chunk))]) {
+                    return Some(OutOfOrder { rank, chunk });
+                }
+            }
+        }
+        None
     }
 
     /// The two properties, from every rank's checked output chunks.
@@ -411,7 +463,10 @@ pub fn of_algorithm(source: &str, ranks: RangeInclusive<u32>, limits: &Limits) -
 
 #[cfg(test)]
 mod tests {
-    use super::{analyse, of_algorithm, ChunkDependence, Determinism, Disagreement, Replicas, LIBRARY_RANKS};
+    use super::{
+        analyse, in_rank_order, of_algorithm, ChunkDependence, Determinism, Disagreement, OutOfOrder, Replicas,
+        LIBRARY_RANKS,
+    };
     use crate::{compile, library, Bindings, Limits, Options, Placement, VerifiedSchedule};
 
     fn build(source: &str, p: u32, placement: Placement) -> VerifiedSchedule {
@@ -479,5 +534,32 @@ mod tests {
         assert!("sometimes".parse::<Determinism>().is_err());
         let ring = of_algorithm(library::get("allreduce/ring").expect("ring"), LIBRARY_RANKS, &Limits::default());
         assert!(ring.expect("verifies").is_some_and(|r| r.agree() && !r.chunk_independent()));
+    }
+
+    /// Naive allreduce adds the inputs into rank 0's in rank order and sends the result on: a chain in rank order on
+    /// every rank. Ring, one-shot and recursive doubling are not; nor is a chain that puts the accumulated value
+    /// second (`reduce`'s receiver adds its own input as `acc`).
+    #[test]
+    fn only_chains_in_rank_order_pass_the_order_check() {
+        for placement in Placement::BOTH {
+            for p in [1, 2, 3, 5] {
+                let naive = build(library::get("allreduce/naive").unwrap(), p, placement);
+                assert_eq!(in_rank_order(&naive), Ok(()), "p={p} {placement}");
+            }
+            for name in ["allreduce/ring", "allreduce/one_shot", "allreduce/recursive_doubling"] {
+                let sched = build(library::get(name).unwrap(), 4, placement);
+                assert!(in_rank_order(&sched).is_err(), "{name} {placement}");
+            }
+            let reversed = "algorithm reversed for reduce {
+                ranks p where p >= 2
+                root dst where dst == 0
+                for s in 0..p-1 { step { send in[0] from s to s + 1 reduce } }
+                step { send in[0] from p - 1 to 0 }
+            }";
+            let reversed = compile(reversed, &Bindings::ranks(3), Options::placed(placement), &Limits::default());
+            let reversed = reversed.expect("verifies");
+            assert_eq!(in_rank_order(&reversed), Err(OutOfOrder { rank: 0, chunk: 0 }), "{placement}");
+        }
+        assert_eq!(in_rank_order(&build(library::get("allgather/ring").unwrap(), 3, Placement::InPlace)), Ok(()));
     }
 }

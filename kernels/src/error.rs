@@ -19,4 +19,7 @@ pub enum KernelError {
 
     #[error("cannot average over zero ranks")]
     ZeroRanks,
+
+    #[error("the operator `{name}` does not type on {dtype}: {message}")]
+    Operator { name: &'static str, dtype: DataType, message: String },
 }

@@ -132,7 +132,8 @@ mod streaming {
 
 /// `dst[i] = a[i] (op) b[i]` for `n_elems` little-endian elements of `dtype`, with
 /// [`crate::reference::reduce`]'s arithmetic; `Avg` and `PreMulSum` combine as `Sum` (PreMulSum's multiplication
-/// is [`Factor`]'s).
+/// is [`Factor`]'s). A user's operator runs its compiled loop (`UserOp::reduce`): it must have been prepared for
+/// `dtype`.
 ///
 /// The one difference: when both operands of a float `Sum`, `Prod` or `Avg` are NaN, the
 /// result on x86 is always `a`'s NaN made quiet, where the reference's NaN depends on how LLVM
@@ -146,6 +147,10 @@ mod streaming {
 ///   either. `a` and `b` may overlap each other in any way.
 #[inline]
 pub unsafe fn reduce(dtype: DataType, op: ReduceOp, dst: *mut u8, a: *const u8, b: *const u8, n_elems: usize) {
+    if let ReduceOp::User(op) = op {
+        // SAFETY: forwarded from the caller.
+        return unsafe { op.reduce(dtype, dst, a, b, n_elems) };
+    }
     let kernel = REDUCE_KERNELS[usize::from(dtype.nccl_code())][usize::from(op.nccl_code())];
     // SAFETY: forwarded from the caller; the table row is `dtype`'s scalar.
     unsafe { kernel(dst, a, b, n_elems) }

@@ -9,13 +9,15 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
 use crate::factor::Scalar;
+use crate::operator::UserOp;
 
 /// How two elements combine ([`ReduceOp::nccl_code`] gives NCCL's `ncclRedOp_t` value).
 ///
 /// `Avg` combines like `Sum`; the division by the rank count happens once, at the end,
 /// in [`crate::reference::finish_avg`]. `PreMulSum` combines like `Sum` too, after each rank has multiplied its own
 /// input by its factor where the schedule first reads it (docs/language.md §13): ranks may pass different factors,
-/// as NCCL's are local to a rank.
+/// as NCCL's are local to a rank. `User` is an operator a `.coll` file defines (docs/language.md §16), registered in
+/// this process.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub enum ReduceOp {
@@ -25,12 +27,16 @@ pub enum ReduceOp {
     Min,
     Avg,
     PreMulSum(Scalar),
+    User(UserOp),
 }
 
 /// A name that is not one of `sum prod max min avg premulsum:S`, or a premulsum without its factor.
 #[derive(Clone, Debug, PartialEq, Eq, Error)]
 pub enum UnknownReduceOp {
-    #[error("unknown reduce op `{name}`; expected one of: {}, premulsum:S", accepted_reduce_op_names())]
+    #[error(
+        "unknown reduce op `{name}`; expected one of: {}, premulsum:S, or an operator a .coll file defines",
+        accepted_reduce_op_names()
+    )]
     Name { name: String },
     #[error("`{name}`: premulsum needs its factor after a colon, e.g. premulsum:0.5 (a float) or premulsum:3")]
     NoFactor { name: String },
@@ -42,8 +48,13 @@ impl ReduceOp {
     /// The five built-in operators, in NCCL code order (`PreMulSum` takes a factor).
     pub const ALL: &'static [ReduceOp] = &[ReduceOp::Sum, ReduceOp::Prod, ReduceOp::Max, ReduceOp::Min, ReduceOp::Avg];
 
+    /// The code of every user's operator: it follows PreMulSum's. Which operator it is, the call's fingerprint says
+    /// by its digest.
+    pub const USER_CODE: u8 = 6;
+
     /// The value of NCCL's `ncclRedOp_t` for the five built-ins; `PreMulSum` is 5 (`ncclNumOps`), the code NCCL gives
-    /// the first operator a communicator creates. Kernel tables and the device image index by it.
+    /// the first operator a communicator creates; users' operators are 6 ([`ReduceOp::USER_CODE`]). Kernel tables
+    /// and the device image index by it.
     pub const fn nccl_code(self) -> u8 {
         match self {
             ReduceOp::Sum => 0,
@@ -52,10 +63,12 @@ impl ReduceOp {
             ReduceOp::Min => 3,
             ReduceOp::Avg => 4,
             ReduceOp::PreMulSum(_) => 5,
+            ReduceOp::User(_) => Self::USER_CODE,
         }
     }
 
-    /// The operator two partial results combine with: `Avg` and `PreMulSum` combine as `Sum`.
+    /// The operator two partial results combine with: `Avg` and `PreMulSum` combine as `Sum`, the others as
+    /// themselves.
     pub const fn combines_as(self) -> ReduceOp {
         match self {
             ReduceOp::Avg | ReduceOp::PreMulSum(_) => ReduceOp::Sum,
@@ -76,8 +89,9 @@ impl ReduceOp {
         ReduceOp::ALL.get(usize::from(code)).copied()
     }
 
-    /// The name nccl-tests uses for `-o` (`premulsum` without its factor, which `Display` adds).
-    pub const fn name(self) -> &'static str {
+    /// The name nccl-tests uses for `-o` (`premulsum` without its factor, which `Display` adds); a user's operator's
+    /// own name.
+    pub fn name(self) -> &'static str {
         match self {
             ReduceOp::Sum => "sum",
             ReduceOp::Prod => "prod",
@@ -85,6 +99,7 @@ impl ReduceOp {
             ReduceOp::Min => "min",
             ReduceOp::Avg => "avg",
             ReduceOp::PreMulSum(_) => "premulsum",
+            ReduceOp::User(op) => op.name(),
         }
     }
 }
@@ -106,7 +121,8 @@ impl fmt::Display for ReduceOp {
 impl FromStr for ReduceOp {
     type Err = UnknownReduceOp;
 
-    /// Accepts the name in any ASCII case (`Sum`, `MAX`, `PreMulSum:0.5`, `mulsum:0.5`).
+    /// Accepts the name in any ASCII case (`Sum`, `MAX`, `PreMulSum:0.5`, `mulsum:0.5`), or the exact name of an
+    /// operator registered in this process (the last one registered under it).
     fn from_str(name: &str) -> Result<Self, Self::Err> {
         let (head, factor) = match name.split_once(':') {
             Some((head, factor)) => (head, Some(factor)),
@@ -122,6 +138,7 @@ impl FromStr for ReduceOp {
             .iter()
             .copied()
             .find(|op| name.eq_ignore_ascii_case(op.name()))
+            .or_else(|| UserOp::named(name).map(ReduceOp::User))
             .ok_or_else(|| UnknownReduceOp::Name { name: name.to_owned() })
     }
 }
@@ -170,7 +187,8 @@ mod tests {
         let error = "mean".parse::<ReduceOp>().unwrap_err();
         assert_eq!(
             error.to_string(),
-            "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg, premulsum:S"
+            "unknown reduce op `mean`; expected one of: sum, prod, max, min, avg, premulsum:S, or an operator a .coll \
+             file defines"
         );
         let error = "premulsum".parse::<ReduceOp>().unwrap_err();
         assert!(error.to_string().contains("premulsum needs its factor after a colon"), "{error}");

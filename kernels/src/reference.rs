@@ -19,10 +19,21 @@ pub fn copy(dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
 ///
 /// `Avg` combines as `Sum`, matching NCCL, which divides once after all ranks are summed;
 /// call [`finish_avg`] on the final buffer. `PreMulSum` combines as `Sum` too: its multiplication is
-/// [`premultiply`], on a rank's input.
+/// [`premultiply`], on a rank's input. A user's operator is evaluated as its expression says
+/// (`operator::Typed::reduce`), `dst` its first operand.
 pub fn reduce(dtype: DataType, op: ReduceOp, dst: &mut [u8], src: &[u8]) -> Result<(), KernelError> {
     check_same_length(dst, src)?;
     check_whole_elements(dtype, dst)?;
+    if let ReduceOp::User(user) = op {
+        // The expression evaluated, never its compiled form: the oracle stays independent of what it checks.
+        let prepared = user.prepare(dtype).map_err(|e| KernelError::Operator {
+            name: user.name(),
+            dtype,
+            message: e.message.clone(),
+        })?;
+        prepared.typed.reduce(dst, src);
+        return Ok(());
+    }
     with_element_type!(dtype, Scalar => reduce_elements::<Scalar>(op, dst, src));
     Ok(())
 }
@@ -78,6 +89,7 @@ fn reduce_elements<T: Element>(op: ReduceOp, dst: &mut [u8], src: &[u8]) {
         ReduceOp::Prod => combine_each(dst, src, T::prod),
         ReduceOp::Max => combine_each(dst, src, T::max),
         ReduceOp::Min => combine_each(dst, src, T::min),
+        ReduceOp::User(_) => unreachable!("evaluated by `reduce`"),
     }
 }
 

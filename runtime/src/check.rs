@@ -55,14 +55,35 @@ pub const OPS: [ReduceOp; 6] = [
     ReduceOp::PreMulSum(collc_kernels::Scalar::Int(3)),
 ];
 
+/// Two operators a user might write, for the test matrices (registered on first use): `absmax`, commutative and
+/// associative, which every algorithm runs; and `horner`, `a * 2 + b`, neither, which only a schedule that reduces
+/// in rank order computes the collective with (the ranks' inputs read as the digits of one number, rank 0 first).
+pub fn user_ops() -> [ReduceOp; 2] {
+    static OPS: std::sync::OnceLock<[ReduceOp; 2]> = std::sync::OnceLock::new();
+    *OPS.get_or_init(|| {
+        let source = "op absmax(a, b) = max(abs(a), abs(b))\nop horner(a, b) = a * 2 + b\n";
+        let operators = collc_compiler::operator::parse_operators(source, &Default::default());
+        operators
+            .expect("the operators compile")
+            .into_iter()
+            .map(|operator| {
+                ReduceOp::User(collc_kernels::operator::UserOp::register(operator).expect("room in the registry"))
+            })
+            .collect::<Vec<_>>()
+            .try_into()
+            .expect("two operators")
+    })
+}
+
 /// Input element `index` of `rank`: small integers, so sums of up to thousands of ranks and products of a few
-/// twos stay exact in every type, `f16` and `bf16` included (under premulsum, before its factor).
+/// twos stay exact in every type, `f16` and `bf16` included (under premulsum, before its factor; a user's operator
+/// gets a sum's inputs).
 pub fn input_value(op: ReduceOp, rank: u32, index: usize) -> i64 {
     let mix = (rank as usize).wrapping_mul(7).wrapping_add(index.wrapping_mul(3));
     match op {
         ReduceOp::Prod => 1 + i64::from(mix.is_multiple_of(16)),
         ReduceOp::Max | ReduceOp::Min => (mix % 101) as i64 - 50,
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => (mix % 5) as i64,
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) | ReduceOp::User(_) => (mix % 5) as i64,
     }
 }
 
@@ -87,7 +108,7 @@ fn period(op: ReduceOp) -> usize {
     match op {
         ReduceOp::Prod => 16,
         ReduceOp::Max | ReduceOp::Min => 101,
-        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) => 5,
+        ReduceOp::Sum | ReduceOp::Avg | ReduceOp::PreMulSum(_) | ReduceOp::User(_) => 5,
     }
 }
 

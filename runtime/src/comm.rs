@@ -201,6 +201,9 @@ pub struct Communicator {
     schedules: HashMap<(String, ScheduleKey), Arc<Shared>>,
     /// Selections set for this communicator (`set_selection`), over the shared ones it makes for itself.
     selections: HashMap<Collective, Arc<Selection>>,
+    /// A selection narrowed for a user's operator that only a schedule in rank order computes (`Selection::admitting`),
+    /// by the selection it narrows (its address), operator and data type.
+    narrowed: HashMap<(usize, ReduceOp, DataType), Option<Arc<Selection>>>,
     /// The size classes (collective, log2 of the bytes) whose choice this rank has logged.
     logged: std::collections::HashSet<(Collective, u32)>,
     compiled: Compiled,
@@ -399,6 +402,7 @@ impl Communicator {
             algorithms: HashMap::new(),
             schedules: HashMap::new(),
             selections: HashMap::new(),
+            narrowed: HashMap::new(),
             logged: Default::default(),
             compiled,
             plans: Vec::new(),
@@ -822,11 +826,25 @@ impl Communicator {
             let source = library::get(name).unwrap_or_default().to_string();
             return Ok(Algorithm { name: name.to_string(), source, params: Vec::new(), fixed: None, costed: None });
         };
+        let narrowed = match shape.op {
+            ReduceOp::User(_) => {
+                let key = (Arc::as_ptr(&selection) as usize, shape.op, shape.dtype);
+                let narrowed = self
+                    .narrowed
+                    .entry(key)
+                    .or_insert_with(|| selection.admitting(&[shape.op], &[shape.dtype]).map(Arc::new));
+                narrowed.clone()
+            }
+            _ => None,
+        };
+        // Live learning explores and learns among the whole selection's candidates: a narrowed one goes by the model.
+        let whole = narrowed.is_none();
+        let selection = narrowed.unwrap_or(selection);
         let bytes = crate::select::call_bytes(collective, shape.count, shape.dtype.size_bytes(), self.n_ranks);
         let (_, class) = crate::select::class_of(collective, bytes);
         // Exploring runs the candidate asked for; a class learned live runs what it learned.
         let learned = self.live.as_ref().and_then(|live| live.learned((collective, class)));
-        if let Some(index) = explore.or(learned).filter(|&i| i < selection.candidates.len()) {
+        if let Some(index) = explore.or(learned).filter(|&i| whole && i < selection.candidates.len()) {
             return Ok(Algorithm::chosen(&selection.candidates[index]));
         }
         let chosen = selection.choose(bytes);

@@ -14,6 +14,10 @@ pub enum RuntimeError {
     Kernel { rank: u32, index: usize, source: KernelError },
     #[error("rank {rank}: {source}; pass a factor the call's data type holds")]
     Factor { rank: u32, source: collc_kernels::ScalarError },
+    /// A user's operator that does not type on the call's data type, or that the algorithm would reduce in another
+    /// order than the one it computes (`message` says which, with a counterexample and what to run instead).
+    #[error("rank {rank}: {message}")]
+    Operator { rank: u32, message: String },
     #[error("count {count} x {elem} bytes overflows the address space")]
     CountOverflow { count: usize, elem: usize },
     #[error("invalid communicator: {0}")]

@@ -153,6 +153,7 @@ pub(crate) fn describe_kind(kind: u32, count: u64, root: u32) -> String {
     // A premulsum's factor is its rank's own (peers may pass others): only its name is published.
     let op = match ((kind >> 8) & 0xff) as u8 {
         5 => "premulsum".to_string(),
+        6 => "a user's operator".to_string(),
         code => ReduceOp::from_nccl_code(code).map_or("?".into(), |o| o.to_string()),
     };
     let placement = if kind & 0xff == Placement::InPlace as u32 { "in-place" } else { "out-of-place" };

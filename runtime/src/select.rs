@@ -20,7 +20,8 @@ pub use measured::{Measured, Point, Series};
 use crate::error::RuntimeError;
 use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
 use collc_compiler::library::Library;
-use collc_compiler::{Bindings, Collective, Limits};
+use collc_compiler::{replicas, Bindings, Collective, Limits};
+use collc_kernels::{DataType, ReduceOp};
 use std::path::PathBuf;
 
 /// One candidate of a selection: its name (`allreduce/ring`), source and parameter bindings (the node split
@@ -92,6 +93,39 @@ impl Selection {
             not_admitted: field.not_admitted,
             topology,
             measured: None,
+        })
+    }
+
+    /// The selection a call by `ops` on `dtypes` chooses in: `None` where any candidate will do; where one of them is
+    /// a user's operator that is not commutative and associative on its type, only the candidates whose costed
+    /// schedule reduces in rank order (`replicas::in_rank_order`), the others moved to `not_admitted` with why
+    /// (`None` too where no candidate does).
+    pub fn admitting(&self, ops: &[ReduceOp], dtypes: &[DataType]) -> Option<Selection> {
+        let why = ops.iter().find_map(|&op| {
+            let ReduceOp::User(user) = op else { return None };
+            dtypes.iter().find_map(|&dtype| user.prepare(dtype).ok()?.reorderable().err().map(|e| e.to_string()))
+        })?;
+        let (mut candidates, mut not_admitted) = (Vec::new(), self.not_admitted.clone());
+        for candidate in &self.candidates {
+            let ordered = candidate.costed.schedule.as_ref().is_some_and(|s| replicas::in_rank_order(s).is_ok());
+            match ordered {
+                true => candidates.push(candidate.clone()),
+                false => {
+                    // `not_admitted` names an algorithm without its collective, as the field does.
+                    let name = candidate.name.split_once('/').map_or(&*candidate.name, |(_, name)| name);
+                    not_admitted.push((name.to_string(), format!("{why}, and it reduces out of rank order")))
+                }
+            }
+        }
+        if candidates.is_empty() {
+            return None; // then the call's plan refuses the operator, naming the order and what to run instead
+        }
+        Some(Selection {
+            candidates,
+            not_admitted,
+            measured: self.measured.clone(),
+            topology: self.topology.clone(),
+            ..*self
         })
     }
 

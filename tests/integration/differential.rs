@@ -19,7 +19,8 @@
 //! chunk count does not divide, one cut into several tiles by a small link slot) and dtypes: integers with sum
 //! (wrapping addition is associative and commutative, so every reduction order gives one exact answer) compared
 //! bit for bit with the contract computed from the inputs alone, and random finite floats (compared with the
-//! contract where nothing is reduced, and with the reference interpreter where something is). Buffers carry guard
+//! contract where nothing is reduced, and with the reference interpreter where something is); an eighth of the calls
+//! reduce by a user's operator, compared with the reference interpreter. Buffers carry guard
 //! bytes; out of place the send buffer must come back untouched.
 //!
 //! Executors may abort the process on a schedule they run badly (a debug build checks `copy_nonoverlapping`), so
@@ -240,7 +241,8 @@ fn contract_output(shape: &CallShape, p: u32, rank: u32, inputs: &[Vec<u8>]) -> 
     let (size, block) = (shape.dtype.size_bytes(), shape.count * shape.dtype.size_bytes());
     let x = |q: u32, b: u32| &inputs[q as usize][b as usize * block..(b as usize + 1) * block];
     let sum = |b: u32| {
-        if is_float(shape.dtype) {
+        // A user's operator is compared with the reference interpreter's evaluation of it.
+        if is_float(shape.dtype) || matches!(shape.op, ReduceOp::User(_)) {
             return None;
         }
         let mut s = vec![0u8; block];
@@ -635,7 +637,8 @@ fn make_case(index: u64, seed: u64, bases: &[Base]) -> Case {
 
 /// The calls an accepted schedule runs: integer sums at a count the chunk count does not divide and at one cut into
 /// tiles, a float call, and one more integer call of another width (or of no elements). A quarter of them are
-/// premulsums by a small factor: each rank's input multiplied where the schedule first reads it.
+/// premulsums by a small factor: each rank's input multiplied where the schedule first reads it; an eighth reduce by
+/// a user's operator (`absmax`, compiled with cranelift in the executors, evaluated in the reference).
 fn calls_for(sched: &Schedule, rng: &mut Rng) -> Vec<Data> {
     let c = sched.chunks.max(1) as usize;
     let small = c * rng.range(0, 3) as usize + 1 + rng.below(c.max(2) - 1);
@@ -651,9 +654,10 @@ fn calls_for(sched: &Schedule, rng: &mut Rng) -> Vec<Data> {
             collective: sched.collective,
             count,
             dtype,
-            op: match rng.chance(25) {
-                true => ReduceOp::PreMulSum(Scalar::Int(2 + rng.below(6) as i128)),
-                false => ReduceOp::Sum,
+            op: match rng.below(8) {
+                0 | 1 => ReduceOp::PreMulSum(Scalar::Int(2 + rng.below(6) as i128)),
+                2 => collc_runtime::check::user_ops()[0],
+                _ => ReduceOp::Sum,
             },
             root: sched.root,
             peer: sched.peer,

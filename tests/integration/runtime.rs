@@ -1,5 +1,5 @@
 //! gloo's matrix for the runtime: every library algorithm x transport (threads, shm, tcp) x ranks {1,2,3,4,5,8} x counts
-//! {0,1,7,1000,65537} x every dtype x every op x both placements (x roots 0 and p-1 where there is a root). Each
+//! {0,1,7,1000,65537} x every dtype x every op (and a user's operator) x both placements (x roots 0 and p-1 where there is a root). Each
 //! rank's result must equal the reference interpreter's on the same inputs and the collective's definition
 //! (`check::expected`), and the guard bytes around every buffer must stay untouched. Buffers come from
 //! `Communicator::alloc`, so over shm the ranks read them in place (single copy), as `collc run`'s.
@@ -134,10 +134,13 @@ fn matrix(transports: &[Transport]) {
                         comm.set_algorithm(collective, name, source, bindings.params.clone());
                     }
                 }
-                let ops: &[ReduceOp] = if collective.reduces() { &check::OPS } else { &[ReduceOp::Sum] };
+                // The built-in operators, and a user's that every algorithm may reorder (compiled with cranelift).
+                let reducing: Vec<ReduceOp> = check::OPS.iter().copied().chain([check::user_ops()[0]]).collect();
+                let ops: &[ReduceOp] = if collective.reduces() { &reducing } else { &[ReduceOp::Sum] };
                 for &count in &COUNTS {
                     for &dtype in DataType::ALL {
-                        for &op in ops {
+                        // The user's operator (its reference evaluation is slow) up to counts of a few tiles.
+                        for &op in ops.iter().filter(|op| count < 65537 || !matches!(op, ReduceOp::User(_))) {
                             let shape = CallShape { collective, count, dtype, op, root, peer };
                             let inputs = check::inputs(&shape, n_ranks);
                             let defined: Vec<_> =
@@ -182,6 +185,109 @@ fn matrix(transports: &[Transport]) {
 #[test]
 fn every_algorithm_matches_the_reference_on_every_transport() {
     matrix(&Transport::host().collect::<Vec<_>>());
+}
+
+/// A user's operator that is neither commutative nor associative (`horner`, `a * 2 + b`) runs only where the schedule
+/// reduces every output chunk as a chain in rank order, and there computes the contract bit for bit; every other
+/// reducing algorithm refuses the call on every rank, naming the operator, why, and what to run instead.
+#[test]
+fn an_operator_that_does_not_reorder_runs_only_in_rank_order() {
+    let horner = check::user_ops()[1];
+    let mut ran = 0;
+    for (name, source) in LIBRARY {
+        let collective = collective_of(source);
+        if !collective.reduces() {
+            continue;
+        }
+        for n_ranks in [1, 2, 3, 5] {
+            let bindings = Bindings {
+                n_ranks,
+                root: collective.rooted().then_some(0),
+                peer: None,
+                params: corpus::bindings(source, n_ranks).params,
+            };
+            for transport in [Transport::named("threads"), Transport::named("shm")] {
+                let mut comms = communicators(transport, n_ranks);
+                for comm in &mut comms {
+                    comm.set_algorithm(collective, name, source, bindings.params.clone());
+                }
+                for placement in Placement::BOTH {
+                    let Ok(sched) = compile(source, &bindings, Options::placed(placement), &Limits::default()) else {
+                        continue;
+                    };
+                    for dtype in [DataType::I32, DataType::Bf16] {
+                        let shape = CallShape { collective, count: 1000, dtype, op: horner, root: 0, peer: 1 };
+                        let inputs = check::inputs(&shape, n_ranks);
+                        let context = format!("{transport:?} {name} p={n_ranks} {dtype} {placement}");
+                        let results = try_call(&mut comms, shape, placement, &inputs);
+                        match collc_compiler::replicas::in_rank_order(&sched) {
+                            Ok(()) => {
+                                let want = reference_outputs(&sched, &shape, &inputs);
+                                for (rank, got) in results.iter().enumerate() {
+                                    let got = got.as_ref().unwrap_or_else(|e| panic!("{context}: {e}"));
+                                    assert_eq!(check::count_wrong(dtype, &want[rank], got), 0, "{context} rank {rank}");
+                                    let defined = check::expected_from(&shape, n_ranks, rank as u32, &inputs);
+                                    if let Some(defined) = defined {
+                                        assert_eq!(
+                                            check::count_wrong(dtype, &defined, got),
+                                            0,
+                                            "{context} rank {rank}"
+                                        );
+                                    }
+                                }
+                                ran += 1;
+                            }
+                            Err(_) => {
+                                for (rank, result) in results.iter().enumerate() {
+                                    let error = result.as_ref().expect_err(&context);
+                                    assert!(
+                                        error.contains("`horner` is not commutative")
+                                            && error.contains(&format!("{name} reduces output chunk"))
+                                            && error.contains("run an algorithm that reduces in rank order"),
+                                        "{context} rank {rank}: {error}"
+                                    );
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    assert!(ran >= 8, "naive allreduce and one-rank calls run: {ran}");
+}
+
+/// One call on every rank (one thread each): each rank's output window, or its error.
+fn try_call(
+    comms: &mut [Communicator],
+    shape: CallShape,
+    placement: Placement,
+    inputs: &[Vec<u8>],
+) -> Vec<Result<Vec<u8>, String>> {
+    let n_ranks = comms.len() as u32;
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = comms
+            .iter_mut()
+            .map(|comm| {
+                scope.spawn(move || {
+                    let w = check::windows(&shape, n_ranks, comm.rank(), placement == Placement::InPlace);
+                    let input = &inputs[comm.rank() as usize];
+                    let result = match placement {
+                        Placement::InPlace => {
+                            let mut buf = w.in_place_buffer(input);
+                            comm.call(shape, Buffers::InPlace(&mut buf)).map(|_| buf[w.output].to_vec())
+                        }
+                        Placement::OutOfPlace => {
+                            let mut recv = vec![0xEE; w.recv];
+                            comm.call(shape, Buffers::OutOfPlace { send: input, recv: &mut recv }).map(|_| recv)
+                        }
+                    };
+                    result.map_err(|e| e.to_string())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a rank thread")).collect()
+    })
 }
 
 /// PreMulSum's factor is each rank's own, as NCCL's is: ranks passing 1, 2, 3, ... get the sum of `factor_r x input_r`.

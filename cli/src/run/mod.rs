@@ -68,9 +68,13 @@ pub struct RunArgs {
     #[arg(short = 'd', long = "datatype", default_value = "float")]
     pub dtype: String,
     /// Reduction: sum, prod, max, min, avg, premulsum:S (each input multiplied by S, then summed: NCCL's PreMulSum),
-    /// or `all` (the first five).
+    /// `all` (the first five), or an operator the algorithm's file or an --ops file defines.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
+    /// A file of reduction operators (`op NAME(a, b) = EXPR`, docs/language.md §16) that -o may name; an
+    /// algorithm file's own operators need none. Repeatable.
+    #[arg(long = "ops", value_name = "FILE")]
+    pub ops: Vec<String>,
     /// Root rank for rooted collectives (the sender of sendrecv) [default: 0, or a schedule file's].
     #[arg(short = 'r', long = "root")]
     pub root: Option<u32>,
@@ -240,6 +244,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         })?),
     };
     let ((min, max), sizes) = sweep(args).map_err(usage)?;
+    register_operators(args, fixed.as_ref())?;
     let (dtypes, ops) = types_and_ops(args).map_err(usage)?;
     if args.iters == 0 {
         return Err(usage("-n 0: at least one timed iteration".into()));
@@ -264,7 +269,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         false => args.transport,
     };
     let (collective, algorithms) = match fixed {
-        None => select(args, (n_ranks, per_node, launched), transport, root, peer, &sizes)?,
+        None => select(args, (n_ranks, per_node, launched), transport, (root, peer), (&sizes, &dtypes, &ops))?,
         Some(source) if library::is_schedule(&source) => {
             let (collective, algorithms) = schedule_file(args, source, n_ranks)?;
             let sched = &algorithms.choices[0].schedule.as_ref().expect("a schedule file's choice has it").0;
@@ -314,6 +319,41 @@ fn sweep(args: &RunArgs) -> Result<((usize, usize), Vec<usize>), String> {
     Ok(((min, max), size_sweep(min, max, args.factor, step)))
 }
 
+/// Registers the operators of the `--ops` files and of the algorithm's own file, so `-o` can name them; one that does
+/// not parse or lower is reported at its line (exit 1), a file that cannot be read is a usage error.
+fn register_operators(args: &RunArgs, algorithm: Option<&library::Source>) -> Result<(), (u8, String)> {
+    let mut files = Vec::new();
+    for path in &args.ops {
+        let text = std::fs::read_to_string(path).map_err(|e| (2, format!("--ops {path}: cannot read it: {e}")))?;
+        files.push((path.clone(), text, true));
+    }
+    // The algorithm's own operators: what does not parse there is the compile's error to report, later.
+    files.extend(algorithm.filter(|s| !library::is_schedule(s)).map(|s| (s.name.clone(), s.text.clone(), false)));
+    for (name, text, ops_only) in files {
+        let limits = Limits::default().syntax;
+        let operators = match ops_only {
+            true => collc_compiler::operator::parse_operators(&text, &limits),
+            false => match collc_grammar::parse(&text, &limits) {
+                Ok(file) => file
+                    .ops
+                    .iter()
+                    .map(collc_compiler::operator::lower_op)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| Errors(vec![e])),
+                Err(_) => continue,
+            },
+        };
+        let operators = operators.map_err(|errors| {
+            crate::report::print_all(&errors, &name, &text);
+            (1, format!("{name}: its operators do not compile"))
+        })?;
+        for operator in operators {
+            collc_kernels::operator::UserOp::register(operator).map_err(|e| (2, e.to_string()))?;
+        }
+    }
+    Ok(())
+}
+
 /// `-d` and `-o`: one data type and op, or `all` of them.
 fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), String> {
     // A misspelt name gets the closest accepted ones (`flaot`: did you mean float?).
@@ -350,6 +390,21 @@ fn types_and_ops(args: &RunArgs) -> Result<(Vec<DataType>, Vec<ReduceOp>), Strin
                 ),
             };
             return Err(format!("-o {op}: {error}; give {hint}"));
+        }
+    }
+    // A user's operator must type on every data type of the run.
+    for user in ops.iter().filter_map(|op| match op {
+        ReduceOp::User(user) => Some(*user),
+        _ => None,
+    }) {
+        if let Some((dtype, error)) = dtypes.iter().find_map(|&d| user.prepare(d).err().map(|e| (d, e))) {
+            let takes: Vec<String> =
+                DataType::ALL.iter().filter(|&&d| user.prepare(d).is_ok()).map(|d| d.to_string()).collect();
+            return Err(format!(
+                "-o {}: it does not type on {dtype}: {error}; give -d one of the types it takes ({})",
+                user.name(),
+                takes.join(", ")
+            ));
         }
     }
     Ok((dtypes, ops))
@@ -519,9 +574,8 @@ fn select(
     args: &RunArgs,
     (n_ranks, per_node, launched): (u32, u32, bool),
     transport: Transport,
-    root: u32,
-    peer: u32,
-    sizes: &[usize],
+    (root, peer): (u32, u32),
+    (sizes, dtypes, ops): (&[usize], &[DataType], &[ReduceOp]),
 ) -> Result<(Collective, Algorithms), (u8, String)> {
     let collective: Collective = args.algorithm.parse().map_err(|e: String| (2, e))?;
     let filter = crate::tune::algo_filter(args.algo.as_deref()).map_err(|e| (2, e))?;
@@ -597,6 +651,10 @@ fn select(
     // size (as a communicator's own selection does).
     if file.is_none() && per_node == n_ranks && !transport.backend().sockets() {
         selection.learn(transport.name());
+    }
+    // A user's operator that only a chain in rank order computes: only the candidates that reduce so.
+    if let Some(narrowed) = selection.admitting(ops, dtypes) {
+        selection = narrowed;
     }
     let choice = |candidate: &collc_runtime::select::Candidate, max_bytes: usize, measured: bool| Choice {
         max_bytes,

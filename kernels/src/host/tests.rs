@@ -233,6 +233,7 @@ unsafe fn reduce_for_isa_as<T: Lane>(
             ReduceOp::Prod => isa::combine_with::<T, Prod>(isa, dst, a, b, n_elems),
             ReduceOp::Max => isa::combine_with::<T, Max>(isa, dst, a, b, n_elems),
             ReduceOp::Min => isa::combine_with::<T, Min>(isa, dst, a, b, n_elems),
+            ReduceOp::User(_) => unreachable!("the built-in operators' loops"),
         }
     }
 }

@@ -15,9 +15,11 @@ use crate::layout::ChunkLayout;
 use crate::link::LinkEnd;
 use collc_compiler::emit::SchedLines;
 use collc_compiler::fxhash::FxBuildHasher;
+use collc_compiler::replicas::OutOfOrder;
 use collc_compiler::sched::{BufId, Op, Operand, Placement, RankProgram};
 use collc_compiler::{Collective, VerifiedSchedule};
 use collc_kernels::host::Factor;
+use collc_kernels::operator::UserOp;
 use collc_kernels::{DataType, ReduceOp};
 use std::collections::HashMap;
 
@@ -183,6 +185,11 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         Some(scalar) => Some(Factor::of(dtype, scalar).map_err(|source| RuntimeError::Factor { rank, source })?),
         None => None,
     };
+    if let ReduceOp::User(user) = op {
+        if sched.collective.reduces() {
+            check_operator(sched, name, rank, user, dtype)?;
+        }
+    }
     let capacity = count.div_ceil(sched.chunks.max(1) as usize);
     count
         .checked_mul(elem)
@@ -243,6 +250,35 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         widest_slot: (widest * tile * elem).next_power_of_two(),
         bases,
     })
+}
+
+/// A user's operator must type on the call's data type (it is compiled for it here, once per process), and one that
+/// is not commutative and associative runs only on a schedule that reduces every output chunk as a chain in rank
+/// order (docs/language.md §16).
+fn check_operator(
+    sched: &VerifiedSchedule,
+    name: &str,
+    rank: u32,
+    user: UserOp,
+    dtype: DataType,
+) -> Result<(), RuntimeError> {
+    let fail = |message: String| Err(RuntimeError::Operator { rank, message });
+    let prepared = match user.prepare(dtype) {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            let op = user.name();
+            return fail(format!("the operator `{op}` does not type on {dtype}: {e}; pass a data type it types on"));
+        }
+    };
+    let Err(why) = prepared.reorderable() else { return Ok(()) };
+    match collc_compiler::replicas::in_rank_order(sched) {
+        Ok(()) => Ok(()),
+        Err(OutOfOrder { rank: at, chunk }) => fail(format!(
+            "{why}; {name} reduces output chunk {chunk} of rank {at} in another order than a chain in rank order \
+             ((x0 ⊕ x1) ⊕ x2 ...), the only order such an operator computes the collective in: run an algorithm \
+             that reduces in rank order (allreduce/naive)"
+        )),
+    }
 }
 
 /// Elements per tile of one chunk, tiles per call, and the chunks of the widest message. Every rank must cut a call
@@ -532,8 +568,11 @@ fn fingerprint(sched: &VerifiedSchedule, count: usize, dtype: DataType, op: Redu
     mix(sched.algorithm.as_bytes());
     mix(sched.collective.name().as_bytes());
     mix(&(count as u64).to_le_bytes());
-    // Not a premulsum's factor: each rank multiplies its own input by its own.
+    // Not a premulsum's factor: each rank multiplies its own input by its own. A user's operator by its digest.
     mix(&[dtype as u8, op.nccl_code(), sched.placement as u8]);
+    if let ReduceOp::User(user) = op {
+        mix(&user.digest().to_le_bytes());
+    }
     mix(&sched.root.to_le_bytes());
     mix(&sched.peer.to_le_bytes());
     mix(&sched.chunks.to_le_bytes());

@@ -12,6 +12,7 @@
 
 use super::super::plan::{Place, Plan, NONE, NO_BUF};
 use collc_compiler::sched::Op;
+use collc_kernels::ReduceOp;
 use std::collections::HashMap;
 
 /// The image starts with these bytes ("COLC") and the version; the interpreter refuses anything else.
@@ -322,7 +323,7 @@ impl Writer {
 /// `PlanDesc::avg`: the epilogue of the plan's output window.
 fn epilogue(plan: &Plan) -> u32 {
     match () {
-        _ if plan.op == collc_kernels::ReduceOp::Avg && plan.collective.reduces() => 1,
+        _ if plan.op == ReduceOp::Avg && plan.collective.reduces() => 1,
         _ if !plan.unscaled.is_empty() => 2,
         _ => 0,
     }
@@ -458,7 +459,11 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
             out_lo: plan.output.1.start as u64,
             out_hi: plan.output.1.end as u64,
             fingerprint: plan.fingerprint,
-            factor: plan.factor.as_ref().map_or(0, |f| u64::from_le_bytes(f.element())),
+            // PreMulSum's factor; for a user's operator, its handle in this process (`UserOp::index`).
+            factor: match plan.op {
+                ReduceOp::User(user) => u64::from(user.index()),
+                _ => plan.factor.as_ref().map_or(0, |f| u64::from_le_bytes(f.element())),
+            },
             ..PlanDesc::default()
         };
         desc.instrs = w.table(&instrs);

@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// What runs a launch: the host twin, or the CUDA interpreter built for the CPU.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Runner {
     Twin,
     Cuda,
@@ -214,7 +214,11 @@ fn every_library_collective_in_one_launch(runner: Runner) -> usize {
                 let Ok(sched) = compile(source, &bindings, Options::placed(placement), &Limits::default()) else {
                     continue;
                 };
-                let ops: &[ReduceOp] = if collective.reduces() { &check::OPS } else { &[ReduceOp::Sum] };
+                // The twin also runs a user's operator (compiled with cranelift); the CUDA source does not yet.
+                let user = check::user_ops()[0];
+                let reducing: Vec<ReduceOp> =
+                    check::OPS.iter().copied().chain((runner == Runner::Twin).then_some(user)).collect();
+                let ops: &[ReduceOp] = if collective.reduces() { &reducing } else { &[ReduceOp::Sum] };
                 for &dtype in DataType::ALL {
                     for &op in ops {
                         let (root, peer) = (sched.root, sched.peer);

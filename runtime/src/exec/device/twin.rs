@@ -16,6 +16,7 @@ use super::encode::{
 };
 use collc_compiler::sched::Op;
 use collc_kernels::host::{self, Factor};
+use collc_kernels::operator::UserOp;
 use collc_kernels::{DataType, ReduceOp};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -328,6 +329,10 @@ fn op_of(plan: &PlanDesc) -> (ReduceOp, Option<Factor>) {
     let premulsum = ReduceOp::PreMulSum(collc_kernels::Scalar::Int(1));
     if plan.op == u32::from(premulsum.nccl_code()) {
         return (ReduceOp::Sum, Some(Factor::new(dtype_of(plan), plan.factor.to_le_bytes())));
+    }
+    if plan.op == u32::from(ReduceOp::USER_CODE) {
+        let user = UserOp::from_index(plan.factor).expect("an operator the encoder found registered");
+        return (ReduceOp::User(user), None);
     }
     (ReduceOp::from_nccl_code(plan.op as u8).expect("an op the encoder wrote"), None)
 }

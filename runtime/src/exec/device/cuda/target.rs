@@ -180,6 +180,13 @@ impl CudaExec {
         keep: Box<dyn std::any::Any + Send>,
         launcher: Arc<Launcher<CudaTarget>>,
     ) -> Result<Box<dyn Executor>, String> {
+        if let (collc_kernels::ReduceOp::User(user), true) = (plan.op, plan.collective.reduces()) {
+            return Err(format!(
+                "the operator `{}` runs on the host transports and the device twin; the cuda transport does not \
+                 compile users' operators yet: run it with --transport threads, shm or tcp",
+                user.name()
+            ));
+        }
         let image_mem = DeviceAlloc::zeroed(gpu, image.bytes().len())?;
         image_mem.write(0, image.bytes())?;
         let state = DeviceAlloc::zeroed(gpu, image.state_words() * 8)?;

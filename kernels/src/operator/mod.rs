@@ -9,10 +9,18 @@
 //! -0 below +0. Integer `/` and `%` by zero give 0 (no trap: every executor computes the same). A float cast to an
 //! integer saturates, NaN giving 0 (Rust's `as`).
 
+use std::fmt;
+
 use half::{bf16, f16};
 use thiserror::Error;
 
 use crate::DataType;
+
+mod native;
+mod registry;
+
+pub use native::NativeKernel;
+pub use registry::{Prepared, RegistryFull, UserOp};
 
 /// Where a node was written: a byte range of its source.
 pub type At = (u32, u32);
@@ -76,6 +84,17 @@ pub enum Ty {
 }
 
 impl Ty {
+    /// The name a cast to the type is written with (`bool` has none).
+    pub fn name(self) -> &'static str {
+        match self {
+            Ty::Elem => "elem",
+            Ty::F32 => "f32",
+            Ty::F64 => "f64",
+            Ty::I64 => "i64",
+            Ty::Bool => "bool",
+        }
+    }
+
     /// The cast's name in the language (`f32(x)`), or `None`.
     pub fn from_cast(name: &str) -> Option<Ty> {
         match name {
@@ -93,6 +112,59 @@ impl Ty {
 pub struct Operator {
     pub name: String,
     pub body: Node,
+}
+
+impl Operator {
+    /// A hash of the name and the body as printed (spans left out): equal for one operator written in two files,
+    /// and the same in every process (FNV-1a), so ranks can compare operators by it.
+    pub fn digest(&self) -> u64 {
+        let text = format!("{}(a, b) = {}", self.name, self.body);
+        text.bytes().fold(0xcbf2_9ce4_8422_2325, |h, byte| (h ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+    }
+}
+
+impl fmt::Display for Node {
+    /// The body fully parenthesised, in the language's syntax.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            Kind::A => f.write_str("a"),
+            Kind::B => f.write_str("b"),
+            Kind::Int(v) => write!(f, "{v}"),
+            Kind::Float(v) => write!(f, "{v:?}"),
+            Kind::Bool(v) => write!(f, "{v}"),
+            Kind::Unary(Unary::Neg, e) => write!(f, "(-{e})"),
+            Kind::Unary(Unary::Not, e) => write!(f, "(!{e})"),
+            Kind::Unary(Unary::Abs, e) => write!(f, "abs({e})"),
+            Kind::Binary(op @ (Binary::Min | Binary::Max), l, r) => {
+                write!(f, "{}({l}, {r})", if *op == Binary::Min { "min" } else { "max" })
+            }
+            Kind::Binary(op, l, r) => write!(f, "({l} {} {r})", op.symbol()),
+            Kind::Select(c, x, y) => write!(f, "(if {c} {{ {x} }} else {{ {y} }})"),
+            Kind::Cast(ty, e) => write!(f, "{}({e})", ty.name()),
+        }
+    }
+}
+
+impl Binary {
+    fn symbol(self) -> &'static str {
+        match self {
+            Binary::Add => "+",
+            Binary::Sub => "-",
+            Binary::Mul => "*",
+            Binary::Div => "/",
+            Binary::Rem => "%",
+            Binary::Min => "min",
+            Binary::Max => "max",
+            Binary::Lt => "<",
+            Binary::Le => "<=",
+            Binary::Gt => ">",
+            Binary::Ge => ">=",
+            Binary::Eq => "==",
+            Binary::Ne => "!=",
+            Binary::And => "&&",
+            Binary::Or => "||",
+        }
+    }
 }
 
 /// Why an operator does not type for a data type, and where.

@@ -1,0 +1,430 @@
+//! A checked operator compiled with cranelift into a native reduction loop, `dst[i] = a[i] (op) b[i]`, computing
+//! what [`Typed::eval`] computes, bit for bit.
+//!
+//! Values live in registers as the narrowest cranelift type that holds them: integer types in their own width,
+//! `half` and `bfloat16` as `f32` values already rounded to their type, `bool` as an `i8` of 0 or 1. Every float
+//! operation of a half type is computed in `f32` and rounded back (docs/language.md §16); the roundings, the half
+//! types' loads and stores and the float remainder call small Rust functions (`half`'s conversions, the ones the
+//! reference uses), everything else is inline. One element per iteration: a reduction by a user's operator is
+//! bound by its arithmetic or by memory long before by the loop.
+
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
+use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
+use cranelift_codegen::settings::{self, Configurable};
+use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext};
+use cranelift_jit::{JITBuilder, JITModule};
+use cranelift_module::{default_libcall_names, Linkage, Module};
+use half::{bf16, f16};
+
+use super::{rep, Binary, Rep, TKind, TNode, Ty, Typed, Unary, Val};
+use crate::DataType;
+
+/// `dst[i] = a[i] (op) b[i]` for `n` elements: the host kernels' reduction signature.
+pub type NativeKernel = unsafe extern "C" fn(*mut u8, *const u8, *const u8, usize);
+
+/// The Rust functions the generated code calls, by the names it declares them under.
+const HELPERS: &[(&str, *const u8, &[Type], Type)] = &[
+    ("round_f16", round_f16 as *const u8, &[types::F64], types::F32),
+    ("round_bf16", round_bf16 as *const u8, &[types::F64], types::F32),
+    ("load_f16", load_f16 as *const u8, &[types::I32], types::F32),
+    ("load_bf16", load_bf16 as *const u8, &[types::I32], types::F32),
+    ("store_f16", store_f16 as *const u8, &[types::F32], types::I32),
+    ("store_bf16", store_bf16 as *const u8, &[types::F32], types::I32),
+    ("rem_f32", rem_f32 as *const u8, &[types::F32, types::F32], types::F32),
+    ("rem_f64", rem_f64 as *const u8, &[types::F64, types::F64], types::F64),
+];
+
+extern "C" fn round_f16(v: f64) -> f32 {
+    f16::from_f64(v).to_f32()
+}
+extern "C" fn round_bf16(v: f64) -> f32 {
+    bf16::from_f64(v).to_f32()
+}
+extern "C" fn load_f16(bits: u32) -> f32 {
+    f16::from_bits(bits as u16).to_f64() as f32
+}
+extern "C" fn load_bf16(bits: u32) -> f32 {
+    bf16::from_bits(bits as u16).to_f64() as f32
+}
+extern "C" fn store_f16(v: f32) -> u32 {
+    u32::from(f16::from_f64(f64::from(v)).to_bits())
+}
+extern "C" fn store_bf16(v: f32) -> u32 {
+    u32::from(bf16::from_f64(f64::from(v)).to_bits())
+}
+extern "C" fn rem_f32(x: f32, y: f32) -> f32 {
+    x % y
+}
+extern "C" fn rem_f64(x: f64, y: f64) -> f64 {
+    x % y
+}
+
+/// The cranelift type a value of `rep` lives in.
+fn ir_type(rep: Rep) -> Type {
+    match rep {
+        Rep::Int { bits: 8, .. } | Rep::Bool => types::I8,
+        Rep::Int { bits: 32, .. } => types::I32,
+        Rep::Int { .. } => types::I64,
+        Rep::F16 | Rep::Bf16 | Rep::F32 => types::F32,
+        Rep::F64 => types::F64,
+    }
+}
+
+impl Typed {
+    /// The operator as native code for this machine, or why cranelift could not make it (the caller then
+    /// evaluates the expression instead).
+    pub fn compile(&self) -> Result<NativeKernel, String> {
+        compile(self).map_err(|e| format!("cranelift could not compile `{}` for {}: {e}", self.name, self.dtype))
+    }
+}
+
+fn compile(typed: &Typed) -> Result<NativeKernel, Box<dyn std::error::Error>> {
+    let mut flags = settings::builder();
+    flags.set("opt_level", "speed")?;
+    flags.set("use_colocated_libcalls", "false")?;
+    flags.set("is_pic", "false")?;
+    let isa = cranelift_native::builder()?.finish(settings::Flags::new(flags))?;
+    let mut jit = JITBuilder::with_isa(isa, default_libcall_names());
+    for &(name, address, _, _) in HELPERS {
+        jit.symbol(name, address);
+    }
+    let mut module = JITModule::new(jit);
+    let pointer = module.target_config().pointer_type();
+    let call_conv = module.target_config().default_call_conv;
+
+    let mut helpers = Vec::new();
+    for &(name, _, params, result) in HELPERS {
+        let mut sig = Signature::new(call_conv);
+        sig.params.extend(params.iter().map(|&t| AbiParam::new(t)));
+        sig.returns.push(AbiParam::new(result));
+        helpers.push(module.declare_function(name, Linkage::Import, &sig)?);
+    }
+
+    let mut ctx = module.make_context();
+    ctx.func.signature.params.extend([AbiParam::new(pointer); 4]);
+    let id = module.declare_function("reduce", Linkage::Export, &ctx.func.signature)?;
+    let mut fctx = FunctionBuilderContext::new();
+    {
+        let mut b = FunctionBuilder::new(&mut ctx.func, &mut fctx);
+        let refs: Vec<FuncRef> = helpers.iter().map(|&h| module.declare_func_in_func(h, b.func)).collect();
+        let (entry, header, body, exit) = (b.create_block(), b.create_block(), b.create_block(), b.create_block());
+        b.append_block_params_for_function_params(entry);
+        b.append_block_param(header, pointer);
+        b.switch_to_block(entry);
+        let [dst, a, bp, n] = [0, 1, 2, 3].map(|k| b.block_params(entry)[k]);
+        let zero = b.ins().iconst(pointer, 0);
+        b.ins().jump(header, &[zero.into()]);
+
+        b.switch_to_block(header);
+        let i = b.block_params(header)[0];
+        let more = b.ins().icmp(IntCC::UnsignedLessThan, i, n);
+        b.ins().brif(more, body, &[], exit, &[]);
+
+        b.switch_to_block(body);
+        let size = typed.dtype.size_bytes() as i64;
+        let offset = b.ins().imul_imm_s(i, size);
+        let (at_a, at_b, at_dst) = (b.ins().iadd(a, offset), b.ins().iadd(bp, offset), b.ins().iadd(dst, offset));
+        let mut emit = Emit { b: &mut b, dtype: typed.dtype, helpers: refs, a: None, b_val: None };
+        let va = emit.load(at_a);
+        let vb = emit.load(at_b);
+        (emit.a, emit.b_val) = (Some(va), Some(vb));
+        let result = emit.value(&typed.body);
+        emit.store(result, at_dst);
+        let next = b.ins().iadd_imm_s(i, 1);
+        b.ins().jump(header, &[next.into()]);
+
+        b.switch_to_block(exit);
+        b.ins().return_(&[]);
+        b.seal_all_blocks();
+        b.finalize(module.target_config());
+    }
+    module.define_function(id, &mut ctx)?;
+    module.clear_context(&mut ctx);
+    module.finalize_definitions()?;
+    let code = module.get_finalized_function(id);
+    // The code lives as long as the process: operators are registered once and never dropped.
+    std::mem::forget(module);
+    // SAFETY: the function was built with `NativeKernel`'s signature in the target's default calling convention.
+    Ok(unsafe { std::mem::transmute::<*const u8, NativeKernel>(code) })
+}
+
+struct Emit<'f, 'b> {
+    b: &'f mut FunctionBuilder<'b>,
+    dtype: DataType,
+    helpers: Vec<FuncRef>,
+    a: Option<Value>,
+    b_val: Option<Value>,
+}
+
+impl Emit<'_, '_> {
+    fn call(&mut self, name: &str, args: &[Value]) -> Value {
+        let k = HELPERS.iter().position(|h| h.0 == name).expect("a declared helper");
+        let call = self.b.ins().call(self.helpers[k], args);
+        self.b.inst_results(call)[0]
+    }
+
+    fn elem(&self) -> Rep {
+        rep(Ty::Elem, self.dtype)
+    }
+
+    fn load(&mut self, at: Value) -> Value {
+        let flags = MemFlagsData::new();
+        match self.elem() {
+            rep @ (Rep::F16 | Rep::Bf16) => {
+                let bits = self.b.ins().load(types::I16, flags, at, 0);
+                let bits = self.b.ins().uextend(types::I32, bits);
+                self.call(if rep == Rep::F16 { "load_f16" } else { "load_bf16" }, &[bits])
+            }
+            rep => self.b.ins().load(ir_type(rep), flags, at, 0),
+        }
+    }
+
+    fn store(&mut self, v: Value, at: Value) {
+        let flags = MemFlagsData::new();
+        match self.elem() {
+            rep @ (Rep::F16 | Rep::Bf16) => {
+                let bits = self.call(if rep == Rep::F16 { "store_f16" } else { "store_bf16" }, &[v]);
+                let bits = self.b.ins().ireduce(types::I16, bits);
+                self.b.ins().store(flags, bits, at, 0);
+            }
+            _ => {
+                self.b.ins().store(flags, v, at, 0);
+            }
+        }
+    }
+
+    /// An `f64` or `f32` value rounded to a half type (as `f32`); other reps as they are.
+    fn round(&mut self, v: Value, to: Rep) -> Value {
+        let helper = match to {
+            Rep::F16 => "round_f16",
+            Rep::Bf16 => "round_bf16",
+            _ => return v,
+        };
+        let wide = match self.b.func.dfg.value_type(v) {
+            types::F64 => v,
+            _ => self.b.ins().fpromote(types::F64, v),
+        };
+        self.call(helper, &[wide])
+    }
+
+    fn value(&mut self, node: &TNode) -> Value {
+        let here = rep(node.ty, self.dtype);
+        match &node.kind {
+            TKind::A => self.a.expect("loaded"),
+            TKind::B => self.b_val.expect("loaded"),
+            TKind::Lit(v) => self.literal(*v, here),
+            TKind::Unary(op, e) => {
+                let x = self.value(e);
+                self.unary(*op, x, here)
+            }
+            TKind::Binary(op, l, r) => {
+                let operands = rep(l.ty, self.dtype);
+                let (x, y) = (self.value(l), self.value(r));
+                self.binary(*op, x, y, operands)
+            }
+            TKind::Select(c, x, y) => {
+                let (c, x, y) = (self.value(c), self.value(x), self.value(y));
+                self.b.ins().select(c, x, y)
+            }
+            TKind::Cast(e) => {
+                let from = rep(e.ty, self.dtype);
+                let x = self.value(e);
+                self.convert(x, from, here)
+            }
+        }
+    }
+
+    fn literal(&mut self, v: Val, rep: Rep) -> Value {
+        let ins = self.b.ins();
+        match v {
+            Val::Int(v) => ins.iconst(ir_type(rep), v as i64),
+            Val::Bool(v) => ins.iconst(types::I8, i64::from(v)),
+            Val::Float(v) if rep == Rep::F64 => ins.f64const(v),
+            Val::Float(v) => ins.f32const(v as f32),
+        }
+    }
+
+    fn unary(&mut self, op: Unary, x: Value, rep: Rep) -> Value {
+        let ins = self.b.ins();
+        match (op, rep) {
+            (Unary::Not, _) => ins.bxor_imm_s(x, 1),
+            (Unary::Neg, Rep::Int { .. }) => ins.ineg(x),
+            (Unary::Abs, Rep::Int { signed: true, .. }) => ins.iabs(x),
+            (Unary::Abs, Rep::Int { signed: false, .. }) => x,
+            (Unary::Neg, _) => ins.fneg(x),
+            (Unary::Abs, _) => ins.fabs(x),
+        }
+    }
+
+    fn binary(&mut self, op: Binary, x: Value, y: Value, rep: Rep) -> Value {
+        match rep {
+            Rep::Bool => match op {
+                Binary::And => self.b.ins().band(x, y),
+                _ => self.b.ins().bor(x, y),
+            },
+            Rep::Int { signed, .. } => self.int_binary(op, x, y, signed),
+            _ => self.float_binary(op, x, y, rep),
+        }
+    }
+
+    fn int_binary(&mut self, op: Binary, x: Value, y: Value, signed: bool) -> Value {
+        let cc = |s: IntCC, u: IntCC| if signed { s } else { u };
+        let ins = self.b.ins();
+        match op {
+            Binary::Add => ins.iadd(x, y),
+            Binary::Sub => ins.isub(x, y),
+            Binary::Mul => ins.imul(x, y),
+            Binary::Div | Binary::Rem => self.int_divide(op, x, y, signed),
+            Binary::Min if signed => ins.smin(x, y),
+            Binary::Min => ins.umin(x, y),
+            Binary::Max if signed => ins.smax(x, y),
+            Binary::Max => ins.umax(x, y),
+            Binary::Lt => ins.icmp(cc(IntCC::SignedLessThan, IntCC::UnsignedLessThan), x, y),
+            Binary::Le => ins.icmp(cc(IntCC::SignedLessThanOrEqual, IntCC::UnsignedLessThanOrEqual), x, y),
+            Binary::Gt => ins.icmp(cc(IntCC::SignedGreaterThan, IntCC::UnsignedGreaterThan), x, y),
+            Binary::Ge => ins.icmp(cc(IntCC::SignedGreaterThanOrEqual, IntCC::UnsignedGreaterThanOrEqual), x, y),
+            Binary::Eq => ins.icmp(IntCC::Equal, x, y),
+            Binary::Ne => ins.icmp(IntCC::NotEqual, x, y),
+            Binary::And | Binary::Or => unreachable!("bool operands"),
+        }
+    }
+
+    /// Integer `/` and `%` that never trap: by 0 they give 0, and `MIN / -1` wraps (its remainder is 0). Computed
+    /// in 64 bits, so a narrow type cannot overflow; 64-bit signed division by -1 is a negation.
+    fn int_divide(&mut self, op: Binary, x: Value, y: Value, signed: bool) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        let widen = |b: &mut FunctionBuilder, v: Value| match (ty == types::I64, signed) {
+            (true, _) => v,
+            (false, true) => b.ins().sextend(types::I64, v),
+            (false, false) => b.ins().uextend(types::I64, v),
+        };
+        let (x, y) = (widen(self.b, x), widen(self.b, y));
+        let ins = self.b.ins();
+        let zero = ins.iconst(types::I64, 0);
+        let one = self.b.ins().iconst(types::I64, 1);
+        let by_zero = self.b.ins().icmp_imm_s(IntCC::Equal, y, 0);
+        let result = if signed {
+            let by_minus_one = self.b.ins().icmp_imm_s(IntCC::Equal, y, -1);
+            let special = self.b.ins().bor(by_zero, by_minus_one);
+            let safe = self.b.ins().select(special, one, y);
+            match op {
+                Binary::Div => {
+                    let q = self.b.ins().sdiv(x, safe);
+                    let negated = self.b.ins().ineg(x);
+                    let q = self.b.ins().select(by_minus_one, negated, q);
+                    self.b.ins().select(by_zero, zero, q)
+                }
+                _ => {
+                    let r = self.b.ins().srem(x, safe);
+                    self.b.ins().select(special, zero, r)
+                }
+            }
+        } else {
+            let safe = self.b.ins().select(by_zero, one, y);
+            let q = match op {
+                Binary::Div => self.b.ins().udiv(x, safe),
+                _ => self.b.ins().urem(x, safe),
+            };
+            self.b.ins().select(by_zero, zero, q)
+        };
+        match ty == types::I64 {
+            true => result,
+            false => self.b.ins().ireduce(ty, result),
+        }
+    }
+
+    fn float_binary(&mut self, op: Binary, x: Value, y: Value, rep: Rep) -> Value {
+        let ins = self.b.ins();
+        let computed = match op {
+            Binary::Add => ins.fadd(x, y),
+            Binary::Sub => ins.fsub(x, y),
+            Binary::Mul => ins.fmul(x, y),
+            Binary::Div => ins.fdiv(x, y),
+            Binary::Rem => {
+                let wide = rep == Rep::F64;
+                self.call(if wide { "rem_f64" } else { "rem_f32" }, &[x, y])
+            }
+            Binary::Min | Binary::Max => return self.float_min_max(op, x, y),
+            Binary::Lt => return ins.fcmp(FloatCC::LessThan, x, y),
+            Binary::Le => return ins.fcmp(FloatCC::LessThanOrEqual, x, y),
+            Binary::Gt => return ins.fcmp(FloatCC::GreaterThan, x, y),
+            Binary::Ge => return ins.fcmp(FloatCC::GreaterThanOrEqual, x, y),
+            Binary::Eq => return ins.fcmp(FloatCC::Equal, x, y),
+            Binary::Ne => return ins.fcmp(FloatCC::NotEqual, x, y),
+            Binary::And | Binary::Or => unreachable!("number operands"),
+        };
+        self.round(computed, rep)
+    }
+
+    /// The built-in max/min (`crate::element`): a NaN loses to the other operand, and -0 is below +0.
+    fn float_min_max(&mut self, op: Binary, x: Value, y: Value) -> Value {
+        let ty = self.b.func.dfg.value_type(x);
+        let int = if ty == types::F64 { types::I64 } else { types::I32 };
+        let ins = self.b.ins();
+        let x_nan = ins.fcmp(FloatCC::Unordered, x, x);
+        let y_nan = self.b.ins().fcmp(FloatCC::Unordered, y, y);
+        let equal = self.b.ins().fcmp(FloatCC::Equal, x, y);
+        let (beats, signed_side) = match op {
+            Binary::Max => (self.b.ins().fcmp(FloatCC::GreaterThan, x, y), y),
+            _ => (self.b.ins().fcmp(FloatCC::LessThan, x, y), x),
+        };
+        let bits = self.b.ins().bitcast(int, MemFlagsData::new(), signed_side);
+        let negative = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0);
+        let tie = self.b.ins().band(equal, negative);
+        let pick_x = self.b.ins().bor(beats, tie);
+        let r = self.b.ins().select(pick_x, x, y);
+        let r = self.b.ins().select(y_nan, x, r);
+        self.b.ins().select(x_nan, y, r)
+    }
+
+    /// `x` of `from` as `to` ([`super::convert`]'s rules).
+    fn convert(&mut self, x: Value, from: Rep, to: Rep) -> Value {
+        if from == to {
+            return x;
+        }
+        match (from, to) {
+            (Rep::Int { bits: fb, signed }, Rep::Int { bits: tb, .. }) => match fb.cmp(&tb) {
+                std::cmp::Ordering::Less if signed => self.b.ins().sextend(ir_type(to), x),
+                std::cmp::Ordering::Less => self.b.ins().uextend(ir_type(to), x),
+                std::cmp::Ordering::Greater => self.b.ins().ireduce(ir_type(to), x),
+                std::cmp::Ordering::Equal => x,
+            },
+            (_, Rep::Int { bits, signed }) => {
+                // Saturate into 64 bits (NaN: 0), then clamp into the narrower type.
+                let wide = match (bits, signed) {
+                    (64, false) => self.b.ins().fcvt_to_uint_sat(types::I64, x),
+                    _ => self.b.ins().fcvt_to_sint_sat(types::I64, x),
+                };
+                if bits == 64 {
+                    return wide;
+                }
+                let (lo, hi) = match signed {
+                    true => (-(1i64 << (bits - 1)), (1i64 << (bits - 1)) - 1),
+                    false => (0, (1i64 << bits) - 1),
+                };
+                let (lo, hi) = (self.b.ins().iconst(types::I64, lo), self.b.ins().iconst(types::I64, hi));
+                let clamped = self.b.ins().smax(wide, lo);
+                let clamped = self.b.ins().smin(clamped, hi);
+                self.b.ins().ireduce(ir_type(to), clamped)
+            }
+            (Rep::Int { bits, signed }, _) => {
+                let wide = match (bits, signed) {
+                    (64, _) => x,
+                    (_, true) => self.b.ins().sextend(types::I64, x),
+                    (_, false) => self.b.ins().uextend(types::I64, x),
+                };
+                let float = if to == Rep::F64 { types::F64 } else { types::F32 };
+                let v = match signed {
+                    true => self.b.ins().fcvt_from_sint(float, wide),
+                    false => self.b.ins().fcvt_from_uint(float, wide),
+                };
+                self.round(v, to)
+            }
+            (_, Rep::F64) => self.b.ins().fpromote(types::F64, x),
+            (Rep::F64, Rep::F32) => self.b.ins().fdemote(types::F32, x),
+            // Half types are `f32` values already: widening to `f32` is exact, anything else rounds.
+            (_, Rep::F32) => x,
+            (_, to) => self.round(x, to),
+        }
+    }
+}

@@ -297,6 +297,67 @@ fn premulsum_runs_with_the_data_check() {
     }
 }
 
+/// A user's operator from an `--ops` file or the algorithm's own file: `absmax` runs on every algorithm with the data
+/// check over every data type (threads and shm processes, which each compile it); `horner` (`a * 2 + b`) makes
+/// `collc run allreduce` choose among the algorithms that reduce in rank order and name the others, and a named
+/// algorithm that reorders fails on every rank with the reason. An operator that does not type on a data type of the
+/// run, an unknown one and a file that does not compile are refused before any rank starts.
+#[test]
+fn users_operators_run_with_the_data_check() {
+    let ops = TempFile::with(
+        "ops.coll",
+        "op absmax(a, b) = max(abs(a), abs(b))\nop horner(a, b) = a * 2 + b\nop mean(a, b) = (a + b) * 0.5\n",
+    );
+    let sweep = ["-b", "8", "-e", "64K", "-f", "32", "-n", "2", "-w", "1", "-c", "1"];
+    for (algorithm, transport, ranks, dtype, op) in [
+        ("allreduce/ring", "threads", "3", "all", "absmax"),
+        ("reducescatter/ring", "shm", "2", "all", "absmax"),
+        ("allreduce", "threads", "4", "bfloat16", "horner"),
+        ("allreduce/naive", "shm", "3", "int8", "horner"),
+    ] {
+        let args =
+            ["run", algorithm, "--ops", ops.path(), "--ranks", ranks, "--transport", transport, "-d", dtype, "-o", op];
+        let out = collc(&[&args[..], &sweep].concat());
+        let said = text(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("# Out of bounds values : 0 OK"),
+            "{args:?}: {said}{}",
+            text(&out.stderr)
+        );
+        assert!(said.contains(&format!(" {op} ")), "{args:?}: {said}");
+        if algorithm == "allreduce" {
+            assert!(said.contains("allreduce/naive (predicted fastest)"), "{said}");
+            assert!(said.contains("not a candidate: allreduce/ring (`horner` is not commutative"), "{said}");
+        }
+    }
+    let ring =
+        collc(&[&["run", "allreduce/ring", "--ops", ops.path(), "--ranks", "3", "-o", "horner"][..], &sweep].concat());
+    let said = text(&ring.stderr);
+    assert_eq!(ring.status.code(), Some(1), "{said}");
+    for rank in 0..3 {
+        assert!(said.contains(&format!("rank {rank}: `horner` is not commutative on float")), "{said}");
+    }
+    assert!(said.contains("allreduce/ring reduces output chunk") && said.contains("(allreduce/naive)"), "{said}");
+    let own = TempFile::with(
+        "own.coll",
+        "op clip(a, b) = min(a + b, 100)\nalgorithm own for allreduce {\n    ranks p\n    for r in 1..p { send in[0] from r to 0 reduce }\n    for r in 1..p { send in[0] from 0 to r }\n}\n",
+    );
+    let out = collc(&[&["run", own.path(), "--ranks", "3", "-o", "clip", "-d", "int32"][..], &sweep].concat());
+    assert!(out.status.success() && text(&out.stdout).contains(" clip "), "{}", text(&out.stderr));
+    let bad = TempFile::with("bad.coll", "op shift(a, b) = a << b\n");
+    for (args, code, says) in [
+        (vec!["-o", "mean", "-d", "all"], 2, "-o mean: it does not type on int8: a fraction where elem (int8) is expected; give -d one of the types it takes (half, float, double, bfloat16)"),
+        (vec!["-o", "nosuch"], 2, "unknown reduce op `nosuch`"),
+        (vec!["--ops", bad.path(), "-o", "shift"], 1, "`<<` is not part of an operator"),
+        (vec!["--ops", "/nonexistent/ops.coll"], 2, "--ops /nonexistent/ops.coll: cannot read it"),
+    ] {
+        let out = collc(&[&["run", "allreduce/ring", "--ops", ops.path()][..], &args].concat());
+        let said = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {said}");
+        assert!(said.contains(says), "{args:?}: {said}");
+    }
+}
+
 /// `collc check` reports the reduction operators a file defines before its algorithm: the types each takes, whether
 /// it may be reordered (with a counterexample when not), and an operator that does not lower as a diagnostic at its
 /// span, failing the check.

@@ -120,6 +120,19 @@ fn ranks_on_two_gpus_need_peer_access() {
         out.status.success() && said.contains("mulsum") && said.contains("# Out of bounds values : 0 OK"),
         "{said}"
     );
+    // A user's operator is compiled into the kernels by NVRTC and loaded as a module of its own; this driver, whose
+    // kernels are built in, refuses that module, and the run fails on every rank naming the operator.
+    let ops = std::env::temp_dir().join(format!("collc-gpu-host-ops-{}.coll", std::process::id()));
+    std::fs::write(&ops, "op absmax(a, b) = max(abs(a), abs(b))\n").expect("a temporary file");
+    let user = [&args[..6], &["--ops", ops.to_str().expect("utf-8"), "-o", "absmax", "-b", "8", "-e", "8", "-n", "1"]];
+    let out = collc(&user.concat(), &gpus);
+    let _ = std::fs::remove_file(&ops);
+    let said = text(&out);
+    assert!(!out.status.success(), "{said}");
+    assert!(
+        said.contains("the kernels compiled with the operator `absmax`") && said.contains("NOT_SUPPORTED"),
+        "{said}"
+    );
     let out = collc(&args, &[gpus[0], ("COLLC_HOST_GPU_PEER", "0")]);
     let said = text(&out);
     assert!(!out.status.success(), "{said}");

@@ -88,7 +88,8 @@ enum {
     OP_MAX = COLLC_REDOP_MAX,
     OP_MIN = COLLC_REDOP_MIN,
     OP_AVG = COLLC_REDOP_AVG,
-    OP_PREMULSUM = COLLC_REDOP_PREMULSUM
+    OP_PREMULSUM = COLLC_REDOP_PREMULSUM,
+    OP_USER = COLLC_REDOP_USER
 };
 
 // Integers: arithmetic in the unsigned type of the same width, so overflow wraps as Rust's wrapping_add.
@@ -158,6 +159,34 @@ __device__ __forceinline__ void reduce_op(u32 dtype, void* dst, const void* a, c
     }
 }
 
+// Users' operators (their structs and collc_user_reduce are generated after this file by
+// collc_kernels::operator::device, or collc_user_reduce is a stub that traps): the arithmetic the generated code
+// calls. Integers wrap (computed in the unsigned type of their width), / and % never trap (by 0: 0; MIN / -1 wraps),
+// a float cast to an integer saturates (NaN: 0); round_f16/round_bf16 round a float to a half type's value.
+template <typename T, typename U> __device__ __forceinline__ T uo_add(T x, T y) { return (T)(U)((U)x + (U)y); }
+template <typename T, typename U> __device__ __forceinline__ T uo_sub(T x, T y) { return (T)(U)((U)x - (U)y); }
+template <typename T, typename U> __device__ __forceinline__ T uo_mul(T x, T y) { return (T)(U)((U)x * (U)y); }
+template <typename T, typename U> __device__ __forceinline__ T uo_neg(T x) { return (T)(U)((U)0 - (U)x); }
+template <typename T, typename U> __device__ __forceinline__ T uo_abs(T x) { return x < 0 ? uo_neg<T, U>(x) : x; }
+template <typename T, typename U> __device__ __forceinline__ T uo_sdiv(T x, T y) {
+    return y == 0 ? (T)0 : y == (T)-1 ? uo_neg<T, U>(x) : (T)(x / y);
+}
+template <typename T> __device__ __forceinline__ T uo_srem(T x, T y) { return (y == 0 || y == (T)-1) ? (T)0 : (T)(x % y); }
+template <typename T> __device__ __forceinline__ T uo_udiv(T x, T y) { return y == 0 ? (T)0 : (T)(x / y); }
+template <typename T> __device__ __forceinline__ T uo_urem(T x, T y) { return y == 0 ? (T)0 : (T)(x % y); }
+template <typename T> __device__ __forceinline__ T uo_min(T x, T y) { return x < y ? x : y; }
+template <typename T> __device__ __forceinline__ T uo_max(T x, T y) { return x > y ? x : y; }
+__device__ __forceinline__ float uo_fabs(float x) { return __uint_as_float(__float_as_uint(x) & 0x7fffffffu); }
+__device__ __forceinline__ double uo_fabs(double x) {
+    return __longlong_as_double(__double_as_longlong(x) & 0x7fffffffffffffffll);
+}
+template <typename T> __device__ __forceinline__ T uo_sat(double v, double lo, double hi, T at_lo, T at_hi) {
+    return v != v ? (T)0 : v <= lo ? at_lo : v >= hi ? at_hi : (T)v;
+}
+__device__ __forceinline__ float round_f16(float v) { return to_f32(to_f16(v)); }
+__device__ __forceinline__ float round_bf16(float v) { return to_f32(to_bf16(v)); }
+__device__ void collc_user_reduce(u32 dtype, void* dst, const void* a, const void* b, u64 n, u32 tid, u32 nt);
+
 // dst = a (op) b over n elements of `dtype`; avg combines as sum.
 __device__ __forceinline__ void reduce_any(u32 dtype, u32 op, void* dst, const void* a, const void* b, u64 n, u32 tid,
                                            u32 nt) {
@@ -168,6 +197,7 @@ __device__ __forceinline__ void reduce_any(u32 dtype, u32 op, void* dst, const v
     case OP_SUM:
     case OP_AVG:
     case OP_PREMULSUM: reduce_op<OP_SUM>(dtype, dst, a, b, n, tid, nt); break;
+    case OP_USER: collc_user_reduce(dtype, dst, a, b, n, tid, nt); break;
     default: COLLC_TRAP();
     }
 }

@@ -7,6 +7,7 @@
 // fences and `volatile` is the only other ordering, as on the device. Reading the clock is where a waiting block
 // gives up the CPU, so blocks that wait on each other make progress on a machine of two cores.
 
+#include <math.h>
 #include <sched.h>
 #include <string.h>
 #include <time.h>

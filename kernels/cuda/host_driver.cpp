@@ -29,7 +29,7 @@ namespace {
 typedef int CUresult;
 const CUresult SUCCESS = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101,
                INVALID_CONTEXT = 201, INVALID_PTX = 218, INVALID_HANDLE = 400, NOT_FOUND = 500, NOT_READY = 600,
-               PEER_ACCESS_ALREADY_ENABLED = 704, COOPERATIVE_LAUNCH_TOO_LARGE = 720;
+               PEER_ACCESS_ALREADY_ENABLED = 704, COOPERATIVE_LAUNCH_TOO_LARGE = 720, NOT_SUPPORTED = 801;
 const int BLOCKS_PER_SM = 16;
 const unsigned MAX_THREADS = 4;
 const unsigned long long IPC_MAGIC = 0x4350495f434c4c43ull;  // "CLLC_IPC"
@@ -266,6 +266,8 @@ CUresult cuModuleLoadData(void** module, const void* image) {
     if (current < 0) return INVALID_CONTEXT;
     // The PTX is not run (the kernels are this library's own), but it must be the kernels'.
     if (!strstr((const char*)image, ".entry collc_interpret(")) return INVALID_PTX;
+    // Kernels compiled with a user's operator: this library's own kernels have none (OP_USER traps in them).
+    if (strstr((const char*)image, ".entry collc_user_operator(")) return NOT_SUPPORTED;
     *module = new Module{current};
     return SUCCESS;
 }

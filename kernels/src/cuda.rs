@@ -20,6 +20,11 @@ pub const ENTRIES: [&str; 5] = ["collc_interpret", "collc_copy", "collc_reduce",
 /// The text NVRTC compiles: the dtype and op codes (`code_defines`), `defines` (the layout constants the encoder
 /// owns), then each source behind a `#line` directive, so NVRTC's log names the file and line an error is at.
 pub fn program(defines: &[(String, String)]) -> String {
+    program_with(defines, &crate::operator::cuda_source(&[]))
+}
+
+/// `program` with a user's operator (`operator::cuda_source`) after elementwise.cu, which calls it.
+pub fn program_with(defines: &[(String, String)], user: &str) -> String {
     let mut text = String::new();
     for (name, value) in code_defines().iter().chain(defines) {
         text.push_str(&format!("#define {name} {value}\n"));
@@ -28,6 +33,10 @@ pub fn program(defines: &[(String, String)]) -> String {
         text.push_str(&format!("#line 1 \"kernels/cuda/{file}\"\n"));
         text.push_str(source);
         text.push('\n');
+        if file == "elementwise.cu" {
+            text.push_str("#line 1 \"user operator\"\n");
+            text.push_str(user);
+        }
     }
     text
 }
@@ -41,7 +50,8 @@ pub fn code_defines() -> Vec<(String, String)> {
     let ops = ReduceOp::ALL
         .iter()
         .chain([&premulsum])
-        .map(|&o| (format!("COLLC_REDOP_{}", o.name().to_uppercase()), u32::from(o.nccl_code())));
+        .map(|&o| (format!("COLLC_REDOP_{}", o.name().to_uppercase()), u32::from(o.nccl_code())))
+        .chain([("COLLC_REDOP_USER".to_string(), u32::from(ReduceOp::USER_CODE))]);
     dtypes.chain(ops).map(|(name, value)| (name, value.to_string())).collect()
 }
 
@@ -73,6 +83,12 @@ fn nvrtc_present() -> Result<(), String> {
 /// Compiles the program for `arch` (e.g. `compute_90`) and returns its PTX; a compile error carries NVRTC's log.
 #[cfg(feature = "cuda")]
 pub fn compile(defines: &[(String, String)], arch: &'static str) -> Result<String, String> {
+    compile_with(defines, &crate::operator::cuda_source(&[]), arch)
+}
+
+/// `compile` with a user's operator (`operator::cuda_source`) in the program.
+#[cfg(feature = "cuda")]
+pub fn compile_with(defines: &[(String, String)], user: &str, arch: &'static str) -> Result<String, String> {
     nvrtc_present()?;
     let options = cudarc::nvrtc::CompileOptions {
         arch: Some(arch),
@@ -84,7 +100,7 @@ pub fn compile(defines: &[(String, String)], arch: &'static str) -> Result<Strin
         name: Some("collc.cu".into()),
         ..Default::default()
     };
-    match cudarc::nvrtc::compile_ptx_with_opts(program(defines), options) {
+    match cudarc::nvrtc::compile_ptx_with_opts(program_with(defines, user), options) {
         Ok(ptx) => Ok(ptx.to_src()),
         Err(cudarc::nvrtc::CompileError::CompileError { log, .. }) => {
             Err(format!("NVRTC could not compile the kernels for {arch}:\n{}", log.to_string_lossy()))

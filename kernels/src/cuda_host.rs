@@ -74,8 +74,13 @@ fn compile(text: &str, dir: &Path, output: &Path) -> Result<(), String> {
 
 /// The text the host compiler builds: the prelude, the program, the launchers.
 pub fn source(defines: &[(String, String)]) -> String {
+    source_with(defines, &crate::operator::cuda_source(&[]))
+}
+
+/// `source` with a user's operator in the program.
+pub fn source_with(defines: &[(String, String)], user: &str) -> String {
     let mut text = format!("#line 1 \"kernels/cuda/host.h\"\n{PRELUDE}\n");
-    text.push_str(&crate::cuda::program(defines));
+    text.push_str(&crate::cuda::program_with(defines, user));
     text.push_str(&format!("#line 1 \"kernels/cuda/host_launch.cpp\"\n{LAUNCHERS}\n"));
     text
 }
@@ -83,6 +88,11 @@ pub fn source(defines: &[(String, String)]) -> String {
 impl HostKernels {
     /// Compiles the kernels with `$CXX` (else `c++`) and loads them; an error carries the compiler's output.
     pub fn build(defines: &[(String, String)]) -> Result<HostKernels, String> {
+        Self::build_with(defines, &crate::operator::cuda_source(&[]))
+    }
+
+    /// `build` with a user's operator (`operator::cuda_source`), which `OP_USER` runs.
+    pub fn build_with(defines: &[(String, String)], user: &str) -> Result<HostKernels, String> {
         static BUILDS: AtomicU64 = AtomicU64::new(0);
         let dir = std::env::temp_dir().join(format!(
             "collc-host-kernels-{}-{}",
@@ -90,15 +100,15 @@ impl HostKernels {
             BUILDS.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let built = Self::build_in(&dir, defines);
+        let built = Self::build_in(&dir, defines, user);
         // The library stays mapped once loaded: the files can go.
         let _ = std::fs::remove_dir_all(&dir);
         built
     }
 
-    fn build_in(dir: &Path, defines: &[(String, String)]) -> Result<HostKernels, String> {
+    fn build_in(dir: &Path, defines: &[(String, String)], user: &str) -> Result<HostKernels, String> {
         let library = dir.join("libcollc_host.so");
-        compile(&source(defines), dir, &library)?;
+        compile(&source_with(defines, user), dir, &library)?;
         // SAFETY: the library is the one just built; its initialisers only set up thread-local storage.
         let loaded =
             unsafe { Library::new(&library) }.map_err(|e| format!("cannot load {}: {e}", library.display()))?;

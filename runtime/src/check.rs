@@ -227,3 +227,117 @@ pub fn count_wrong(dtype: DataType, want: &[u8], got: &[u8]) -> usize {
     let differing = want.chunks_exact(elem).zip(got.chunks_exact(elem)).filter(|(a, b)| a != b).count();
     differing + want.len().abs_diff(got.len()) / elem
 }
+
+/// Every construct of the operator language in one operator, each branch taken by some pairs of edge values: what
+/// the CUDA source built for the CPU is tested with (one build of the kernels, not one per operator).
+pub const EVERY_OPERATOR: &str =
+    "op every(a, b) = if a < b { elem(f64(a) * 0.75 + f64(b) / 3) - elem(i64(f64(a) * 2.5)) } \
+    else { if a == b { (a - b) * a + b / (a - 3) - b % a } \
+    else { if a > b + 1 && !(b == 0) || a <= -b { min(a, max(b, -a)) + abs(b) } \
+    else { elem(f32(a) + f32(b) * 0.1) + elem(i64(a) / i64(b) + i64(a) % 7 - abs(i64(b))) } } }\n";
+
+/// Every pair of `dtype`'s edge values (`edge_values`), as two buffers of elements: what users' operators are tested
+/// on against the reference evaluation.
+pub fn edge_pairs(dtype: DataType) -> (Vec<u8>, Vec<u8>) {
+    let size = dtype.size_bytes();
+    let values = edge_values(dtype);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for x in &values {
+        for y in &values {
+            a.extend_from_slice(&x.to_le_bytes()[..size]);
+            b.extend_from_slice(&y.to_le_bytes()[..size]);
+        }
+    }
+    (a, b)
+}
+
+/// Values that test each data type's edges, as little-endian bit patterns: zeros of both signs, ones, the
+/// extremes, subnormals, infinities and NaNs (quiet, signalling, negative), and random bits.
+pub fn edge_values(dtype: DataType) -> Vec<u64> {
+    let mut bits: Vec<u64> = match dtype {
+        DataType::F16 => vec![
+            0, 0x8000, 0x3C00, 0xBC00, 0x3800, 0x4000, 0x4200, 0x7BFF, 0xFBFF, 0x0001, 0x0400, 0x7C00, 0xFC00, 0x7E00,
+            0xFE00, 0x7C01, 0x5BF8,
+        ],
+        DataType::Bf16 => vec![
+            0, 0x8000, 0x3F80, 0xBF80, 0x3F00, 0x4000, 0x4040, 0x7F7F, 0xFF7F, 0x0001, 0x0080, 0x7F80, 0xFF80, 0x7FC0,
+            0xFFC0, 0x7F81, 0x4B80,
+        ],
+        DataType::F32 => [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.0,
+            3.0,
+            f32::MAX,
+            f32::MIN,
+            1e-45,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            -f32::NAN,
+            3e9,
+            -3e9,
+            200.7,
+        ]
+        .map(|v| u64::from(v.to_bits()))
+        .into_iter()
+        .chain([0x7F80_0001])
+        .collect(),
+        DataType::F64 => [
+            0.0f64,
+            -0.0,
+            1.0,
+            -1.0,
+            0.5,
+            2.0,
+            3.0,
+            f64::MAX,
+            f64::MIN,
+            5e-324,
+            f64::MIN_POSITIVE,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -f64::NAN,
+            1e19,
+            -1e19,
+            1e300,
+            200.7,
+        ]
+        .map(f64::to_bits)
+        .into_iter()
+        .chain([0x7FF0_0000_0000_0001])
+        .collect(),
+        _ => {
+            let mask = u64::MAX >> (64 - 8 * dtype.size_bytes());
+            let top = 1u64 << (8 * dtype.size_bytes() - 1);
+            [0u64, 1, 2, 3, 7, 100, u64::MAX, u64::MAX - 1, u64::MAX - 99, top, top - 1, top + 1]
+                .map(|v| v & mask)
+                .to_vec()
+        }
+    };
+    let mask = u64::MAX >> (64 - 8 * dtype.size_bytes());
+    let mut state = 0x2545_F491_4F6C_DD1Du64 ^ u64::from(dtype.nccl_code());
+    for _ in 0..8 {
+        state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        bits.push((state >> 7) & mask);
+    }
+    bits
+}
+
+pub fn is_nan(dtype: DataType, bytes: &[u8]) -> bool {
+    let mut raw = [0u8; 8];
+    raw[..bytes.len()].copy_from_slice(bytes);
+    let bits = u64::from_le_bytes(raw);
+    match dtype {
+        DataType::F16 => bits & 0x7C00 == 0x7C00 && bits & 0x03FF != 0,
+        DataType::Bf16 => bits & 0x7F80 == 0x7F80 && bits & 0x007F != 0,
+        DataType::F32 => f32::from_bits(bits as u32).is_nan(),
+        DataType::F64 => f64::from_bits(bits).is_nan(),
+        _ => false,
+    }
+}

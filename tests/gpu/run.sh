@@ -3,6 +3,8 @@
 # with `cargo build --release --features cuda` (the GPU machine reaches no package registry: this builds nothing).
 #  1. the matrix: every library algorithm x every dtype x every op, 2, 4 and 8 ranks sharing GPU 0 as threads,
 #     in and out of place, each row checked against the collective's definition (`collc run -c 1`, `#wrong`);
+#  1b. users' operators (`--ops`, compiled into the kernels by NVRTC): absmax on ring allreduce and reducescatter,
+#     horner on naive allreduce, every row checked;
 #  2. the same with 2 ranks as processes (COLLC_RANK/COLLC_WORLD_SIZE, collc's own launch convention) sharing GPU 0
 #     through CUDA IPC (without MPS the GPU time-slices the two processes' kernels: slow, so smaller sizes);
 #  3. across hosts: the same call from 2 and from 4 rank processes on GPU 0 split into two "hosts" (COLLC_HOSTID),
@@ -65,6 +67,26 @@ echo "== 1. matrix over $transport: ranks {$ranks_list} sharing GPU 0 as threads
 algos=${ALGOS:-$("$collc" list | awk 'NR > 1 && $1 !~ /^#/ && $2 ~ /\// {print $2}')}
 [ -n "$algos" ] || { echo "FAIL: collc list gave no algorithms"; exit 1; }
 ALGOS=$algos matrix "$collc" "$transport" "$ranks_list" "${sizes[@]}" || fail=1
+
+# Users' operators are compiled into the kernels by NVRTC at run time (a module per operator): not from carried PTX.
+if [ -z "${COLLC_CUDA_PTX:-}" ]; then
+  echo "== 1b. users' operators over $transport: absmax (every algorithm may reorder it), horner (rank order only)"
+  ops=$(mktemp /tmp/collc-ops.XXXXXX.coll)
+  printf 'op absmax(a, b) = max(abs(a), abs(b))\nop horner(a, b) = a * 2 + b\n' >"$ops"
+  for case in "allreduce/ring absmax all" "reducescatter/ring absmax all" "allreduce/naive horner int32"; do
+    read -r algo op dtype <<<"$case"
+    out=$("$collc" run "$algo" --transport "$transport" --ranks 4 --ops "$ops" -o "$op" -d "$dtype" "${sizes[@]}" \
+      -n 2 -w 1 -c 1 2>&1)
+    if grep -q '# Out of bounds values : 0 OK' <<<"$out"; then
+      echo "ok   $algo -o $op -d $dtype"
+    else
+      echo "FAIL $algo -o $op -d $dtype"; tail -5 <<<"$out"; fail=1
+    fi
+  done
+  rm -f "$ops"
+else
+  echo "== 1b. users' operators: skipped (COLLC_CUDA_PTX: no NVRTC to compile them)"
+fi
 
 if [ "$transport" = cuda ]; then
   echo "== 2. matrix over cuda: 2 ranks as processes sharing GPU 0 through CUDA IPC, every dtype and op, ${ipc_sizes[*]}"

@@ -16,9 +16,11 @@ use thiserror::Error;
 
 use crate::DataType;
 
+mod device;
 mod native;
 mod registry;
 
+pub use device::cuda_source;
 pub use native::NativeKernel;
 pub use registry::{Prepared, RegistryFull, UserOp};
 
@@ -431,8 +433,8 @@ fn load(bytes: &[u8], rep: Rep, dtype: DataType) -> Val {
 fn store(value: Val, rep: Rep, out: &mut [u8]) {
     let bits: u64 = match (value, rep) {
         (Val::Int(v), _) => v as u64,
-        (Val::Float(v), Rep::F16) => u64::from(f16::from_f64(v).to_bits()),
-        (Val::Float(v), Rep::Bf16) => u64::from(bf16::from_f64(v).to_bits()),
+        (Val::Float(v), Rep::F16) => u64::from(f16::from_f32(v as f32).to_bits()),
+        (Val::Float(v), Rep::Bf16) => u64::from(bf16::from_f32(v as f32).to_bits()),
         (Val::Float(v), Rep::F32) => u64::from((v as f32).to_bits()),
         (Val::Float(v), _) => v.to_bits(),
         (Val::Bool(v), _) => u64::from(v),
@@ -451,11 +453,13 @@ fn wrap(v: i128, bits: u32, signed: bool) -> i128 {
     }
 }
 
-/// A float rounded to `rep`'s precision (exactly representable in f64 for every float type).
+/// A float rounded to `rep`'s precision (exactly representable in f64 for every float type). A half type is reached
+/// through f32, each step rounding to nearest even: `half`'s own conversions from f64 differ with the CPU (through
+/// f32 with F16C, directly without), and the device rounds through f32 too.
 fn round(v: f64, rep: Rep) -> f64 {
     match rep {
-        Rep::F16 => f16::from_f64(v).to_f64(),
-        Rep::Bf16 => bf16::from_f64(v).to_f64(),
+        Rep::F16 => f16::from_f32(v as f32).to_f64(),
+        Rep::Bf16 => bf16::from_f32(v as f32).to_f64(),
         Rep::F32 => f64::from(v as f32),
         _ => v,
     }

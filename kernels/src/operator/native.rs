@@ -35,10 +35,10 @@ const HELPERS: &[(&str, *const u8, &[Type], Type)] = &[
 ];
 
 extern "C" fn round_f16(v: f64) -> f32 {
-    f16::from_f64(v).to_f32()
+    f16::from_f32(v as f32).to_f32()
 }
 extern "C" fn round_bf16(v: f64) -> f32 {
-    bf16::from_f64(v).to_f32()
+    bf16::from_f32(v as f32).to_f32()
 }
 extern "C" fn load_f16(bits: u32) -> f32 {
     f16::from_bits(bits as u16).to_f64() as f32
@@ -47,10 +47,10 @@ extern "C" fn load_bf16(bits: u32) -> f32 {
     bf16::from_bits(bits as u16).to_f64() as f32
 }
 extern "C" fn store_f16(v: f32) -> u32 {
-    u32::from(f16::from_f64(f64::from(v)).to_bits())
+    u32::from(f16::from_f32(v).to_bits())
 }
 extern "C" fn store_bf16(v: f32) -> u32 {
-    u32::from(bf16::from_f64(f64::from(v)).to_bits())
+    u32::from(bf16::from_f32(v).to_bits())
 }
 extern "C" fn rem_f32(x: f32, y: f32) -> f32 {
     x % y

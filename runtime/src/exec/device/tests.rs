@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 
 /// What runs a launch: the host twin, or the CUDA interpreter built for the CPU.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Runner {
     Twin,
     Cuda,
@@ -27,10 +27,16 @@ enum Runner {
 /// Threads per block of the CUDA kernels on the CPU: few, and odd, so ranges split with ragged ends.
 const HOST_THREADS: u32 = 3;
 
-/// The CUDA kernels built for the CPU, once per test process.
+/// The CUDA kernels built for the CPU, once per test process, with the test matrices' user's operator (`absmax`,
+/// generated for every data type) as `OP_USER`.
 fn host_kernels() -> &'static HostKernels {
     static KERNELS: OnceLock<HostKernels> = OnceLock::new();
-    KERNELS.get_or_init(|| HostKernels::build(&encode::layout_defines()).unwrap_or_else(|e| panic!("{e}")))
+    KERNELS.get_or_init(|| {
+        let ReduceOp::User(absmax) = check::user_ops()[0] else { unreachable!("a user's operator") };
+        let typed: Vec<_> = DataType::ALL.iter().map(|&d| &absmax.prepare(d).expect("absmax types").typed).collect();
+        let user = collc_kernels::operator::cuda_source(&typed);
+        HostKernels::build_with(&encode::layout_defines(), &user).unwrap_or_else(|e| panic!("{e}"))
+    })
 }
 
 /// One launch of every block of `image` by the CUDA interpreter on the CPU, laid out as the cuda target lays it out
@@ -214,10 +220,8 @@ fn every_library_collective_in_one_launch(runner: Runner) -> usize {
                 let Ok(sched) = compile(source, &bindings, Options::placed(placement), &Limits::default()) else {
                     continue;
                 };
-                // The twin also runs a user's operator (compiled with cranelift); the CUDA source does not yet.
-                let user = check::user_ops()[0];
-                let reducing: Vec<ReduceOp> =
-                    check::OPS.iter().copied().chain((runner == Runner::Twin).then_some(user)).collect();
+                // And a user's operator: compiled with cranelift in the twin, generated into the CUDA source.
+                let reducing: Vec<ReduceOp> = check::OPS.iter().copied().chain([check::user_ops()[0]]).collect();
                 let ops: &[ReduceOp] = if collective.reduces() { &reducing } else { &[ReduceOp::Sum] };
                 for &dtype in DataType::ALL {
                     for &op in ops {
@@ -369,5 +373,42 @@ fn the_cuda_copy_kernel_on_the_cpu_copies_every_alignment() {
         kernels.copy(3, HOST_THREADS, &mut dst[to..to + bytes], &src[from..from + bytes]);
         assert_eq!(&dst[to..to + bytes], &src[from..from + bytes], "from {from} to {to} bytes {bytes}");
         assert!(dst[..to].iter().chain(&dst[to + bytes..]).all(|&b| b == 0xEE), "only the range is written");
+    }
+}
+
+/// The CUDA source's `OP_USER`, generated from `every` for each data type it types on and built for the CPU, runs
+/// `collc_reduce` over the pairs of edge values as the reference evaluates them.
+#[test]
+fn generated_cuda_matches_the_reference_bit_for_bit() {
+    let every = collc_compiler::operator::parse_operators(check::EVERY_OPERATOR, &Default::default())
+        .expect("compiles")
+        .remove(0);
+    let op = collc_kernels::operator::UserOp::register(every).expect("room in the registry");
+    let typed: Vec<_> = DataType::ALL.iter().filter_map(|&d| op.prepare(d).ok()).map(|p| &p.typed).collect();
+    assert_eq!(typed.len(), DataType::ALL.len(), "`every` types on every data type");
+    let defines = encode::layout_defines();
+    let kernels = HostKernels::build_with(&defines, &collc_kernels::operator::cuda_source(&typed))
+        .unwrap_or_else(|e| panic!("{e}"));
+    for &dtype in DataType::ALL {
+        let size = dtype.size_bytes();
+        let (a, b) = check::edge_pairs(dtype);
+        let mut device = vec![0u8; a.len()];
+        let code = u32::from(ReduceOp::USER_CODE);
+        kernels.reduce(1, 3, dtype as u32, code, size, &mut device, &a, &b);
+        let prepared = op.prepare(dtype).expect("types");
+        let mut want = [0u8; 8];
+        for k in 0..a.len() / size {
+            let at = k * size..(k + 1) * size;
+            prepared.typed.eval(&a[at.clone()], &b[at.clone()], &mut want[..size]);
+            let both_nan = check::is_nan(dtype, &want[..size]) && check::is_nan(dtype, &device[at.clone()]);
+            assert!(
+                device[at.clone()] == want[..size] || both_nan,
+                "`every` on {dtype}: a={:02x?} b={:02x?}: CUDA {:02x?}, reference {:02x?}",
+                &a[at.clone()],
+                &b[at.clone()],
+                &device[at.clone()],
+                &want[..size]
+            );
+        }
     }
 }

@@ -21,6 +21,8 @@ pub use memory::{is_device_memory, DeviceAlloc};
 pub(crate) use target::{CudaExec, CudaTarget};
 
 use super::encode::{self, THREADS};
+use collc_kernels::operator::UserOp;
+use collc_kernels::{DataType, ReduceOp};
 use cudarc::driver::sys::{self, CUresult};
 use std::collections::HashMap;
 use std::ffi::{CStr, CString};
@@ -32,18 +34,38 @@ pub fn kernels_ptx(arch: &'static str) -> Result<String, String> {
     collc_kernels::cuda::compile(&encode::layout_defines(), arch)
 }
 
+/// The text of a user's operator for the device (`operator::cuda_source`): the operator on every data type it types
+/// on; with none, the stub `OP_USER` traps in.
+fn user_source(user: Option<UserOp>) -> String {
+    let typed: Vec<_> = match user {
+        Some(op) => DataType::ALL.iter().filter_map(|&d| op.prepare(d).ok()).map(|p| &p.typed).collect(),
+        None => Vec::new(),
+    };
+    collc_kernels::operator::cuda_source(&typed)
+}
+
 /// `kernels_ptx`, kept in `$XDG_CACHE_HOME/collc` (or `~/.cache/collc`) under a hash of the program, NVRTC's version
 /// and `arch`, so a process does not pay NVRTC's seconds again for kernels it compiled before.
 /// `COLLC_CUDA_PTX` names a PTX file to load instead (made by `collc gpu ptx` of the same build, for a machine
 /// without NVRTC).
-fn cached_ptx(arch: &'static str) -> Result<String, String> {
+/// With a user's operator, the kernels are compiled with it (always by NVRTC: `COLLC_CUDA_PTX` holds the built-in
+/// operators only).
+fn cached_ptx(arch: &'static str, user: Option<UserOp>) -> Result<String, String> {
     if let Some(path) = std::env::var_os("COLLC_CUDA_PTX") {
+        if let Some(op) = user {
+            return Err(format!(
+                "the operator `{}` is compiled into the kernels by NVRTC, and COLLC_CUDA_PTX names prebuilt kernels: \
+                 unset it where NVRTC is installed",
+                op.name()
+            ));
+        }
         return std::fs::read_to_string(&path)
             .map_err(|e| format!("COLLC_CUDA_PTX={}: {e}", std::path::Path::new(&path).display()));
     }
     let defines = encode::layout_defines();
     let version = collc_kernels::cuda::nvrtc_version()?;
-    let key = format!("{}|{version:?}|{arch}", collc_kernels::cuda::program(&defines));
+    let user = user_source(user);
+    let key = format!("{}|{version:?}|{arch}", collc_kernels::cuda::program_with(&defines, &user));
     let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     let dir = std::env::var_os("XDG_CACHE_HOME")
         .map(std::path::PathBuf::from)
@@ -53,7 +75,7 @@ fn cached_ptx(arch: &'static str) -> Result<String, String> {
     if let Some(ptx) = path.as_ref().and_then(|p| std::fs::read_to_string(p).ok()) {
         return Ok(ptx);
     }
-    let ptx = kernels_ptx(arch)?;
+    let ptx = collc_kernels::cuda::compile_with(&defines, &user, arch)?;
     if let (Some(dir), Some(path)) = (dir, path) {
         // A cache that cannot be written only costs the next process the compile.
         let temporary = path.with_extension(format!("tmp{}", std::process::id()));
@@ -137,8 +159,12 @@ pub struct Gpu {
     pub sms: u32,
     pub(crate) device: sys::CUdevice,
     pub(crate) ctx: sys::CUcontext,
+    /// The virtual architecture its kernels are compiled for.
+    arch: &'static str,
     _module: sys::CUmodule,
     pub(crate) interpret: sys::CUfunction,
+    /// The interpreter of each user's operator called on this GPU (its module and function), by the operator's digest.
+    users: Mutex<HashMap<u64, (sys::CUmodule, sys::CUfunction)>>,
     pub(crate) kernels: Kernels,
     pub(crate) stream: sys::CUstream,
     /// Blocks of the interpreter one SM holds at once.
@@ -231,15 +257,8 @@ fn open_gpu(ordinal: i32) -> Result<Gpu, String> {
         let arch = arch_for(major, minor).ok_or(format!(
             "GPU {ordinal} ({name}) is sm_{major}{minor}: below sm_75, which NVRTC 13 no longer compiles for"
         ))?;
-        let ptx = CString::new(cached_ptx(arch)?).map_err(|_| "PTX with a NUL byte".to_string())?;
-        let mut module = std::ptr::null_mut();
-        ok(sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()), "cuModuleLoadData (the kernels' PTX)")?;
-        let function = |entry: &str| -> Result<sys::CUfunction, String> {
-            let mut f = std::ptr::null_mut();
-            let entry_c = CString::new(entry).expect("no NUL");
-            ok(sys::cuModuleGetFunction(&mut f, module, entry_c.as_ptr()), entry)?;
-            Ok(f)
-        };
+        let module = load_module(arch, None)?;
+        let function = |entry: &str| function_of(module, entry);
         let interpret = function("collc_interpret")?;
         let kernels = Kernels { copy: function("collc_copy")?, empty: function("collc_empty")? };
         let mut per_sm = 0;
@@ -251,7 +270,60 @@ fn open_gpu(ordinal: i32) -> Result<Gpu, String> {
         ok(sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32), "cuStreamCreate")?;
         let per_sm = per_sm as u32;
         let wedged = AtomicBool::new(false);
-        Ok(Gpu { ordinal, name, sms, device, ctx, _module: module, interpret, kernels, stream, per_sm, wedged })
+        let users = Mutex::new(HashMap::new());
+        Ok(Gpu {
+            ordinal,
+            name,
+            sms,
+            device,
+            ctx,
+            arch,
+            _module: module,
+            interpret,
+            users,
+            kernels,
+            stream,
+            per_sm,
+            wedged,
+        })
+    }
+}
+
+/// The kernels for `arch` (with a user's operator) loaded into the current context.
+fn load_module(arch: &'static str, user: Option<UserOp>) -> Result<sys::CUmodule, String> {
+    let ptx = CString::new(cached_ptx(arch, user)?).map_err(|_| "PTX with a NUL byte".to_string())?;
+    let mut module = std::ptr::null_mut();
+    let what = match user {
+        Some(op) => format!("cuModuleLoadData (the kernels compiled with the operator `{}`)", op.name()),
+        None => "cuModuleLoadData (the kernels' PTX)".to_string(),
+    };
+    // SAFETY: a valid out-pointer and a NUL-terminated PTX image; the caller made the GPU's context current.
+    ok(unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) }, &what)?;
+    Ok(module)
+}
+
+fn function_of(module: sys::CUmodule, entry: &str) -> Result<sys::CUfunction, String> {
+    let mut f = std::ptr::null_mut();
+    let entry_c = CString::new(entry).expect("no NUL");
+    // SAFETY: a valid out-pointer and a loaded module.
+    ok(unsafe { sys::cuModuleGetFunction(&mut f, module, entry_c.as_ptr()) }, entry)?;
+    Ok(f)
+}
+
+impl Gpu {
+    /// The interpreter a call by `op` launches: the one built with the kernels, or for a user's operator the one of
+    /// a module compiled with it, on first use, and kept (by the operator's digest) while the process lives.
+    pub(crate) fn interpreter_for(&self, op: ReduceOp) -> Result<sys::CUfunction, String> {
+        let ReduceOp::User(user) = op else { return Ok(self.interpret) };
+        let mut users = self.users.lock().map_err(|_| "a poisoned lock".to_string())?;
+        if let Some(&(_, function)) = users.get(&user.digest()) {
+            return Ok(function);
+        }
+        self.bind()?;
+        let module = load_module(self.arch, Some(user))?;
+        let function = function_of(module, "collc_interpret")?;
+        users.insert(user.digest(), (module, function));
+        Ok(function)
     }
 }
 
@@ -283,6 +355,24 @@ mod tests {
         for entry in ENTRIES {
             assert!(ptx.contains(&format!(".entry {entry}(")), "no entry {entry}");
         }
+    }
+
+    /// NVRTC compiles the program with a user's operator generated for every data type it types on.
+    #[test]
+    fn nvrtc_compiles_a_users_operator() {
+        use collc_kernels::DataType;
+        let source = "op clip(a, b) = if a + b > 100 { 100 } else { elem(f64(a) * 0.5 + f64(b) % 3) }\n";
+        let clip = collc_compiler::operator::parse_operators(source, &Default::default()).expect("compiles").remove(0);
+        let op = collc_kernels::operator::UserOp::register(clip).expect("room in the registry");
+        let typed: Vec<_> = DataType::ALL.iter().filter_map(|&d| op.prepare(d).ok()).map(|p| &p.typed).collect();
+        assert_eq!(typed.len(), DataType::ALL.len());
+        let user = collc_kernels::operator::cuda_source(&typed);
+        let ptx = collc_kernels::cuda::compile_with(&encode::layout_defines(), &user, DEFAULT_ARCH);
+        let ptx = ptx.unwrap_or_else(|e| panic!("{e}"));
+        assert!(ptx.contains(".entry collc_interpret("), "{}", &ptx[..ptx.len().min(400)]);
+        // The operator's text is part of what NVRTC compiles: a broken one fails the compile, at its place.
+        let broken = collc_kernels::cuda::compile_with(&encode::layout_defines(), "not C\n", DEFAULT_ARCH);
+        assert!(broken.is_err_and(|log| log.contains("user operator")), "a broken operator compiles");
     }
 
     /// A struct that drifts from the encoder fails the compile, and the error shows NVRTC's log with the file.

@@ -17,11 +17,16 @@ use std::time::{Duration, Instant};
 
 /// One rank's part in the launches of its GPU.
 pub(crate) struct CudaEntry {
+    /// The interpreter it runs in: the kernels' own, or one compiled with the call's user operator.
+    interpreter: sys::CUfunction,
     image: CUdeviceptr,
     state: CUdeviceptr,
     bases: CUdeviceptr,
     blocks: u32,
 }
+
+// SAFETY: CUDA handles may be used from any thread once the context is made current there (`Gpu::bind`), as `Gpu`'s.
+unsafe impl Send for CudaEntry {}
 
 /// A GPU as a launch target: cooperative grids of the interpreter, with the device word a faulting block sets to
 /// the call's sequence number so every block stops.
@@ -82,6 +87,11 @@ impl Target for CudaTarget {
             ));
         }
         self.gpu.bind()?;
+        // The ranks of a launch make one call, by one operator (their fingerprints say so): one interpreter.
+        let interpreter = entries.first().map_or(self.gpu.interpret, |(_, e)| e.interpreter);
+        if entries.iter().any(|(_, e)| e.interpreter != interpreter) {
+            return Err("the ranks of one launch reduce with different operators".into());
+        }
         let (mut table_ptr, mut control_ptr, mut stop_ptr, mut seq) = (table.dev, control.dev, self.stop.ptr, call.seq);
         let mut timeout_ns = call.timeout.as_nanos().min(u64::MAX as u128) as u64;
         let mut system = self.system_scope as u32;
@@ -98,7 +108,7 @@ impl Target for CudaTarget {
         ok(
             unsafe {
                 sys::cuLaunchCooperativeKernel(
-                    self.gpu.interpret,
+                    interpreter,
                     *grid,
                     1,
                     1,
@@ -180,13 +190,8 @@ impl CudaExec {
         keep: Box<dyn std::any::Any + Send>,
         launcher: Arc<Launcher<CudaTarget>>,
     ) -> Result<Box<dyn Executor>, String> {
-        if let (collc_kernels::ReduceOp::User(user), true) = (plan.op, plan.collective.reduces()) {
-            return Err(format!(
-                "the operator `{}` runs on the host transports and the device twin; the cuda transport does not \
-                 compile users' operators yet: run it with --transport threads, shm or tcp",
-                user.name()
-            ));
-        }
+        let op = if plan.collective.reduces() { plan.op } else { collc_kernels::ReduceOp::Sum };
+        let interpreter = gpu.interpreter_for(op)?;
         let image_mem = DeviceAlloc::zeroed(gpu, image.bytes().len())?;
         image_mem.write(0, image.bytes())?;
         let state = DeviceAlloc::zeroed(gpu, image.state_words() * 8)?;
@@ -199,7 +204,7 @@ impl CudaExec {
             bases.set(2 + b, memory.ptr);
         }
         let blocks = image.header().n_blocks;
-        let entry = CudaEntry { image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks };
+        let entry = CudaEntry { interpreter, image: image_mem.ptr, state: state.ptr, bases: bases.dev, blocks };
         let token = launcher.register(plan.rank, entry);
         Ok(Box::new(CudaExec {
             plan,

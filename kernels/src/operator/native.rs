@@ -5,8 +5,12 @@
 //! `half` and `bfloat16` as `f32` values already rounded to their type, `bool` as an `i8` of 0 or 1. Every float
 //! operation of a half type is computed in `f32` and rounded back (docs/language.md §16); the roundings, the half
 //! types' loads and stores and the float remainder call small Rust functions (`half`'s conversions, the ones the
-//! reference uses), everything else is inline. One element per iteration: a reduction by a user's operator is
-//! bound by its arithmetic or by memory long before by the loop.
+//! reference uses), everything else is inline.
+//!
+//! Where every node of the operator computes in the element's own width (no casts, no integer `/` or `%`, no float
+//! `%`), and the type is not `half`, the loop runs on 128-bit vectors first (x64's widest in cranelift), comparisons
+//! as lane masks and selects as `bitselect`, `bfloat16` as `f32x4` with its rounding inline, then element by element
+//! for the tail. Anything cranelift cannot lower that way falls back to the scalar loop.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
@@ -70,15 +74,50 @@ fn ir_type(rep: Rep) -> Type {
     }
 }
 
-impl Typed {
-    /// The operator as native code for this machine, or why cranelift could not make it (the caller then
-    /// evaluates the expression instead).
-    pub fn compile(&self) -> Result<NativeKernel, String> {
-        compile(self).map_err(|e| format!("cranelift could not compile `{}` for {}: {e}", self.name, self.dtype))
+/// Elements a 128-bit vector of `dtype`'s computing type holds, where the vector loop applies to it.
+fn lanes(dtype: DataType) -> Option<u32> {
+    match dtype {
+        DataType::I8 | DataType::U8 => Some(16),
+        DataType::I32 | DataType::U32 | DataType::F32 | DataType::Bf16 => Some(4),
+        DataType::I64 | DataType::U64 | DataType::F64 => Some(2),
+        DataType::F16 => None,
     }
 }
 
-fn compile(typed: &Typed) -> Result<NativeKernel, Box<dyn std::error::Error>> {
+/// Whether every node computes in the element's width, lane for lane.
+fn vectorizable(node: &TNode, dtype: DataType) -> bool {
+    let float = matches!(dtype, DataType::F32 | DataType::F64 | DataType::Bf16);
+    match &node.kind {
+        TKind::A | TKind::B | TKind::Lit(_) => true,
+        TKind::Unary(_, e) => vectorizable(e, dtype),
+        TKind::Binary(op, l, r) => {
+            let divides = matches!(op, Binary::Rem) || (*op == Binary::Div && !float);
+            !divides && vectorizable(l, dtype) && vectorizable(r, dtype)
+        }
+        TKind::Select(c, x, y) => vectorizable(c, dtype) && vectorizable(x, dtype) && vectorizable(y, dtype),
+        TKind::Cast(_) => false,
+    }
+}
+
+impl Typed {
+    /// The operator as native code for this machine (a vector loop where the operator allows one), or why cranelift
+    /// could not make it (the caller then evaluates the expression instead).
+    pub fn compile(&self) -> Result<NativeKernel, String> {
+        let vector = lanes(self.dtype).filter(|_| vectorizable(&self.body, self.dtype));
+        vector
+            .and_then(|lanes| compile(self, lanes).ok())
+            .map_or_else(|| compile(self, 1), Ok)
+            .map_err(|e| format!("cranelift could not compile `{}` for {}: {e}", self.name, self.dtype))
+    }
+
+    /// Whether `compile` makes a vector loop for this operator and type.
+    pub fn vectorized(&self) -> bool {
+        lanes(self.dtype).is_some_and(|lanes| vectorizable(&self.body, self.dtype) && compile(self, lanes).is_ok())
+    }
+}
+
+/// The loop, `lanes` elements per iteration (1: scalar only; more: vectors, then a scalar tail).
+fn compile(typed: &Typed, lanes: u32) -> Result<NativeKernel, Box<dyn std::error::Error>> {
     let mut flags = settings::builder();
     flags.set("opt_level", "speed")?;
     flags.set("use_colocated_libcalls", "false")?;
@@ -113,7 +152,30 @@ fn compile(typed: &Typed) -> Result<NativeKernel, Box<dyn std::error::Error>> {
         b.switch_to_block(entry);
         let [dst, a, bp, n] = [0, 1, 2, 3].map(|k| b.block_params(entry)[k]);
         let zero = b.ins().iconst(pointer, 0);
-        b.ins().jump(header, &[zero.into()]);
+        let size = typed.dtype.size_bytes() as i64;
+        if lanes > 1 {
+            // Whole vectors while `lanes` more elements remain, then the scalar loop from where they stopped.
+            let (vheader, vbody) = (b.create_block(), b.create_block());
+            b.append_block_param(vheader, pointer);
+            b.ins().jump(vheader, &[zero.into()]);
+            b.switch_to_block(vheader);
+            let i = b.block_params(vheader)[0];
+            let end = b.ins().iadd_imm_s(i, i64::from(lanes));
+            let fits = b.ins().icmp(IntCC::UnsignedLessThanOrEqual, end, n);
+            b.ins().brif(fits, vbody, &[], header, &[i.into()]);
+            b.switch_to_block(vbody);
+            let offset = b.ins().imul_imm_s(i, size);
+            let (at_a, at_b, at_dst) = (b.ins().iadd(a, offset), b.ins().iadd(bp, offset), b.ins().iadd(dst, offset));
+            let mut emit = Emit { b: &mut b, dtype: typed.dtype, helpers: refs.clone(), a: None, b_val: None, lanes };
+            let va = emit.load(at_a);
+            let vb = emit.load(at_b);
+            (emit.a, emit.b_val) = (Some(va), Some(vb));
+            let result = emit.value(&typed.body);
+            emit.store(result, at_dst);
+            b.ins().jump(vheader, &[end.into()]);
+        } else {
+            b.ins().jump(header, &[zero.into()]);
+        }
 
         b.switch_to_block(header);
         let i = b.block_params(header)[0];
@@ -121,10 +183,9 @@ fn compile(typed: &Typed) -> Result<NativeKernel, Box<dyn std::error::Error>> {
         b.ins().brif(more, body, &[], exit, &[]);
 
         b.switch_to_block(body);
-        let size = typed.dtype.size_bytes() as i64;
         let offset = b.ins().imul_imm_s(i, size);
         let (at_a, at_b, at_dst) = (b.ins().iadd(a, offset), b.ins().iadd(bp, offset), b.ins().iadd(dst, offset));
-        let mut emit = Emit { b: &mut b, dtype: typed.dtype, helpers: refs, a: None, b_val: None };
+        let mut emit = Emit { b: &mut b, dtype: typed.dtype, helpers: refs, a: None, b_val: None, lanes: 1 };
         let va = emit.load(at_a);
         let vb = emit.load(at_b);
         (emit.a, emit.b_val) = (Some(va), Some(vb));
@@ -154,6 +215,16 @@ struct Emit<'f, 'b> {
     helpers: Vec<FuncRef>,
     a: Option<Value>,
     b_val: Option<Value>,
+    /// Elements per value: 1, or a vector's lanes.
+    lanes: u32,
+}
+
+/// `ty` as a vector of `lanes` (itself for one).
+fn widened(ty: Type, lanes: u32) -> Type {
+    match lanes {
+        1 => ty,
+        lanes => ty.by(lanes).expect("a 128-bit vector type"),
+    }
 }
 
 impl Emit<'_, '_> {
@@ -167,8 +238,84 @@ impl Emit<'_, '_> {
         rep(Ty::Elem, self.dtype)
     }
 
+    /// A value's type: `rep`'s, in vectors as wide as the element's (a bool is a lane mask of the element's width).
+    fn ty(&self, rep: Rep) -> Type {
+        let scalar = match (rep, self.lanes) {
+            (Rep::Bool, 1) => types::I8,
+            (Rep::Bool, _) => ir_type(self.elem()).as_int(),
+            (rep, _) => ir_type(rep),
+        };
+        widened(scalar, self.lanes)
+    }
+
+    fn vector(&self) -> bool {
+        self.lanes > 1
+    }
+
+    /// `x` where `mask` (a bool) is set, else `y`.
+    fn choose(&mut self, mask: Value, x: Value, y: Value) -> Value {
+        if !self.vector() {
+            return self.b.ins().select(mask, x, y);
+        }
+        let ty = self.b.func.dfg.value_type(x);
+        let mask = match self.b.func.dfg.value_type(mask) == ty {
+            true => mask,
+            false => self.b.ins().bitcast(ty, MemFlagsData::new(), mask),
+        };
+        self.b.ins().bitselect(mask, x, y)
+    }
+
+    fn splat_int(&mut self, lane: Type, v: i64) -> Value {
+        let scalar = self.b.ins().iconst(lane, v);
+        self.b.ins().splat(lane.by(self.lanes).expect("a vector"), scalar)
+    }
+
+    /// bfloat16 lanes in `f32x4` (`bits`: i32x4 of the f32 bits) rounded to bfloat16 as `half` rounds (nearest even,
+    /// a NaN made quiet), as `f32x4`.
+    fn round_bf16_lanes(&mut self, bits: Value) -> Value {
+        let nan = self.nan_lanes(bits);
+        let high = self.splat_int(types::I32, 0xFFFF_0000u32 as i64);
+        let kept = self.b.ins().band(bits, high);
+        let quiet_bit = self.splat_int(types::I32, 0x0040_0000);
+        let quiet = self.b.ins().bor(kept, quiet_bit);
+        let (half, sticky, zero) =
+            (self.splat_int(types::I32, 0x8000), self.splat_int(types::I32, 0x1_7FFF), self.splat_int(types::I32, 0));
+        let at_half = self.b.ins().band(bits, half);
+        let at_half = self.b.ins().icmp(IntCC::NotEqual, at_half, zero);
+        let odd_or_more = self.b.ins().band(bits, sticky);
+        let odd_or_more = self.b.ins().icmp(IntCC::NotEqual, odd_or_more, zero);
+        let up = self.b.ins().band(at_half, odd_or_more);
+        let one = self.splat_int(types::I32, 0x1_0000);
+        let step = self.b.ins().band(up, one);
+        let rounded = self.b.ins().iadd(kept, step);
+        let result = self.b.ins().bitselect(nan, quiet, rounded);
+        self.b.ins().bitcast(types::F32X4, MemFlagsData::new(), result)
+    }
+
+    /// The lanes of `bits` (i32x4 of f32 bits) that are NaNs, as a mask.
+    fn nan_lanes(&mut self, bits: Value) -> Value {
+        let magnitude = self.splat_int(types::I32, 0x7FFF_FFFF);
+        let magnitude = self.b.ins().band(bits, magnitude);
+        let infinity = self.splat_int(types::I32, 0x7F80_0000);
+        self.b.ins().icmp(IntCC::UnsignedGreaterThan, magnitude, infinity)
+    }
+
     fn load(&mut self, at: Value) -> Value {
         let flags = MemFlagsData::new();
+        if self.vector() {
+            if self.dtype != DataType::Bf16 {
+                let ty = self.ty(self.elem());
+                return self.b.ins().load(ty, flags, at, 0);
+            }
+            // Four bfloat16s widened to the top halves of f32 lanes, a NaN made quiet (as `half` loads it).
+            let bits = self.b.ins().uload16x4(flags, at, 0);
+            let bits = self.b.ins().ishl_imm_s(bits, 16);
+            let nan = self.nan_lanes(bits);
+            let quiet_bit = self.splat_int(types::I32, 0x0040_0000);
+            let quiet = self.b.ins().band(nan, quiet_bit);
+            let bits = self.b.ins().bor(bits, quiet);
+            return self.b.ins().bitcast(types::F32X4, flags, bits);
+        }
         match self.elem() {
             rep @ (Rep::F16 | Rep::Bf16) => {
                 let bits = self.b.ins().load(types::I16, flags, at, 0);
@@ -181,6 +328,21 @@ impl Emit<'_, '_> {
 
     fn store(&mut self, v: Value, at: Value) {
         let flags = MemFlagsData::new();
+        if self.vector() {
+            if self.dtype != DataType::Bf16 {
+                self.b.ins().store(flags, v, at, 0);
+                return;
+            }
+            // The lanes are bfloat16 values already (every operation rounds): their top halves, narrowed.
+            let bits = self.b.ins().bitcast(types::I32X4, flags, v);
+            let bits = self.b.ins().ushr_imm_s(bits, 16);
+            let narrow = self.b.ins().unarrow(bits, bits);
+            let little = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+            let words = self.b.ins().bitcast(types::I64X2, little, narrow);
+            let low = self.b.ins().extractlane(words, 0);
+            self.b.ins().store(flags, low, at, 0);
+            return;
+        }
         match self.elem() {
             rep @ (Rep::F16 | Rep::Bf16) => {
                 let bits = self.call(if rep == Rep::F16 { "store_f16" } else { "store_bf16" }, &[v]);
@@ -195,6 +357,13 @@ impl Emit<'_, '_> {
 
     /// An `f64` or `f32` value rounded to a half type (as `f32`); other reps as they are.
     fn round(&mut self, v: Value, to: Rep) -> Value {
+        if self.vector() {
+            if to != Rep::Bf16 {
+                return v;
+            }
+            let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
+            return self.round_bf16_lanes(bits);
+        }
         let helper = match to {
             Rep::F16 => "round_f16",
             Rep::Bf16 => "round_bf16",
@@ -224,7 +393,7 @@ impl Emit<'_, '_> {
             }
             TKind::Select(c, x, y) => {
                 let (c, x, y) = (self.value(c), self.value(x), self.value(y));
-                self.b.ins().select(c, x, y)
+                self.choose(c, x, y)
             }
             TKind::Cast(e) => {
                 let from = rep(e.ty, self.dtype);
@@ -235,6 +404,17 @@ impl Emit<'_, '_> {
     }
 
     fn literal(&mut self, v: Val, rep: Rep) -> Value {
+        if self.vector() {
+            let lane = self.ty(rep).lane_type();
+            let scalar = match v {
+                Val::Bool(v) => self.b.ins().iconst(lane, -i64::from(v)),
+                Val::Int(v) => self.b.ins().iconst(lane, v as i64),
+                Val::Float(v) if rep == Rep::F64 => self.b.ins().f64const(v),
+                Val::Float(v) => self.b.ins().f32const(v as f32),
+            };
+            let ty = self.ty(rep);
+            return self.b.ins().splat(ty, scalar);
+        }
         let ins = self.b.ins();
         match v {
             Val::Int(v) => ins.iconst(ir_type(rep), v as i64),
@@ -247,6 +427,7 @@ impl Emit<'_, '_> {
     fn unary(&mut self, op: Unary, x: Value, rep: Rep) -> Value {
         let ins = self.b.ins();
         match (op, rep) {
+            (Unary::Not, _) if self.lanes > 1 => ins.bnot(x),
             (Unary::Not, _) => ins.bxor_imm_s(x, 1),
             (Unary::Neg, Rep::Int { .. }) => ins.ineg(x),
             (Unary::Abs, Rep::Int { signed: true, .. }) => ins.iabs(x),
@@ -359,7 +540,7 @@ impl Emit<'_, '_> {
     /// The built-in max/min (`crate::element`): a NaN loses to the other operand, and -0 is below +0.
     fn float_min_max(&mut self, op: Binary, x: Value, y: Value) -> Value {
         let ty = self.b.func.dfg.value_type(x);
-        let int = if ty == types::F64 { types::I64 } else { types::I32 };
+        let int = ty.as_int();
         let ins = self.b.ins();
         let x_nan = ins.fcmp(FloatCC::Unordered, x, x);
         let y_nan = self.b.ins().fcmp(FloatCC::Unordered, y, y);
@@ -369,12 +550,18 @@ impl Emit<'_, '_> {
             _ => (self.b.ins().fcmp(FloatCC::LessThan, x, y), x),
         };
         let bits = self.b.ins().bitcast(int, MemFlagsData::new(), signed_side);
-        let negative = self.b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0);
+        let negative = match self.vector() {
+            true => {
+                let zero = self.splat_int(int.lane_type(), 0);
+                self.b.ins().icmp(IntCC::SignedLessThan, bits, zero)
+            }
+            false => self.b.ins().icmp_imm_s(IntCC::SignedLessThan, bits, 0),
+        };
         let tie = self.b.ins().band(equal, negative);
         let pick_x = self.b.ins().bor(beats, tie);
-        let r = self.b.ins().select(pick_x, x, y);
-        let r = self.b.ins().select(y_nan, x, r);
-        self.b.ins().select(x_nan, y, r)
+        let r = self.choose(pick_x, x, y);
+        let r = self.choose(y_nan, x, r);
+        self.choose(x_nan, y, r)
     }
 
     /// `x` of `from` as `to` ([`super::convert`]'s rules).

@@ -325,6 +325,11 @@ fn users_operators_run_with_the_data_check() {
             text(&out.stderr)
         );
         assert!(said.contains(&format!(" {op} ")), "{args:?}: {said}");
+        if op == "absmax" {
+            let header = "redop absmax: a user's operator, absmax = max(abs(a), abs(b)), compiled with cranelift: \
+                          int8 vectors of 16, uint8 vectors of 16";
+            assert!(said.contains(header) && said.contains("half one element at a time"), "{said}");
+        }
         if algorithm == "allreduce" {
             assert!(said.contains("allreduce/naive (predicted fastest)"), "{said}");
             assert!(said.contains("not a candidate: allreduce/ring (`horner` is not commutative"), "{said}");

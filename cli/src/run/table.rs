@@ -217,6 +217,12 @@ fn print_header(job: &Job, header: &Header) {
     for factor in job.ops.iter().filter_map(|op| op.factor()) {
         println!("#   redop mulsum: premulsum:{factor}, every rank's input multiplied by {factor}, then summed");
     }
+    for op in job.ops.iter().filter_map(|op| match op {
+        collc_kernels::ReduceOp::User(user) => Some(*user),
+        _ => None,
+    }) {
+        println!("#   redop {}: {}", op.name(), describe_operator(op, &job.dtypes));
+    }
     println!(
         "# minBytes {} maxBytes {} warmup iters: {} iters: {} validation: {}",
         job.byte_range.0,
@@ -313,4 +319,20 @@ fn print_comparison(job: &Job, rows: &[Row]) {
         );
     }
     println!("# the choice is within 10% of the measured fastest at {close} of {total} sizes");
+}
+
+/// How a user's operator runs on the run's data types: its body, and per type the loop cranelift made of it.
+fn describe_operator(op: collc_kernels::operator::UserOp, dtypes: &[collc_kernels::DataType]) -> String {
+    let loops: Vec<String> = dtypes
+        .iter()
+        .filter_map(|&dtype| {
+            let prepared = op.prepare(dtype).ok()?;
+            Some(match &prepared.native {
+                Err(_) => format!("{dtype} evaluated (cranelift could not compile it)"),
+                Ok(native) if native.lanes > 1 => format!("{dtype} vectors of {}", native.lanes),
+                Ok(_) => format!("{dtype} one element at a time"),
+            })
+        })
+        .collect();
+    format!("a user's operator, {} = {}, compiled with cranelift: {}", op.name(), op.operator().body, loops.join(", "))
 }

@@ -21,7 +21,7 @@ mod native;
 mod registry;
 
 pub use device::cuda_source;
-pub use native::NativeKernel;
+pub use native::{Native, NativeKernel};
 pub use registry::{Prepared, RegistryFull, UserOp};
 
 /// Where a node was written: a byte range of its source.

@@ -26,6 +26,14 @@ use crate::DataType;
 /// `dst[i] = a[i] (op) b[i]` for `n` elements: the host kernels' reduction signature.
 pub type NativeKernel = unsafe extern "C" fn(*mut u8, *const u8, *const u8, usize);
 
+/// An operator compiled for one data type: its loop, and the elements each iteration of its main loop takes (1: a
+/// scalar loop; more: a vector loop, then a scalar tail).
+#[derive(Clone, Copy, Debug)]
+pub struct Native {
+    pub kernel: NativeKernel,
+    pub lanes: u32,
+}
+
 /// The Rust functions the generated code calls, by the names it declares them under.
 const HELPERS: &[(&str, *const u8, &[Type], Type)] = &[
     ("round_f16", round_f16 as *const u8, &[types::F64], types::F32),
@@ -102,17 +110,13 @@ fn vectorizable(node: &TNode, dtype: DataType) -> bool {
 impl Typed {
     /// The operator as native code for this machine (a vector loop where the operator allows one), or why cranelift
     /// could not make it (the caller then evaluates the expression instead).
-    pub fn compile(&self) -> Result<NativeKernel, String> {
+    pub fn compile(&self) -> Result<Native, String> {
         let vector = lanes(self.dtype).filter(|_| vectorizable(&self.body, self.dtype));
-        vector
-            .and_then(|lanes| compile(self, lanes).ok())
-            .map_or_else(|| compile(self, 1), Ok)
+        let vectors = vector.and_then(|lanes| Some(Native { kernel: compile(self, lanes).ok()?, lanes }));
+        let scalar = || compile(self, 1).map(|kernel| Native { kernel, lanes: 1 });
+        vectors
+            .map_or_else(scalar, Ok)
             .map_err(|e| format!("cranelift could not compile `{}` for {}: {e}", self.name, self.dtype))
-    }
-
-    /// Whether `compile` makes a vector loop for this operator and type.
-    pub fn vectorized(&self) -> bool {
-        lanes(self.dtype).is_some_and(|lanes| vectorizable(&self.body, self.dtype) && compile(self, lanes).is_ok())
     }
 }
 

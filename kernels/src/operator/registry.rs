@@ -6,7 +6,7 @@ use std::sync::{Mutex, OnceLock};
 
 use thiserror::Error;
 
-use super::native::NativeKernel;
+use super::native::Native;
 use super::{NotReorderable, Operator, TypeError, Typed};
 use crate::DataType;
 
@@ -34,7 +34,7 @@ struct Entry {
 /// An operator ready for one data type: checked, and compiled (or, where cranelift failed, evaluated).
 pub struct Prepared {
     pub typed: Typed,
-    pub native: Result<NativeKernel, String>,
+    pub native: Result<Native, String>,
     reorderable: OnceLock<Result<(), NotReorderable>>,
 }
 
@@ -118,7 +118,7 @@ impl UserOp {
             self.prepare(dtype).unwrap_or_else(|e| panic!("`{}` on {dtype} was not prepared: {e}", self.name()));
         match prepared.native {
             // SAFETY: forwarded from the caller; the kernel reads and writes `n` elements of `dtype`.
-            Ok(kernel) => unsafe { kernel(dst, a, b, n) },
+            Ok(native) => unsafe { (native.kernel)(dst, a, b, n) },
             Err(_) => {
                 let size = dtype.size_bytes();
                 let mut out = [0u8; 8];

@@ -200,7 +200,7 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
             reduce_gbps: round(1e-9 / cached_gamma),
             copy_gbps: round(1e-9 / cached_copy),
         }),
-        single_copy: false,
+        single_copy: None,
     })
 }
 

@@ -179,7 +179,7 @@ impl Selection {
         (n_ranks, per_node): (u32, u32),
         transport: crate::Transport,
     ) -> Result<Selection, RuntimeError> {
-        let (sockets, single_copy) = (transport.backend().sockets(), transport.backend().single_copy());
+        let (sockets, single_copy) = (transport.backend().sockets(), single_copy_of(transport));
         let library = crate::algo_path::library()?;
         let filter = match std::env::var("COLLC_ALGO") {
             Ok(text) => {
@@ -293,6 +293,16 @@ pub fn host_cache_path() -> Option<PathBuf> {
 pub fn cached_host_topology() -> Option<Topology> {
     let text = std::fs::read_to_string(host_cache_path()?).ok()?;
     Topology::from_json(&text).ok()
+}
+
+/// Up to how many bytes `transport`'s ranks read each other's chunks in place, for the cost model
+/// (`Topology::single_copy`).
+pub fn single_copy_of(transport: crate::Transport) -> Option<f64> {
+    let backend = transport.backend();
+    backend.single_copy().then(|| match backend.single_copy_max_bytes() {
+        usize::MAX => f64::INFINITY,
+        cap => cap as f64,
+    })
 }
 
 #[cfg(test)]

@@ -21,23 +21,30 @@ fn uniform() -> Topology {
         shared_core_alpha_us: None,
         cached: None,
         switch: None,
-        single_copy: false,
+        single_copy: None,
     }
 }
 
 /// Where the ranks read each other's memory in place (rank threads), a send of an input as it came costs its
 /// receiver the link's alpha and its own pass, not the bytes through the ports: one_shot at p = 2 drops its n·beta
-/// term; a reduce-scatter step of the ring that forwards a partial sum still pays it.
+/// term; a reduce-scatter step of the ring that forwards a partial sum still pays it. Where single copy stops at a
+/// size, calls above it are priced as copies.
 #[test]
 fn single_copy_prices_a_send_of_an_input_as_the_receivers_pass() {
     let n = 1e6;
-    let by_reference = Topology { single_copy: true, ..uniform() };
+    let by_reference = Topology { single_copy: Some(f64::INFINITY), ..uniform() };
     assert_close("one_shot, copies", predict("allreduce/one_shot", 2, n, None, &uniform()), A + n * B + n * G);
     assert_close("one_shot, by reference", predict("allreduce/one_shot", 2, n, None, &by_reference), A + n * G);
     let (ring, ring_by_reference) =
         (predict("allreduce/ring", 4, n, None, &uniform()), predict("allreduce/ring", 4, n, None, &by_reference));
     assert!(ring_by_reference < ring, "the ring's first sends are inputs: {ring_by_reference:e} < {ring:e}");
     assert!(ring_by_reference > 6.0 * A + 0.5 * n * B, "the rest are partial sums: {ring_by_reference:e}");
+    // Up to a size only (shm: `Backend::single_copy_max_bytes`): larger calls are priced through the FIFOs.
+    let up_to = Topology { single_copy: Some(n), ..uniform() };
+    assert_close("one_shot at the cap", predict("allreduce/one_shot", 2, n, None, &up_to), A + n * G);
+    let above = 2.0 * n;
+    let fifo = predict("allreduce/one_shot", 2, above, None, &uniform());
+    assert_close("one_shot above the cap", predict("allreduce/one_shot", 2, above, None, &up_to), fifo);
 }
 
 /// Predicted seconds of library algorithm `name` for `n_ranks` and `bytes`, with `slices` pipelining.

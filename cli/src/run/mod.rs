@@ -610,8 +610,8 @@ fn select(
         (None, None) if transport.backend().sockets() => Topology::sockets(n_ranks),
         (None, None) => Topology::uniform_nodes(n_ranks, per_node),
     };
-    // Rank threads read a send whose source stays in place: the model prices that as the transport runs it.
-    topo.single_copy = transport.backend().single_copy();
+    // Ranks that read a send whose source stays in place (up to the transport's size): priced as the transport runs it.
+    topo.single_copy = collc_runtime::select::single_copy_of(transport);
     let topology = match &file {
         Some((origin, _)) if topo.name.is_empty() => format!("{origin}: {}", topo.describe()),
         Some((origin, _)) => format!("{origin} ({}): {}", topo.name, topo.describe()),

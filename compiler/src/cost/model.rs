@@ -42,6 +42,9 @@ pub struct Profile {
     pub messages: u64,
     /// The connections the costed schedule sends on (`Schedule::n_connections`).
     pub connections: usize,
+    /// Where single copy stops at a size (`Topology::single_copy`): that size, and the profile through the FIFOs
+    /// that larger calls take.
+    beyond: Option<(f64, Box<Profile>)>,
 }
 
 /// What a byte costs in one regime: [0] the topology's rates, [1] its cached rates (the same when it has none).
@@ -108,6 +111,15 @@ impl Tally {
 /// schedule, whose instructions the shared-core refinements count and play out (with `slots` messages per
 /// connection).
 pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32) -> Profile {
+    let mut profile = profile_of(program, sched, topo, slots);
+    if let Some(cap) = topo.single_copy.filter(|cap| cap.is_finite()) {
+        let fifo = Topology { single_copy: None, ..topo.clone() };
+        profile.beyond = Some((cap, Box::new(profile_of(program, sched, &fifo, slots))));
+    }
+    profile
+}
+
+fn profile_of(program: &Program, sched: &Schedule, topo: &Topology, slots: u32) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
     let passes = shared_core_passes(sched, topo);
     let regimes = [false, true].map(|cached| {
@@ -118,8 +130,8 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
     let mut steps = Vec::with_capacity(program.n_steps as usize);
     let mut messages = 0u64;
     let by_reference = match topo.single_copy {
-        true => sources_that_stay(program),
-        false => Vec::new(),
+        Some(_) => sources_that_stay(program),
+        None => Vec::new(),
     };
     let mut index = 0;
     for step in program.transfers.chunk_by(|a, b| a.step == b.step) {
@@ -175,6 +187,7 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
         shared_core_latency: topo.shares_cores(program.n_ranks).then(|| super::cores::latency(sched, topo, slots)),
         messages,
         connections: sched.n_connections(),
+        beyond: None,
     }
 }
 
@@ -233,8 +246,8 @@ fn shared_core_passes(sched: &Schedule, topo: &Topology) -> Vec<(f64, f64)> {
         let core = &mut passes[topo.core_of(rank, n) as usize];
         // A send carried by reference copies nothing (its receiver's pass is counted with the receive).
         let stays = match topo.single_copy {
-            true => crate::verify::single_copy::sources_that_stay(program),
-            false => vec![false; program.instrs.len()],
+            Some(_) => crate::verify::single_copy::sources_that_stay(program),
+            None => vec![false; program.instrs.len()],
         };
         for (instr, stays) in program.instrs.iter().zip(stays) {
             let (copies, reductions) = if stays { (0.0, 0.0) } else { core_passes(instr.op) };
@@ -253,6 +266,9 @@ fn busiest_core(passes: &[(f64, f64)], rates: &Rates) -> f64 {
 impl Profile {
     /// Predicted seconds for a call of `bytes` (nccl-tests' `size`: the whole buffer for gathers and scatters).
     pub fn seconds(&self, bytes: f64) -> f64 {
+        if let Some((_, fifo)) = self.beyond.as_ref().filter(|(cap, _)| bytes > *cap) {
+            return fifo.seconds(bytes);
+        }
         let chunk_bytes = bytes / self.whole_chunks as f64;
         let k = usize::from(bytes <= self.cached_bytes);
         let regime = &self.regimes[k];

@@ -145,11 +145,13 @@ pub struct Topology {
     /// Rates of calls that stay in cache; absent means the same rates at every size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached: Option<Cached>,
-    /// The ranks read each other's memory in place (rank threads of one process): a send whose source stays until
-    /// the call ends (the memory model's rule 8) costs its receiver one local pass over the chunks and the link's
-    /// alpha, not their bytes through the ports. Set by the transport that runs the ranks, not by a topology file.
+    /// Up to how many bytes (nccl-tests' size) the ranks read each other's memory in place (rank threads of one
+    /// process, shm from the ranks' arenas): a send whose source stays until the call ends (the memory model's rule
+    /// 8) costs its receiver one local pass over the chunks and the link's alpha, not their bytes through the ports;
+    /// a larger call is priced through the FIFOs. `None`: never. Set by the transport that runs the ranks
+    /// (`Backend::single_copy_max_bytes`), not by a topology file.
     #[serde(skip)]
-    pub single_copy: bool,
+    pub single_copy: Option<f64>,
 }
 
 /// A topology file that cannot be used, naming the field.
@@ -179,7 +181,7 @@ impl Topology {
             cores_per_node: None,
             shared_core_alpha_us: None,
             cached: None,
-            single_copy: false,
+            single_copy: None,
         }
     }
 
@@ -269,7 +271,7 @@ impl Topology {
                     })
                 }
             },
-            single_copy: false,
+            single_copy: None,
         };
         topo.validate()?;
         Ok(topo)

@@ -265,6 +265,7 @@ unsafe fn premul_blocks<T: Lane, K: Block<T>, const SA: bool, const SB: bool, co
             }
             dst.add(index).cast::<K>().write_unaligned(x);
         }
+        super::blocks::one_block_at_a_time();
         index += K::LEN;
     }
     index

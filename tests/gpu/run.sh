@@ -73,11 +73,24 @@ if [ -z "${COLLC_CUDA_PTX:-}" ]; then
   echo "== 1b. users' operators over $transport: absmax (every algorithm may reorder it), horner (rank order only)"
   ops=$(mktemp /tmp/collc-ops.XXXXXX.coll)
   printf 'op absmax(a, b) = max(abs(a), abs(b))\nop horner(a, b) = a * 2 + b\n' >"$ops"
+  # The CUDA driver for the CPU has its kernels built in: it refuses kernels compiled with an operator, and must
+  # say so on every rank, naming the operator.
+  cpu_driver=0
+  if [ "$transport" = cuda ] && grep -q 'kernels/cuda/host_driver.cpp' <<<"$("$collc" gpu info 2>/dev/null)"; then
+    cpu_driver=1
+  fi
   for case in "allreduce/ring absmax all" "reducescatter/ring absmax all" "allreduce/naive horner int32"; do
     read -r algo op dtype <<<"$case"
     out=$("$collc" run "$algo" --transport "$transport" --ranks 4 --ops "$ops" -o "$op" -d "$dtype" "${sizes[@]}" \
       -n 2 -w 1 -c 1 2>&1)
-    if grep -q '# Out of bounds values : 0 OK' <<<"$out"; then
+    if [ $cpu_driver = 1 ]; then
+      refused=$(grep -c "the kernels compiled with the operator \`$op\`): CUDA_ERROR_NOT_SUPPORTED" <<<"$out")
+      if [ "$refused" = 4 ]; then
+        echo "ok   $algo -o $op -d $dtype: refused on every rank by the CPU driver, naming the operator"
+      else
+        echo "FAIL $algo -o $op -d $dtype: the CPU driver's refusal, on every rank, expected"; tail -5 <<<"$out"; fail=1
+      fi
+    elif grep -q '# Out of bounds values : 0 OK' <<<"$out"; then
       echo "ok   $algo -o $op -d $dtype"
     else
       echo "FAIL $algo -o $op -d $dtype"; tail -5 <<<"$out"; fail=1

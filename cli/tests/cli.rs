@@ -328,7 +328,7 @@ fn users_operators_run_with_the_data_check() {
         if op == "absmax" {
             let header = "redop absmax: a user's operator, absmax = max(abs(a), abs(b)), compiled with cranelift: \
                           int8 vectors of 16, uint8 vectors of 16";
-            assert!(said.contains(header) && said.contains("half one element at a time"), "{said}");
+            assert!(said.contains(header) && said.contains("half vectors of 4"), "{said}");
         }
         if algorithm == "allreduce" {
             assert!(said.contains("allreduce/naive (predicted fastest)"), "{said}");

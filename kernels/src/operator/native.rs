@@ -8,9 +8,9 @@
 //! reference uses), everything else is inline.
 //!
 //! Where every node of the operator computes in the element's own width (no casts, no integer `/` or `%`, no float
-//! `%`), and the type is not `half`, the loop runs on 128-bit vectors first (x64's widest in cranelift), comparisons
-//! as lane masks and selects as `bitselect`, `bfloat16` as `f32x4` with its rounding inline, then element by element
-//! for the tail. Anything cranelift cannot lower that way falls back to the scalar loop.
+//! `%`), the loop runs on 128-bit vectors first (x64's widest in cranelift), comparisons as lane masks and selects as
+//! `bitselect`, the half types as `f32x4` with their conversions and rounding inline, then element by element for
+//! the tail. Anything cranelift cannot lower that way falls back to the scalar loop.
 
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
@@ -86,15 +86,14 @@ fn ir_type(rep: Rep) -> Type {
 fn lanes(dtype: DataType) -> Option<u32> {
     match dtype {
         DataType::I8 | DataType::U8 => Some(16),
-        DataType::I32 | DataType::U32 | DataType::F32 | DataType::Bf16 => Some(4),
+        DataType::I32 | DataType::U32 | DataType::F32 | DataType::Bf16 | DataType::F16 => Some(4),
         DataType::I64 | DataType::U64 | DataType::F64 => Some(2),
-        DataType::F16 => None,
     }
 }
 
 /// Whether every node computes in the element's width, lane for lane.
 fn vectorizable(node: &TNode, dtype: DataType) -> bool {
-    let float = matches!(dtype, DataType::F32 | DataType::F64 | DataType::Bf16);
+    let float = dtype.is_float();
     match &node.kind {
         TKind::A | TKind::B | TKind::Lit(_) => true,
         TKind::Unary(_, e) => vectorizable(e, dtype),
@@ -304,9 +303,89 @@ impl Emit<'_, '_> {
         self.b.ins().icmp(IntCC::UnsignedGreaterThan, magnitude, infinity)
     }
 
+    /// Half values (i32x4 of their bits) as `f32x4`, exactly, a NaN made quiet with its payload (as F16C and `half`
+    /// widen): exponent and mantissa moved into f32's places and scaled by 2^112 (which makes subnormals normal),
+    /// infinities and NaNs rebuilt, the sign put back.
+    fn widen_f16_lanes(&mut self, h: Value) -> Value {
+        let flags = MemFlagsData::new();
+        let (sign_mask, magnitude_mask) = (self.splat_int(types::I32, 0x8000), self.splat_int(types::I32, 0x7FFF));
+        let sign = self.b.ins().band(h, sign_mask);
+        let sign = self.b.ins().ishl_imm_s(sign, 16);
+        let em = self.b.ins().band(h, magnitude_mask);
+        let moved = self.b.ins().ishl_imm_s(em, 13);
+        let moved = self.b.ins().bitcast(types::F32X4, flags, moved);
+        let scale = self.b.ins().f32const(f32::from_bits(0x7780_0000));
+        let scale = self.b.ins().splat(types::F32X4, scale);
+        let finite = self.b.ins().fmul(moved, scale);
+        let finite = self.b.ins().bitcast(types::I32X4, flags, finite);
+        let infinity = self.splat_int(types::I32, 0x7C00);
+        let special = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, em, infinity);
+        let nan = self.b.ins().icmp(IntCC::UnsignedGreaterThan, em, infinity);
+        let mantissa_mask = self.splat_int(types::I32, 0x3FF);
+        let mantissa = self.b.ins().band(em, mantissa_mask);
+        let mantissa = self.b.ins().ishl_imm_s(mantissa, 13);
+        let f32_infinity = self.splat_int(types::I32, 0x7F80_0000);
+        let quiet_bit = self.splat_int(types::I32, 0x0040_0000);
+        let quiet = self.b.ins().band(nan, quiet_bit);
+        let rebuilt = self.b.ins().bor(f32_infinity, mantissa);
+        let rebuilt = self.b.ins().bor(rebuilt, quiet);
+        let bits = self.b.ins().bitselect(special, rebuilt, finite);
+        let bits = self.b.ins().bor(bits, sign);
+        self.b.ins().bitcast(types::F32X4, flags, bits)
+    }
+
+    /// `f32x4` lanes rounded to half (nearest even, as F16C and `half` round; a NaN quiet with the top of its
+    /// payload, as `half` makes it), as i32x4 of the half bits: subnormals by adding a magic float whose exponent
+    /// lines the half's last mantissa bit up with f32's (the FPU rounds), normals by rebiasing the exponent and
+    /// adding half an ulp less one plus the odd bit, overflow to infinity.
+    fn narrow_f16_lanes(&mut self, v: Value) -> Value {
+        let flags = MemFlagsData::new();
+        let x = self.b.ins().bitcast(types::I32X4, flags, v);
+        let sign_mask = self.splat_int(types::I32, 0x8000_0000u32 as i64);
+        let sign = self.b.ins().band(x, sign_mask);
+        let a = self.b.ins().bxor(x, sign);
+        let sign = self.b.ins().ushr_imm_s(sign, 16);
+        // Infinity, NaN, and what overflows half (|x| >= 65536, rounded or not).
+        let f16_overflow = self.splat_int(types::I32, (127 + 16) << 23);
+        let big = self.b.ins().icmp(IntCC::UnsignedGreaterThanOrEqual, a, f16_overflow);
+        let f32_infinity = self.splat_int(types::I32, 0x7F80_0000);
+        let nan = self.b.ins().icmp(IntCC::UnsignedGreaterThan, a, f32_infinity);
+        let mantissa_mask = self.splat_int(types::I32, 0x7F_FFFF);
+        let payload = self.b.ins().band(a, mantissa_mask);
+        let payload = self.b.ins().ushr_imm_s(payload, 13);
+        let quiet_nan = self.splat_int(types::I32, 0x7E00);
+        let nan_bits = self.b.ins().bor(quiet_nan, payload);
+        let infinity = self.splat_int(types::I32, 0x7C00);
+        let big_bits = self.b.ins().bitselect(nan, nan_bits, infinity);
+        // Subnormal results (|x| < 2^-14).
+        let smallest_normal = self.splat_int(types::I32, 113 << 23);
+        let subnormal = self.b.ins().icmp(IntCC::UnsignedLessThan, a, smallest_normal);
+        let magic = self.splat_int(types::I32, ((127 - 15) + (23 - 10) + 1) << 23);
+        let (a_float, magic_float) =
+            (self.b.ins().bitcast(types::F32X4, flags, a), self.b.ins().bitcast(types::F32X4, flags, magic));
+        let summed = self.b.ins().fadd(a_float, magic_float);
+        let summed = self.b.ins().bitcast(types::I32X4, flags, summed);
+        let subnormal_bits = self.b.ins().isub(summed, magic);
+        // Normal results.
+        let odd = self.b.ins().ushr_imm_s(a, 13);
+        let one = self.splat_int(types::I32, 1);
+        let odd = self.b.ins().band(odd, one);
+        let rebias = self.splat_int(types::I32, ((15 - 127) << 23) + 0xFFF);
+        let normal = self.b.ins().iadd(a, rebias);
+        let normal = self.b.ins().iadd(normal, odd);
+        let normal_bits = self.b.ins().ushr_imm_s(normal, 13);
+        let small = self.b.ins().bitselect(subnormal, subnormal_bits, normal_bits);
+        let bits = self.b.ins().bitselect(big, big_bits, small);
+        self.b.ins().bor(bits, sign)
+    }
+
     fn load(&mut self, at: Value) -> Value {
         let flags = MemFlagsData::new();
         if self.vector() {
+            if self.dtype == DataType::F16 {
+                let bits = self.b.ins().uload16x4(flags, at, 0);
+                return self.widen_f16_lanes(bits);
+            }
             if self.dtype != DataType::Bf16 {
                 let ty = self.ty(self.elem());
                 return self.b.ins().load(ty, flags, at, 0);
@@ -333,13 +412,19 @@ impl Emit<'_, '_> {
     fn store(&mut self, v: Value, at: Value) {
         let flags = MemFlagsData::new();
         if self.vector() {
-            if self.dtype != DataType::Bf16 {
-                self.b.ins().store(flags, v, at, 0);
-                return;
-            }
-            // The lanes are bfloat16 values already (every operation rounds): their top halves, narrowed.
-            let bits = self.b.ins().bitcast(types::I32X4, flags, v);
-            let bits = self.b.ins().ushr_imm_s(bits, 16);
+            let bits = match self.dtype {
+                // The lanes are half values already (every operation rounds): converted exactly.
+                DataType::F16 => self.narrow_f16_lanes(v),
+                // bfloat16 values already: their top halves.
+                DataType::Bf16 => {
+                    let bits = self.b.ins().bitcast(types::I32X4, flags, v);
+                    self.b.ins().ushr_imm_s(bits, 16)
+                }
+                _ => {
+                    self.b.ins().store(flags, v, at, 0);
+                    return;
+                }
+            };
             let narrow = self.b.ins().unarrow(bits, bits);
             let little = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
             let words = self.b.ins().bitcast(types::I64X2, little, narrow);
@@ -362,11 +447,17 @@ impl Emit<'_, '_> {
     /// An `f64` or `f32` value rounded to a half type (as `f32`); other reps as they are.
     fn round(&mut self, v: Value, to: Rep) -> Value {
         if self.vector() {
-            if to != Rep::Bf16 {
-                return v;
-            }
-            let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
-            return self.round_bf16_lanes(bits);
+            return match to {
+                Rep::Bf16 => {
+                    let bits = self.b.ins().bitcast(types::I32X4, MemFlagsData::new(), v);
+                    self.round_bf16_lanes(bits)
+                }
+                Rep::F16 => {
+                    let half = self.narrow_f16_lanes(v);
+                    self.widen_f16_lanes(half)
+                }
+                _ => v,
+            };
         }
         let helper = match to {
             Rep::F16 => "round_f16",

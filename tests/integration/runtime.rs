@@ -189,7 +189,8 @@ fn every_algorithm_matches_the_reference_on_every_transport() {
 
 /// A user's operator that is neither commutative nor associative (`horner`, `a * 2 + b`) runs only where the schedule
 /// reduces every output chunk as a chain in rank order, and there computes the contract bit for bit; every other
-/// reducing algorithm refuses the call on every rank, naming the operator, why, and what to run instead.
+/// reducing algorithm refuses the call on every rank, naming the operator, why, and what to run instead; a
+/// communicator with no algorithm set chooses among those that reduce in rank order.
 #[test]
 fn an_operator_that_does_not_reorder_runs_only_in_rank_order() {
     let horner = check::user_ops()[1];
@@ -255,6 +256,22 @@ fn an_operator_that_does_not_reorder_runs_only_in_rank_order() {
         }
     }
     assert!(ran >= 8, "naive allreduce and one-rank calls run: {ran}");
+    // A communicator that chooses for itself chooses among the algorithms that reduce in rank order.
+    let mut comms = communicators(Transport::named("threads"), 3);
+    let shape = CallShape {
+        collective: Collective::AllReduce,
+        count: 1000,
+        dtype: DataType::I32,
+        op: horner,
+        root: 0,
+        peer: 1,
+    };
+    let inputs = check::inputs(&shape, 3);
+    for (rank, got) in try_call(&mut comms, shape, Placement::OutOfPlace, &inputs).iter().enumerate() {
+        let got = got.as_ref().unwrap_or_else(|e| panic!("the selection's choice: {e}"));
+        let want = check::expected_from(&shape, 3, rank as u32, &inputs).expect("defined");
+        assert_eq!(check::count_wrong(DataType::I32, &want, got), 0, "rank {rank}");
+    }
 }
 
 /// One call on every rank (one thread each): each rank's output window, or its error.

@@ -556,7 +556,8 @@ impl Communicator {
         };
         let explore = self.exploring(&shape)?;
         self.seq += 1;
-        let started = std::time::Instant::now();
+        // Only a call that explores is timed here (its time is what it learns): others read no clock.
+        let started = explore.map(|_| std::time::Instant::now());
         self.running = None;
         let result = self.call_result(shape, placement, buffers, explore, started);
         // A failed call that left messages of its buffers to be read in place (rank threads) says it failed now,
@@ -577,11 +578,11 @@ impl Communicator {
         placement: Placement,
         buffers: Buffers,
         explore: Option<usize>,
-        started: std::time::Instant,
+        started: Option<std::time::Instant>,
     ) -> Result<(), RuntimeError> {
         match self.run_call(shape, placement, buffers, explore) {
-            Ok(()) => match explore {
-                Some(index) => self.learn(shape, index, started.elapsed().as_secs_f64()),
+            Ok(()) => match explore.zip(started) {
+                Some((index, started)) => self.learn(shape, index, started.elapsed().as_secs_f64()),
                 None => Ok(()),
             },
             Err(error @ RuntimeError::PeerFailed { .. }) => Err(error),

@@ -251,6 +251,11 @@ pub fn edge_pairs(dtype: DataType) -> (Vec<u8>, Vec<u8>) {
     (a, b)
 }
 
+/// The edge values both float types test: zeros and infinities of both signs, small exact values, a fraction that
+/// rounds, NaNs of both signs (each type adds its extremes, its smallest subnormal and a signalling NaN).
+const FLOAT_EDGES: [f64; 12] =
+    [0.0, -0.0, 1.0, -1.0, 0.5, 2.0, 3.0, 200.7, f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -f64::NAN];
+
 /// Values that test each data type's edges, as little-endian bit patterns: zeros of both signs, ones, the
 /// extremes, subnormals, infinities and NaNs (quiet, signalling, negative), and random bits.
 pub fn edge_values(dtype: DataType) -> Vec<u64> {
@@ -263,55 +268,20 @@ pub fn edge_values(dtype: DataType) -> Vec<u64> {
             0, 0x8000, 0x3F80, 0xBF80, 0x3F00, 0x4000, 0x4040, 0x7F7F, 0xFF7F, 0x0001, 0x0080, 0x7F80, 0xFF80, 0x7FC0,
             0xFFC0, 0x7F81, 0x4B80,
         ],
-        DataType::F32 => [
-            0.0f32,
-            -0.0,
-            1.0,
-            -1.0,
-            0.5,
-            2.0,
-            3.0,
-            f32::MAX,
-            f32::MIN,
-            1e-45,
-            f32::MIN_POSITIVE,
-            f32::INFINITY,
-            f32::NEG_INFINITY,
-            f32::NAN,
-            -f32::NAN,
-            3e9,
-            -3e9,
-            200.7,
-        ]
-        .map(|v| u64::from(v.to_bits()))
-        .into_iter()
-        .chain([0x7F80_0001])
-        .collect(),
-        DataType::F64 => [
-            0.0f64,
-            -0.0,
-            1.0,
-            -1.0,
-            0.5,
-            2.0,
-            3.0,
-            f64::MAX,
-            f64::MIN,
-            5e-324,
-            f64::MIN_POSITIVE,
-            f64::INFINITY,
-            f64::NEG_INFINITY,
-            f64::NAN,
-            -f64::NAN,
-            1e19,
-            -1e19,
-            1e300,
-            200.7,
-        ]
-        .map(f64::to_bits)
-        .into_iter()
-        .chain([0x7FF0_0000_0000_0001])
-        .collect(),
+        DataType::F32 => FLOAT_EDGES
+            .iter()
+            .map(|&v| v as f32)
+            .chain([f32::MAX, f32::MIN, 1e-45, f32::MIN_POSITIVE, 3e9, -3e9])
+            .map(|v| u64::from(v.to_bits()))
+            .chain([0x7F80_0001])
+            .collect(),
+        DataType::F64 => FLOAT_EDGES
+            .iter()
+            .copied()
+            .chain([f64::MAX, f64::MIN, 5e-324, f64::MIN_POSITIVE, 1e19, -1e19, 1e300])
+            .map(f64::to_bits)
+            .chain([0x7FF0_0000_0000_0001])
+            .collect(),
         _ => {
             let mask = u64::MAX >> (64 - 8 * dtype.size_bytes());
             let top = 1u64 << (8 * dtype.size_bytes() - 1);

@@ -27,11 +27,46 @@ pub struct Options {
     /// connection count.
     /// A connection's slots are sized by the largest message it carries in a call, up to this.
     pub slot_bytes: usize,
+    /// What runs each rank's plan on a host transport.
+    pub executor: HostExecutor,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { timeout: Duration::from_secs(60), slot_bytes: 0 }
+        Options { timeout: Duration::from_secs(60), slot_bytes: 0, executor: HostExecutor::Interpret }
+    }
+}
+
+/// What runs a rank's plan on a host transport (`COLLC_EXECUTOR`, `collc run --executor`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum HostExecutor {
+    /// The interpreter (`exec/host.rs`): the plan's instructions in dataflow order, tile by tile.
+    #[default]
+    Interpret,
+    /// The plan compiled with cranelift into one native function per call shape (`exec/jit.rs`), where the links
+    /// are rings in shared memory (threads, shm); elsewhere interpreted, with one WARN.
+    Jit,
+}
+
+impl HostExecutor {
+    pub const ALL: [HostExecutor; 2] = [HostExecutor::Interpret, HostExecutor::Jit];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            HostExecutor::Interpret => "interp",
+            HostExecutor::Jit => "jit",
+        }
+    }
+}
+
+impl std::str::FromStr for HostExecutor {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        HostExecutor::ALL
+            .into_iter()
+            .find(|e| e.name() == s.trim())
+            .ok_or_else(|| format!("`{s}` is not an executor; give interp or jit"))
     }
 }
 
@@ -46,6 +81,9 @@ impl Options {
                 .filter(|s: &f64| *s > 0.0 && s.is_finite())
                 .ok_or_else(|| RuntimeError::Config(format!("COLLC_TIMEOUT=`{text}` is not a positive number")))?;
             options.timeout = Duration::from_secs_f64(seconds);
+        }
+        if let Ok(text) = std::env::var("COLLC_EXECUTOR") {
+            options.executor = text.parse().map_err(|e| RuntimeError::Config(format!("COLLC_EXECUTOR: {e}")))?;
         }
         if let Ok(text) = std::env::var("COLLC_SLOT_BYTES") {
             options.slot_bytes = text
@@ -756,6 +794,7 @@ impl Communicator {
             let mut plan = plan;
             plan.recorded_as = self.recorder.intern(&plan.algorithm);
             plan.channels = shared.channels;
+            plan.jit = self.options.executor == HostExecutor::Jit;
             let (bootstrap, rank, timeout) = (self.bootstrap.clone(), self.rank, self.options.timeout);
             let barriers = &mut self.barriers;
             let mut gather = |blob: &[u8]| {

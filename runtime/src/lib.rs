@@ -37,7 +37,7 @@ mod wait;
 pub use collc_compiler::Collective;
 pub use collc_kernels::{DataType, ReduceOp};
 pub use collectives::Element;
-pub use comm::{AbortHandle, Buffers, CallShape, Communicator, DevicePtr, Options};
+pub use comm::{AbortHandle, Buffers, CallShape, Communicator, DevicePtr, HostExecutor, Options};
 pub use error::RuntimeError;
 #[cfg(feature = "cuda-host")]
 pub use exec::build_host_driver;

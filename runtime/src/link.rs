@@ -88,6 +88,38 @@ pub(crate) trait Link: Send + Sized {
     fn flushed(_links: &mut [Self]) -> bool {
         true
     }
+    /// The connection's ring of slots as plain memory both ends map, for an executor that compiles a plan into
+    /// native code (`exec/jit.rs`); `None` where messages move any other way (sockets, verbs).
+    fn ring(&mut self) -> Option<Ring> {
+        None
+    }
+}
+
+/// A link's message ring as memory, for compiled plans: the counters, the slots and a slot's layout. The sender
+/// reserves slot `posted % SLOTS` once `posted - consumed < SLOTS`, writes the data, the references count and the
+/// stamp, then stores `posted + 1` into the slot's ready word (release) and bumps `posted`; the receiver reads slot
+/// `consumed % SLOTS` once its ready word is `consumed + 1` (acquire), checks the stamp, and frees it by storing
+/// `consumed + 1` (release). The pointers stay valid as long as the link.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Ring {
+    /// Messages posted, written by the sender only; messages consumed, written by the receiver only.
+    pub posted: *mut u64,
+    pub consumed: *mut u64,
+    /// Slot 0; slot `k` is `stride * k` bytes on.
+    pub slots: *mut u8,
+    pub stride: usize,
+    /// Where in a slot its ready word, its count of references, its stamp (`seq`, then `fingerprint`) and its data
+    /// are.
+    pub ready_at: i32,
+    pub refs_at: i32,
+    pub stamp_at: i32,
+    pub data_at: i32,
+    /// Sender: its last look at `consumed` (refreshed only when the ring seems full), and the number its messages
+    /// carried by reference run up to (the call ends once the receiver has consumed that far).
+    pub known_consumed: *mut u64,
+    pub refs_until: *mut u64,
+    /// Receiver: what a reference plus this is in this process (0: references are addresses).
+    pub deref_base: u64,
 }
 
 /// What went wrong on a link, found while moving data.

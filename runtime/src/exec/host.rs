@@ -44,7 +44,7 @@ impl<L: Link> Executor for Host<L> {
 /// After a failed call, its failure announced, before its caller may free its buffers: waits until every receiver
 /// of a message this rank carried by reference has released it or stopped (told of the failure, its executor
 /// returns and it leaves), within `timeout`.
-fn settle_refs<L: Link>(
+pub(crate) fn settle_refs<L: Link>(
     plan: &Plan,
     links: &[L],
     bootstrap: &dyn crate::link::Bootstrap,
@@ -111,7 +111,110 @@ pub(crate) fn instr_state(plan: &Plan, i: usize, state: &str, waiting: bool) -> 
     }
 }
 
+/// How a tile's instructions run: the interpreter's rounds over its waiting list, or a plan compiled to native code
+/// (`jit.rs`). `drive` does the rest, the same for both: tiles, waits, faults, timeouts and the epilogues.
+pub(crate) trait Engine<L> {
+    /// Tile `plan.at_tile` starts: every instruction waits for its dependencies again.
+    fn start_tile(&mut self, plan: &mut Plan);
+    /// Runs what can run of tile `lo..hi`, until nothing more can.
+    fn round(
+        &mut self,
+        plan: &mut Plan,
+        links: &mut [L],
+        lo: usize,
+        hi: usize,
+        stamp: Stamp,
+        call: &Call,
+    ) -> Result<Round, RuntimeError>;
+    /// The first instruction that waits for a connection, for the errors of a wait that failed.
+    fn waiting_at(&self, plan: &Plan) -> usize;
+    /// Each instruction's state, for the flight recorder.
+    fn snapshot(&self, plan: &Plan, seq: u64) -> Current;
+}
+
+/// What a round of an engine did.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Round {
+    /// Every instruction of the tile ran.
+    Done,
+    /// Some ran, and then none could: the wait starts over.
+    Progressed,
+    /// None could run.
+    Stalled,
+}
+
+/// The interpreter: a list of the instructions whose dependencies are done, each tried in turn.
+pub(crate) struct Interpret {
+    remaining: usize,
+}
+
+impl<L: Link> Engine<L> for Interpret {
+    fn start_tile(&mut self, plan: &mut Plan) {
+        plan.unmet.copy_from_slice(&plan.unmet_at_start);
+        plan.fired_on.fill(0);
+        plan.waiting.clear();
+        plan.waiting.extend_from_slice(&plan.roots);
+        self.remaining = plan.steps.len();
+    }
+
+    fn round(
+        &mut self,
+        plan: &mut Plan,
+        links: &mut [L],
+        lo: usize,
+        hi: usize,
+        stamp: Stamp,
+        call: &Call,
+    ) -> Result<Round, RuntimeError> {
+        let mut progressed = false;
+        let mut w = 0;
+        while w < plan.waiting.len() {
+            let i = plan.waiting[w];
+            if !try_fire(plan, links, i as usize, lo, hi, stamp, call)? {
+                w += 1;
+                continue;
+            }
+            plan.waiting.remove(w);
+            self.remaining -= 1;
+            progressed = true;
+            let (start, end) = (plan.dependents_start[i as usize], plan.dependents_start[i as usize + 1]);
+            for d in start..end {
+                let dependent = plan.dependents[d as usize];
+                plan.unmet[dependent as usize] -= 1;
+                if plan.unmet[dependent as usize] == 0 {
+                    plan.waiting.push(dependent);
+                }
+            }
+        }
+        Ok(match (self.remaining, progressed) {
+            (0, _) => Round::Done,
+            (_, true) => Round::Progressed,
+            (_, false) => Round::Stalled,
+        })
+    }
+
+    fn waiting_at(&self, plan: &Plan) -> usize {
+        plan.waiting.first().copied().unwrap_or(0) as usize
+    }
+
+    fn snapshot(&self, plan: &Plan, seq: u64) -> Current {
+        snapshot(plan, seq)
+    }
+}
+
 fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), RuntimeError> {
+    drive(plan, links, &mut Interpret { remaining: 0 }, call)
+}
+
+/// Runs a call's tiles on `engine`, waiting where nothing can run (spinning, then yielding, then sleeping), with the
+/// faults of peers, mismatched calls and timeouts made errors naming the instruction; then flushes the links and
+/// applies the epilogues (`avg`, PreMulSum's factor on what no message touched).
+pub(crate) fn drive<L: Link, E: Engine<L>>(
+    plan: &mut Plan,
+    links: &mut [L],
+    engine: &mut E,
+    call: &Call,
+) -> Result<(), RuntimeError> {
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
     let mut wait = Backoff::new(call.timeout, call.spins);
     L::start(links, &call.info);
@@ -119,37 +222,17 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
         plan.at_tile = t;
         let lo = t * plan.tile;
         let hi = (lo + plan.tile).min(plan.capacity);
-        plan.unmet.copy_from_slice(&plan.unmet_at_start);
-        plan.fired_on.fill(0);
-        plan.waiting.clear();
-        plan.waiting.extend_from_slice(&plan.roots);
-        let mut remaining = plan.steps.len();
-        while remaining > 0 {
-            let mut progressed = false;
-            let mut w = 0;
-            while w < plan.waiting.len() {
-                let i = plan.waiting[w];
-                if !try_fire(plan, links, i as usize, lo, hi, stamp, call)? {
-                    w += 1;
+        engine.start_tile(plan);
+        loop {
+            match engine.round(plan, links, lo, hi, stamp, call)? {
+                Round::Done => break,
+                Round::Progressed => {
+                    wait.reset();
                     continue;
                 }
-                plan.waiting.remove(w);
-                remaining -= 1;
-                progressed = true;
-                let (start, end) = (plan.dependents_start[i as usize], plan.dependents_start[i as usize + 1]);
-                for d in start..end {
-                    let dependent = plan.dependents[d as usize];
-                    plan.unmet[dependent as usize] -= 1;
-                    if plan.unmet[dependent as usize] == 0 {
-                        plan.waiting.push(dependent);
-                    }
-                }
+                Round::Stalled => {}
             }
-            if progressed {
-                wait.reset();
-                continue;
-            }
-            let i = plan.waiting.first().copied().unwrap_or(0) as usize;
+            let i = engine.waiting_at(plan);
             match L::progress(links, stamp, wait.may_sleep()) {
                 Ok(()) => {}
                 Err(LinkFault::Peer(peer, how)) => {
@@ -168,7 +251,7 @@ fn run<L: Link>(plan: &mut Plan, links: &mut [L], call: &Call) -> Result<(), Run
                 }
             }
             let checked = wait.idle(|| {
-                answer_dump_request(call, || snapshot(plan, call.seq));
+                answer_dump_request(call, || engine.snapshot(plan, call.seq));
                 let health = call.bootstrap.health(&plan.peers);
                 // After the health check: a rank that aborted over a mismatch published its call before. While all
                 // is well, only the ranks this one waits on matter.
@@ -392,7 +475,7 @@ fn refer<L: Link>(plan: &Plan, link: &L, pieces: &[Piece], slot: *mut u8, lo: us
 
 /// Bytes of a message by reference of `n` chunks: an address a chunk and, under PreMulSum, the sender's factor and
 /// whether each chunk is its input as it came (the receiver multiplies those, by the sender's factor).
-fn refs_bytes(n: usize, premul: bool) -> usize {
+pub(crate) fn refs_bytes(n: usize, premul: bool) -> usize {
     n * 8 + if premul { 8 + n } else { 0 }
 }
 
@@ -456,7 +539,7 @@ fn local(plan: &Plan, place: Place, lo: usize, hi: usize) -> (*mut u8, usize) {
 /// `incoming`/`outgoing` are FIFO data areas of this step's message when it receives/sends (with `refs`, the
 /// incoming one holds the addresses of the sender's tiles, one a chunk); `plan.bases` are valid.
 #[allow(clippy::too_many_arguments)]
-unsafe fn execute(
+pub(crate) unsafe fn execute(
     plan: &Plan,
     step: &Step,
     pieces: &[Piece],
@@ -582,7 +665,7 @@ unsafe fn store(plan: &Plan, place: Place, dst: *mut u8, src: *const u8, len: us
 }
 
 /// Bytes per block of a fused instruction: well inside L1.
-const FUSED_BLOCK_BYTES: usize = 16 << 10;
+pub(crate) const FUSED_BLOCK_BYTES: usize = 16 << 10;
 
 /// `(byte offset, elements)` of the blocks that cover `n` elements.
 fn blocks(n: usize, elem: usize) -> impl Iterator<Item = (usize, usize)> {

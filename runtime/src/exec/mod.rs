@@ -5,6 +5,7 @@
 
 mod device;
 mod host;
+mod jit;
 mod plan;
 
 #[cfg(feature = "cuda-host")]
@@ -16,7 +17,7 @@ pub(crate) use device::encode;
 pub(crate) use device::Launcher;
 pub(crate) use device::{twin_executor, TwinConns, TwinLaunchers};
 
-pub(crate) use host::Host;
+pub(crate) use jit::executor;
 pub use plan::Plan;
 pub(crate) use plan::{prepare, Origin, PlanInput};
 

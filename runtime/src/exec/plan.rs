@@ -132,6 +132,8 @@ pub struct Plan {
     pub(crate) widest_slot: usize,
     /// Where each buffer starts: `in` and `out` set by each call, scratch when the plan is prepared.
     pub(crate) bases: Vec<*mut u8>,
+    /// Whether a host transport runs it compiled (`exec/jit.rs`), set by the communicator.
+    pub(crate) jit: bool,
 }
 
 unsafe impl Send for Plan {}
@@ -249,6 +251,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         channels: 1,
         widest_slot: (widest * tile * elem).next_power_of_two(),
         bases,
+        jit: false,
     })
 }
 

@@ -6,7 +6,7 @@ use super::carrier::{LinkMemory, Remote, RingKey, Setups, Verbs};
 use super::verbs::{Choice, Device, Endpoint, Qp};
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
-use crate::exec::{Executor, Host, Plan};
+use crate::exec::{self, Executor, Plan};
 use crate::log::{self, Subsys};
 use crate::transport::net::link::RingLink;
 use crate::transport::net::proxy::{Mode, Proxy};
@@ -268,7 +268,7 @@ impl Fabric for IbNet {
         let shared = &self.links.proxy.shared;
         let links: Vec<RingLink<Verbs>> = rings.into_iter().map(|ring| RingLink::new(ring, shared.clone())).collect();
         self.links.sync()?;
-        Ok(Box::new(Host { plan, links }))
+        Ok(exec::executor(plan, links))
     }
 }
 

@@ -10,6 +10,7 @@
 use super::arena::{Arena, PeerArena};
 use super::segment::{Segment, Segments};
 use crate::error::RuntimeError;
+use crate::link::Ring;
 use crate::transport::{Link, LinkEnd, Stamp, SLOTS};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -209,6 +210,27 @@ impl Link for Fifo {
     /// still read this rank's chunks).
     fn flushed(links: &mut [Self]) -> bool {
         !links.iter().any(|l| l.refs_outstanding())
+    }
+
+    fn ring(&mut self) -> Option<Ring> {
+        let c = self.counters();
+        let deref_base = match &self.refs {
+            Refs::Peer(arena) => arena.at(0) as u64,
+            _ => 0,
+        };
+        Some(Ring {
+            posted: c.posted.as_ptr(),
+            consumed: c.consumed.as_ptr(),
+            slots: self.slot(0),
+            stride: self.stride,
+            ready_at: std::mem::offset_of!(SlotHeader, ready) as i32,
+            refs_at: std::mem::offset_of!(SlotHeader, refs) as i32,
+            stamp_at: std::mem::offset_of!(SlotHeader, stamp) as i32,
+            data_at: SLOT_HEADER as i32,
+            known_consumed: &mut self.known_consumed,
+            refs_until: &mut self.refs_until,
+            deref_base,
+        })
     }
 }
 

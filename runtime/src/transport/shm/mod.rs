@@ -17,7 +17,7 @@ pub(crate) use segment::{Heap, Segments};
 
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
-use crate::exec::{Executor, Host, Plan};
+use crate::exec::{self, Executor, Plan};
 use crate::launch::Launch;
 use crate::transport::{Backend, Bootstrap, Fabric, Ranks, Status, Transport};
 use arena::PeerArena;
@@ -239,7 +239,7 @@ impl Fabric for Memory {
             .iter()
             .map(|end| Fifo::open(self.segments.as_ref(), end, self.refs(end, plan.rank)))
             .collect::<Result<_, _>>()?;
-        Ok(Box::new(Host { plan, links }))
+        Ok(exec::executor(plan, links))
     }
 
     /// Rank processes: a buffer of this process's arena, which peers read in place.

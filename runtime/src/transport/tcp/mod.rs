@@ -19,7 +19,7 @@ use super::ifname::{self, IfPattern};
 use super::{Backend, Bootstrap, Fabric, Ranks, SlotPolicy, Transport};
 use crate::comm::{Communicator, Options};
 use crate::error::RuntimeError;
-use crate::exec::{Executor, Host, Plan};
+use crate::exec::{self, Executor, Plan};
 use crate::launch::Launch;
 use crate::log::{self, Subsys};
 use crate::transport::net::link::RingLink;
@@ -457,7 +457,7 @@ impl Fabric for Net {
         }
         drop(guard);
         self.sync()?;
-        Ok(Box::new(Host { plan, links }))
+        Ok(exec::executor(plan, links))
     }
 }
 

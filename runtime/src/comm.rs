@@ -469,6 +469,11 @@ impl Communicator {
         self.fabric.transport()
     }
 
+    /// What runs this rank's plans (`Options::executor`).
+    pub fn executor(&self) -> HostExecutor {
+        self.options.executor
+    }
+
     /// Runs `collective` with the algorithm in `source` (a `.coll` text, shown as `name`) from now on, with
     /// `params` bound (`--set`). Every rank must choose the same algorithm.
     pub fn set_algorithm(&mut self, collective: Collective, name: &str, source: &str, params: Vec<(String, i64)>) {

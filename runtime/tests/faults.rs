@@ -2,11 +2,11 @@
 //! time: mismatched calls, a rank that never makes its call, a rank that fails, a rank that never joins, an abort
 //! from another thread.
 
-use collc_runtime::{Communicator, Options, ReduceOp, RuntimeError, Transport};
+use collc_runtime::{Communicator, HostExecutor, Options, ReduceOp, RuntimeError, Transport};
 use std::time::{Duration, Instant};
 
 fn quick() -> Options {
-    Options { timeout: Duration::from_millis(700), slot_bytes: 0 }
+    Options { timeout: Duration::from_millis(700), slot_bytes: 0, ..Options::default() }
 }
 
 /// Runs `work` on every rank of a threads communicator and returns each rank's outcome.
@@ -22,22 +22,31 @@ where
     })
 }
 
+/// Interpreted and compiled (the JIT checks each message's stamp inline).
 #[test]
 fn mismatched_counts_are_reported_instead_of_misread() {
-    let outcomes = on_ranks(2, quick(), |comm| {
-        let n = if comm.rank() == 0 { 100 } else { 99 };
-        comm.all_reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum)
-    });
-    let texts: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
-    assert!(texts.iter().any(|t| t.contains("mismatched calls")), "{texts:?}");
-    let mismatch = texts.iter().find(|t| t.contains("mismatched calls")).expect("found");
-    assert!(mismatch.contains("count 100") || mismatch.contains("count 99"), "{mismatch}");
+    for executor in HostExecutor::ALL {
+        let outcomes = on_ranks(2, Options { executor, ..quick() }, |comm| {
+            let n = if comm.rank() == 0 { 100 } else { 99 };
+            comm.all_reduce(&vec![1f32; n], &mut vec![0f32; n], ReduceOp::Sum)
+        });
+        let texts: Vec<String> = outcomes.iter().map(|o| o.as_ref().unwrap_err().to_string()).collect();
+        assert!(texts.iter().any(|t| t.contains("mismatched calls")), "{executor:?}: {texts:?}");
+        let mismatch = texts.iter().find(|t| t.contains("mismatched calls")).expect("found");
+        assert!(mismatch.contains("count 100") || mismatch.contains("count 99"), "{executor:?}: {mismatch}");
+    }
 }
 
 #[test]
 fn a_rank_that_never_calls_is_the_one_its_timed_out_peers_name() {
+    for executor in HostExecutor::ALL {
+        never_calls(Options { executor, ..quick() });
+    }
+}
+
+fn never_calls(options: Options) {
     let started = Instant::now();
-    let outcomes = on_ranks(3, quick(), |comm| {
+    let outcomes = on_ranks(3, options, |comm| {
         if comm.rank() == 2 {
             std::thread::sleep(Duration::from_millis(1500));
             return Ok(());
@@ -58,16 +67,18 @@ fn a_rank_that_never_calls_is_the_one_its_timed_out_peers_name() {
 
 #[test]
 fn a_failed_rank_stops_every_other_rank_with_its_name() {
-    let outcomes = on_ranks(4, Options { timeout: Duration::from_secs(20), ..quick() }, |comm| {
-        if comm.rank() == 3 {
-            comm.fail();
-            return Ok(());
+    for executor in HostExecutor::ALL {
+        let outcomes = on_ranks(4, Options { timeout: Duration::from_secs(20), executor, ..quick() }, |comm| {
+            if comm.rank() == 3 {
+                comm.fail();
+                return Ok(());
+            }
+            comm.all_reduce(&[1u32; 1000], &mut [0u32; 1000], ReduceOp::Sum)
+        });
+        for (rank, outcome) in outcomes.iter().enumerate().take(3) {
+            let text = outcome.as_ref().unwrap_err().to_string();
+            assert!(text.contains("rank 3 failed"), "{executor:?} rank {rank}: {text}");
         }
-        comm.all_reduce(&[1u32; 1000], &mut [0u32; 1000], ReduceOp::Sum)
-    });
-    for (rank, outcome) in outcomes.iter().enumerate().take(3) {
-        let text = outcome.as_ref().unwrap_err().to_string();
-        assert!(text.contains("rank 3 failed"), "rank {rank}: {text}");
     }
 }
 
@@ -145,7 +156,7 @@ fn stale_shm_files_of_dead_launchers_are_removed() {
 #[test]
 fn abort_from_another_thread_ends_the_call_within_a_second_on_every_transport() {
     for transport in Transport::host() {
-        let options = Options { timeout: Duration::from_secs(30), slot_bytes: 0 };
+        let options = Options { timeout: Duration::from_secs(30), slot_bytes: 0, ..Options::default() };
         let mut comms = Communicator::group(transport, 2, options).expect("a group");
         let waiting = comms.remove(0);
         let handle = waiting.abort_handle();

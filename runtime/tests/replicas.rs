@@ -138,7 +138,7 @@ fn observe(comms: &mut [Communicator], case: &Case, placement: Placement, seed: 
 fn replicas_the_analysis_says_agree_are_bitwise_identical_on_random_floats() {
     let seed = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
     println!("inputs drawn from seed {seed:#x}");
-    let options = RunOptions { timeout: Duration::from_secs(60), slot_bytes: 1024 };
+    let options = RunOptions { timeout: Duration::from_secs(60), slot_bytes: 1024, ..RunOptions::default() };
     let (mut schedules, mut disagreeing, mut differed, mut dependent, mut mattered) = (0, 0, 0, 0, 0);
     for n_ranks in RANKS {
         let cases = cases(n_ranks);

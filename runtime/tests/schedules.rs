@@ -25,7 +25,7 @@ fn schedule(options: CompileOptions, channel_slots: u32) -> Arc<(VerifiedSchedul
 }
 
 fn options() -> Options {
-    Options { timeout: Duration::from_secs(20), slot_bytes: 0 }
+    Options { timeout: Duration::from_secs(20), slot_bytes: 0, ..Options::default() }
 }
 
 /// Every rank of a 2-rank group over `transport` runs `schedules[rank]` (named `names[rank]`) in one allreduce of

@@ -12,7 +12,7 @@ use std::time::Duration;
 fn every_library_algorithm_runs_right_through_the_proxy_thread() {
     // SAFETY: set before any thread of this test binary reads the environment (its only test).
     unsafe { std::env::set_var("COLLC_NET_PROXY", "1") };
-    let options = Options { timeout: Duration::from_secs(30), slot_bytes: 4096 };
+    let options = Options { timeout: Duration::from_secs(30), slot_bytes: 4096, ..Options::default() };
     let mut runs = 0;
     for n_ranks in [2u32, 3, 5] {
         let comms = Communicator::group(Transport::named("tcp"), n_ranks, options.clone()).expect("a tcp group");
@@ -88,7 +88,7 @@ fn every_library_algorithm_runs_right_through_the_proxy_thread() {
 fn a_rank_that_aborts_is_named_through_the_proxy() {
     // SAFETY: the same value as the other test of this binary sets.
     unsafe { std::env::set_var("COLLC_NET_PROXY", "1") };
-    let options = Options { timeout: Duration::from_secs(20), slot_bytes: 0 };
+    let options = Options { timeout: Duration::from_secs(20), slot_bytes: 0, ..Options::default() };
     let comms = Communicator::group(Transport::named("tcp"), 3, options).expect("a tcp group");
     let started = std::time::Instant::now();
     let errors: Vec<String> = std::thread::scope(|scope| {

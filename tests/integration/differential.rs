@@ -15,7 +15,7 @@
 //! - pure noise: random ops, operands, peers, channels and dependencies over 2..=5 ranks.
 //!
 //! Each schedule is verified exactly. Every accepted one runs on random data through the reference interpreter,
-//! the host executor over the threads transport and the device interpreter's host twin, at several counts (one the
+//! the host executor over the threads transport (interpreted, and compiled by the JIT) and the device interpreter's host twin, at several counts (one the
 //! chunk count does not divide, one cut into several tiles by a small link slot) and dtypes: integers with sum
 //! (wrapping addition is associative and commutative, so every reduction order gives one exact answer) compared
 //! bit for bit with the contract computed from the inputs alone, and random finite floats (compared with the
@@ -42,7 +42,7 @@ use collc_compiler::{
 };
 use collc_kernels::{DataType, ReduceOp, Scalar};
 use collc_runtime::reference::RankBuffers;
-use collc_runtime::{Buffers, CallShape, Communicator, Options as RunOptions};
+use collc_runtime::{Buffers, CallShape, Communicator, HostExecutor, Options as RunOptions};
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -287,10 +287,12 @@ fn checked(collective: Collective, rank: u32, root: u32, peer: u32) -> bool {
 enum Executor {
     Reference,
     Threads,
+    /// The threads transport with each rank's plan compiled (`HostExecutor::Jit`).
+    Jit,
     Twin,
 }
 
-const EXECUTORS: [Executor; 3] = [Executor::Reference, Executor::Threads, Executor::Twin];
+const EXECUTORS: [Executor; 4] = [Executor::Reference, Executor::Threads, Executor::Jit, Executor::Twin];
 
 /// One call's data: every rank's input (its whole send buffer) and the bytes every other byte of its buffers starts
 /// as (`recv` out of place, the shared buffer outside the input in place, scratch for the reference).
@@ -435,9 +437,10 @@ fn run_group(comms: &mut [Communicator], placement: Placement, data: &Data) -> O
 const SLOT_BYTES: usize = 256;
 
 fn group(executor: Executor, p: u32) -> Result<Vec<Communicator>, String> {
-    let options = RunOptions { timeout: Duration::from_secs(5), slot_bytes: SLOT_BYTES };
+    let options = RunOptions { timeout: Duration::from_secs(5), slot_bytes: SLOT_BYTES, ..RunOptions::default() };
     match executor {
         Executor::Threads => Communicator::threads(p, options),
+        Executor::Jit => Communicator::threads(p, RunOptions { executor: HostExecutor::Jit, ..options }),
         Executor::Twin => Communicator::twin(p, options),
         Executor::Reference => unreachable!("the reference needs no communicators"),
     }

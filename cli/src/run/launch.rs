@@ -6,7 +6,7 @@ use super::sweep;
 use super::table::{Ending, Header, Report};
 use super::{configure, say_error, Job};
 use collc_runtime::launch::Launch;
-use collc_runtime::{Communicator, RuntimeError, Shm, Transport};
+use collc_runtime::{Communicator, HostExecutor, RuntimeError, Shm, Transport};
 use std::os::unix::process::CommandExt;
 use std::process::{Child, Command};
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
@@ -15,7 +15,16 @@ use std::time::{Duration, Instant};
 
 fn header(comm: &Communicator, job: &Job) -> Header {
     let slots = std::env::var("COLLC_SLOT_BYTES").ok().map_or_else(String::new, |b| format!(", slots of {b} B"));
-    let executor = comm.transport().backend().executor(collc_runtime::transport::SLOTS, comm.gpu_ordinal());
+    let backend = comm.transport().backend();
+    let mut executor = backend.executor(collc_runtime::transport::SLOTS, comm.gpu_ordinal());
+    if comm.executor() == HostExecutor::Jit {
+        executor = match backend.compiles_plans() {
+            true => format!("jit: each rank's plan compiled with cranelift, {executor}"),
+            false => format!(
+                "{executor}; --executor jit: interpreted, as this transport's links are not rings in shared memory"
+            ),
+        };
+    }
     Header {
         algorithm: comm.algorithm(job.collective),
         transport: comm.transport().name(),

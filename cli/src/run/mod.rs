@@ -87,6 +87,11 @@ pub struct RunArgs {
     /// Print a table (nccl-tests') or one JSON document.
     #[arg(long, value_enum, default_value = "table")]
     pub format: Format,
+    /// What runs each rank's plan on a host transport: `interp`, the interpreter, or `jit`, each plan compiled with
+    /// cranelift into one native function (threads and shm; elsewhere interpreted, with a WARN)
+    /// [default: $COLLC_EXECUTOR, else interp].
+    #[arg(long, value_name = "EXECUTOR")]
+    pub executor: Option<collc_runtime::HostExecutor>,
     /// Seconds any wait may last before the run fails [default: $COLLC_TIMEOUT, else 60].
     #[arg(long)]
     pub timeout: Option<f64>,
@@ -256,6 +261,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     let mut peer = args.peer.unwrap_or((root + 1) % n_ranks);
     let mut root = root;
     let mut options = Options::from_env().map_err(|e| usage(e.to_string()))?;
+    options.executor = args.executor.unwrap_or(options.executor);
     if let Some(seconds) = args.timeout {
         if !(seconds > 0.0 && seconds.is_finite()) {
             return Err(usage(format!("--timeout {seconds}: must be a positive number of seconds")));

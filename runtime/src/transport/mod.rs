@@ -108,6 +108,10 @@ pub trait Backend: Sync {
     fn slot_policy(&self) -> SlotPolicy {
         SlotPolicy::SHARED_MEMORY
     }
+    /// Whether `--executor jit` compiles its plans: its links are rings in memory both ends map (`Link::ring`).
+    fn compiles_plans(&self) -> bool {
+        false
+    }
     /// What runs a rank's plan, for the run header: `slots` is the slot count, `gpu` the rank's GPU.
     fn executor(&self, slots: u64, gpu: Option<i32>) -> String {
         let _ = gpu;

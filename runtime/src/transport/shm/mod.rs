@@ -49,6 +49,10 @@ impl Backend for Threads {
         fifo::direct()
     }
 
+    fn compiles_plans(&self) -> bool {
+        true
+    }
+
     /// As every host transport's, with the protocol: a send whose source stays is read in place by its receiver
     /// (single copy), unless `COLLC_P2P_DIRECT_DISABLE=1`.
     fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {
@@ -100,6 +104,10 @@ impl Backend for ShmBackend {
     /// As `collc run` allocates its buffers (`Communicator::alloc`): from the arena, read in place.
     fn single_copy(&self) -> bool {
         fifo::direct()
+    }
+
+    fn compiles_plans(&self) -> bool {
+        true
     }
 
     /// Across processes, reading a peer's buffers in place loses to the FIFOs once a call's buffers outgrow the

@@ -211,18 +211,25 @@ __device__ void execute(const u8* image, const u64* bases, const PlanDesc* plan,
     u64 lo = (u64)t * plan->tile;
     u64 hi = lo + plan->tile < plan->capacity ? lo + plan->tile : plan->capacity;
     u64 stride = (u64)plan->tile * elem;
+    // Single copy (encode::SENDS_REFERENCES): a message holds the address of each chunk's tile at the sender.
+    bool sends_refs = (instr->op & COLLC_SENDS_REFERENCES) != 0;
+    bool receives_refs = (instr->op & COLLC_RECEIVES_REFERENCES) != 0;
     for (u32 k = 0; k < instr->n; k++) {
         DPiece piece = pieces[instr->first_piece + k];
-        const u8* in = d->incoming + k * stride;
+        const u8* in = receives_refs ? (const u8*)((const volatile u64*)d->incoming)[k] : d->incoming + k * stride;
         u8* out = d->outgoing + k * stride;
         u64 n_src, n_acc, n_dst;
         u8* src = local(bases, plan, piece.src, lo, hi, &n_src);
+        if (sends_refs) {
+            if (tid == 0) ((volatile u64*)d->outgoing)[k] = (u64)src;
+            continue;
+        }
         u8* acc = local(bases, plan, piece.acc, lo, hi, &n_acc);
         u8* dst = local(bases, plan, piece.dst, lo, hi, &n_dst);
         // PreMulSum: a place holding the rank's input as it came is multiplied by the factor as it is read.
         bool premul = plan->op == OP_PREMULSUM;
         bool scale_src = premul && piece.src.raw, scale_acc = premul && piece.acc.raw;
-        switch (instr->op) {
+        switch (instr->op & COLLC_OP_MASK) {
         case COLLC_OP_SEND:
             if (scale_src) premul_any(plan->dtype, out, src, true, 0, false, plan->factor, n_src, tid, nt);
             else copy_range(out, src, n_src * elem, tid, nt);

@@ -1,4 +1,4 @@
-//! The JIT executor (`Executor::Jit`, `collc run --executor jit`): each rank's plan compiled with cranelift, once
+//! The JIT executor (`HostExecutor::Jit`, `collc run --executor jit`): each rank's plan compiled with cranelift, once
 //! per prepared plan (a call shape: schedule, count, data type, operator, tile), into one native function that runs
 //! a tile in dataflow order. The instructions are unrolled in program order; each is tried in turn, as the
 //! interpreter tries its waiting list, and the function loops over them until none can run (then it returns, and
@@ -80,12 +80,12 @@ macro_rules! frame_at {
 }
 
 /// The function: runs what it can of the tile the frame names.
-type Compiled = unsafe extern "C" fn(*mut Frame) -> u32;
+type Entry = unsafe extern "C" fn(*mut Frame) -> u32;
 
 /// The code's memory, freed with the executor.
 struct Code {
     module: Option<JITModule>,
-    entry: Compiled,
+    entry: Entry,
 }
 
 // SAFETY: the module is only the code's memory (and its symbol tables), used by one thread at a time.
@@ -185,7 +185,7 @@ impl<L: Link> Executor for Jit<L> {
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
         let Jit { plan, links, code, state } = self;
         state.tokens_for(plan, links);
-        let mut engine = Engine_ { code, state };
+        let mut engine = Compiled { code, state };
         host::drive(plan, links, &mut engine, call)
     }
 
@@ -238,13 +238,12 @@ impl State {
 }
 
 /// The compiled function as `drive` runs it.
-#[allow(non_camel_case_types)]
-struct Engine_<'a> {
+struct Compiled<'a> {
     code: &'a Code,
     state: &'a mut State,
 }
 
-impl<L: Link> Engine<L> for Engine_<'_> {
+impl<L: Link> Engine<L> for Compiled<'_> {
     fn start_tile(&mut self, plan: &mut Plan) {
         self.state.done.fill(0);
         self.state.unmet.copy_from_slice(&plan.unmet_at_start);
@@ -384,8 +383,8 @@ fn compile(plan: &Plan, rings: &[Ring], spec: &(DataType, ReduceOp)) -> Result<C
     module.clear_context(&mut ctx);
     module.finalize_definitions().map_err(|e| fail(&e))?;
     let code = module.get_finalized_function(id);
-    // SAFETY: the function was built with `Compiled`'s signature in the target's default calling convention.
-    let entry = unsafe { std::mem::transmute::<*const u8, Compiled>(code) };
+    // SAFETY: the function was built with `Entry`'s signature in the target's default calling convention.
+    let entry = unsafe { std::mem::transmute::<*const u8, Entry>(code) };
     Ok(Code { module: Some(module), entry })
 }
 

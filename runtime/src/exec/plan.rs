@@ -61,6 +61,9 @@ pub(crate) struct Step {
     /// A `Send` whose source no later step writes (`VerifiedSchedule::sources_that_stay`): over a link that shares
     /// memory, its message may carry the source's addresses in place of its bytes.
     pub by_reference: bool,
+    /// It receives what such a `Send` of its peer sends: the device executors, which decide when they encode a plan
+    /// whether a message goes by reference, read it where it is on a link both ends' memory is on.
+    pub recv_by_reference: bool,
 }
 
 /// The src, acc and dst of one chunk of a step.
@@ -202,7 +205,7 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let Translated { unscaled, mut steps, pieces, labels, links } =
         translate(sched, rank, origin, &layout, capacity, tile * elem, factor.is_some());
     if !single_copy {
-        steps.iter_mut().for_each(|step| step.by_reference = false);
+        steps.iter_mut().for_each(|step| (step.by_reference, step.recv_by_reference) = (false, false));
     }
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
@@ -398,6 +401,7 @@ fn translate(
             send_pos,
             recv_pos,
             by_reference: stays[index],
+            recv_by_reference: false,
         });
         labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
     }
@@ -405,7 +409,24 @@ fn translate(
         true => input.unwritten_output(sched, rank, layout),
         false => Vec::new(),
     };
+    received_by_reference(sched, rank, &mut steps, &links);
     Translated { unscaled, steps, pieces, labels, links }
+}
+
+/// Marks each receiving step whose message is a `Send` whose source stays (`sources_that_stay` of the sender): a
+/// connection's k-th receive takes its k-th send.
+fn received_by_reference(sched: &VerifiedSchedule, rank: u32, steps: &mut [Step], links: &[LinkEnd]) {
+    for (l, end) in links.iter().enumerate().filter(|(_, end)| end.to == rank) {
+        let sender = &sched.ranks[end.from as usize];
+        let stays = sched.sources_that_stay(end.from);
+        let sends: Vec<bool> = (sender.instrs.iter().zip(stays))
+            .filter(|(instr, _)| instr.send_peer() == Some(rank) && instr.channel == end.channel)
+            .map(|(_, stays)| stays)
+            .collect();
+        for step in steps.iter_mut().filter(|step| step.recv as usize == l) {
+            step.recv_by_reference = sends.get(step.recv_pos as usize).copied().unwrap_or(false);
+        }
+    }
 }
 
 /// Which chunks of the buffer that holds a rank's input when a call starts (`in`, or in place the one buffer) still

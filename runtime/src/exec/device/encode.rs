@@ -10,14 +10,15 @@
 //! a dependency on another block's instruction is that instruction's `done` word in the state reaching the
 //! tile's generation.
 
-use super::super::plan::{Place, Plan, NONE, NO_BUF};
+use super::super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
+use crate::link::LinkEnd;
 use collc_compiler::sched::Op;
 use collc_kernels::ReduceOp;
 use std::collections::HashMap;
 
 /// The image starts with these bytes ("COLC") and the version; the interpreter refuses anything else.
 pub const MAGIC: u32 = 0x434f_4c43;
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 // Message slots per connection record: the one `SLOTS` of every link (the compiler's `CHANNEL_SLOTS`); the CUDA
 // source is compiled with it (`COLLC_SLOTS`).
 pub use crate::link::SLOTS;
@@ -125,6 +126,7 @@ pub struct PlanDesc {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[repr(C)]
 pub struct DInstr {
+    /// The op code (`op_code`, under `OP_MASK`) and the flags `SENDS_REFERENCES`, `RECEIVES_REFERENCES`.
     pub op: u32,
     pub send: u16,
     pub recv: u16,
@@ -170,6 +172,13 @@ pub struct DLink {
 }
 
 pub const NONE_LINK: u16 = u16::MAX;
+/// `DInstr::op`: the op code, then single copy's flags. A message by reference holds, for each chunk, the address of
+/// its tile at the sender (8 bytes a chunk) in place of its bytes; its receiver reads the tile there (the memory
+/// model's rule 8: the sender's source stays until the call ends, and every rank of a GPU runs in one launch, which
+/// ends only once every rank's instructions have).
+pub const OP_MASK: u32 = 0xffff;
+pub const SENDS_REFERENCES: u32 = 1 << 16;
+pub const RECEIVES_REFERENCES: u32 = 1 << 17;
 pub const NO_BUF_ID: u16 = u16::MAX;
 
 /// A connection's record (`CONN_WORDS` words, 8-byte aligned; one per lane, the state's address table holding lane
@@ -320,6 +329,26 @@ impl Writer {
     }
 }
 
+/// Whether the message `step` sends (`sending`) or receives goes by reference on the device: its sender's source
+/// stays (`Step::by_reference`, `Step::recv_by_reference`, the same on both ends), both ends share memory, no
+/// PreMulSum factor travels with it and no epilogue rewrites the output, every tile of each chunk is whole (the receiver reads a whole tile, as
+/// `RecvCopySend` forwards one) and the slot holds an address per chunk. Both ends decide alike from their own plans.
+fn by_reference(plan: &Plan, step: &Step, sending: bool, shares: &dyn Fn(&LinkEnd) -> bool) -> bool {
+    let (marked, l) = match sending {
+        true => (step.op == Op::Send && step.by_reference, step.send),
+        false => (step.recv_by_reference, step.recv),
+    };
+    // No epilogue either: `avg` divides a rank's output once its own blocks are done, while a peer may still read
+    // it by reference (the host executor divides only once every reference is released).
+    if !marked || l == NONE || plan.factor.is_some() || epilogue(plan) != 0 {
+        return false;
+    }
+    let end = &plan.links[l as usize];
+    let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
+    let valid = |p: &Piece| p.src.valid.max(p.acc.valid).max(p.dst.valid);
+    shares(end) && 8 * step.n as usize <= end.slot_bytes && pieces.iter().all(|p| valid(p) >= plan.capacity)
+}
+
 /// `PlanDesc::avg`: the epilogue of the plan's output window.
 fn epilogue(plan: &Plan) -> u32 {
     match () {
@@ -341,7 +370,10 @@ fn place(p: Place) -> DPlace {
 /// one per tile; every rank of a call gets the same count, as every rank cuts a call into the same tiles).
 /// Connections between two of the plans are one record per lane; a connection to a rank outside the launch gets
 /// records too, whose addresses the caller supplies (a peer thread's, or another process's through IPC).
-pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
+///
+/// `shares(end)`: whether both ends of a connection reach the same memory at the same addresses (ranks of one GPU
+/// in one process; the twin's ranks): there a `Send` whose source stays goes by reference (`by_reference`).
+pub fn encode(plans: &[&Plan], lanes: u32, shares: &dyn Fn(&LinkEnd) -> bool) -> Result<Image, String> {
     let lanes_of = |plan: &Plan| lanes.clamp(1, plan.n_tiles.max(1) as u32);
     let lanes = plans.first().map_or(1, |plan| lanes_of(plan));
     if plans.iter().any(|plan| lanes_of(plan) != lanes) {
@@ -395,8 +427,9 @@ pub fn encode(plans: &[&Plan], lanes: u32) -> Result<Image, String> {
             let first_dep = deps.len() as u32;
             deps.extend_from_slice(&deps_of[i]);
             let link = |l: u16| if l == NONE { NONE_LINK } else { l };
+            let refs = |sending: bool, flag: u32| if by_reference(plan, step, sending, shares) { flag } else { 0 };
             instrs.push(DInstr {
-                op: op_code(step.op),
+                op: op_code(step.op) | refs(true, SENDS_REFERENCES) | refs(false, RECEIVES_REFERENCES),
                 send: link(step.send),
                 recv: link(step.recv),
                 n: step.n,
@@ -535,6 +568,9 @@ pub fn layout_defines() -> Vec<(String, String)> {
         ("COLLC_CONN_WORDS", CONN_WORDS as u64),
         ("COLLC_RECORD_BYTES", RECORD_BYTES as u64),
         ("COLLC_CONTROL_WORDS", CONTROL_WORDS as u64),
+        ("COLLC_OP_MASK", OP_MASK as u64),
+        ("COLLC_SENDS_REFERENCES", SENDS_REFERENCES as u64),
+        ("COLLC_RECEIVES_REFERENCES", RECEIVES_REFERENCES as u64),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -78,7 +78,9 @@ pub(crate) fn twin_executor(
     conns: &TwinConns,
     launchers: &TwinLaunchers,
 ) -> Result<Box<dyn Executor>, RuntimeError> {
-    let image = Arc::new(encode::encode(&[&plan], TWIN_LANES).map_err(RuntimeError::Config)?);
+    // The twin's ranks are threads of this process, their buffers in its memory: a send whose source stays goes by
+    // reference (single copy), as between ranks of one GPU.
+    let image = Arc::new(encode::encode(&[&plan], TWIN_LANES, &|_| true).map_err(RuntimeError::Config)?);
     let conns: Vec<Arc<ConnMemory>> = {
         let mut registry = conns.lock().map_err(|_| RuntimeError::Poisoned)?;
         image

@@ -92,6 +92,8 @@ struct Case {
     abort: bool,
     timeout_ns: u64,
     runner: Runner,
+    /// Sends whose source stays go by reference (single copy, as between ranks of one GPU).
+    single_copy: bool,
 }
 
 impl Case {
@@ -104,6 +106,7 @@ impl Case {
             abort: false,
             timeout_ns: 20_000_000_000,
             runner,
+            single_copy: false,
         }
     }
 }
@@ -124,7 +127,7 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
                 op: shape.op,
                 origin: Origin::Coll(""),
                 slot_cap: case.slot_cap,
-                single_copy: false,
+                single_copy: case.single_copy,
                 transport: "twin",
                 slots: encode::SLOTS as u32,
             };
@@ -148,7 +151,14 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
     }
     let launched = if case.without_last_rank { plans.len() - 1 } else { plans.len() };
     let refs: Vec<&Plan> = plans[..launched].iter().collect();
-    let image = encode::encode(&refs, case.lanes).expect("encodes");
+    let image = encode::encode(&refs, case.lanes, &|_| case.single_copy).expect("encodes");
+    let by_reference = (0..image.header().n_plans)
+        .map(|p| {
+            let plan = image.plan(p);
+            (0..plan.n_instrs).filter(|&i| image.instr(&plan, i).op & encode::SENDS_REFERENCES != 0).count()
+        })
+        .sum::<usize>();
+    BY_REFERENCE.with(|count| count.set(count.get() + by_reference));
     let conns: Vec<ConnMemory> = image.conns.iter().map(|c| ConnMemory::new(c.3)).collect();
     let state: Vec<AtomicU64> = (0..image.state_words()).map(|_| AtomicU64::new(0)).collect();
     for (c, memory) in conns.iter().enumerate() {
@@ -209,9 +219,16 @@ fn the_cuda_interpreter_on_the_cpu_computes_each_library_collective() {
     assert!(runs > 500, "{runs} runs");
 }
 
-/// Runs the matrix by `runner`; returns how many launches it checked.
+thread_local! {
+    /// Sends by reference in the launches `run_one_launch` encoded on this test's thread.
+    static BY_REFERENCE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs the matrix by `runner`; returns how many launches it checked. Half the launches carry sends whose source
+/// stays by reference (single copy).
 fn every_library_collective_in_one_launch(runner: Runner) -> usize {
     let mut runs = 0;
+    BY_REFERENCE.with(|count| count.set(0));
     for (name, source) in LIBRARY {
         let collective = collective_of(source);
         for n_ranks in [3, 4] {
@@ -229,7 +246,9 @@ fn every_library_collective_in_one_launch(runner: Runner) -> usize {
                         let shape = CallShape { collective, count: 1000, dtype, op, root, peer };
                         // One lane, then three: the tiles dealt over three copies of every block.
                         let lanes = 1 + 2 * (runs % 2) as u32;
-                        let (control, outputs) = run_one_launch(&sched, shape, Case::new(64, lanes, runner));
+                        let single_copy = runs % 4 >= 2;
+                        let case = Case { single_copy, ..Case::new(64, lanes, runner) };
+                        let (control, outputs) = run_one_launch(&sched, shape, case);
                         assert_eq!(
                             control[control::CODE],
                             code::OK,
@@ -249,6 +268,8 @@ fn every_library_collective_in_one_launch(runner: Runner) -> usize {
             }
         }
     }
+    let by_reference = BY_REFERENCE.with(|count| count.get());
+    assert!(by_reference > 1000, "only {by_reference} messages went by reference");
     runs
 }
 

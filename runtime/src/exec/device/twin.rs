@@ -12,7 +12,7 @@
 //! Generations grow with the call's sequence number, so `done` words never need resetting.
 
 use super::encode::{
-    code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, RECORD_BYTES, SLOTS,
+    self, code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, RECORD_BYTES, SLOTS,
 };
 use collc_compiler::sched::Op;
 use collc_kernels::host::{self, Factor};
@@ -348,11 +348,22 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
     let lo = t as u64 * plan.tile as u64;
     let hi = (lo + plan.tile as u64).min(plan.capacity as u64);
     let stride = plan.tile as usize * elem;
+    let (sends_refs, receives_refs) =
+        (instr.op & encode::SENDS_REFERENCES != 0, instr.op & encode::RECEIVES_REFERENCES != 0);
     for k in 0..instr.n {
         let piece = launch.image.piece(plan, instr.first_piece + k);
-        let slot_in = incoming.wrapping_add(k as usize * stride);
+        let slot_in = match receives_refs {
+            // SAFETY: a message by reference holds an address a chunk (`encode::SENDS_REFERENCES`).
+            true => unsafe { (incoming as *const u64).add(k as usize).read() as *const u8 },
+            false => incoming.wrapping_add(k as usize * stride),
+        };
         let slot_out = outgoing.wrapping_add(k as usize * stride);
         let (src, n_src) = local(launch, plan, piece.src, lo, hi);
+        if sends_refs {
+            // SAFETY: the slot holds an address a chunk (checked when the plan was encoded).
+            unsafe { (outgoing as *mut u64).add(k as usize).write(src as u64) };
+            continue;
+        }
         let (acc, _) = local(launch, plan, piece.acc, lo, hi);
         let (dst, n_dst) = local(launch, plan, piece.dst, lo, hi);
         // SAFETY: every pointer is inside its buffer or slot for the elements used (caller's contract).
@@ -362,7 +373,7 @@ unsafe fn execute(launch: &Launch, plan: &PlanDesc, instr: &DInstr, t: u32, inco
                 Some(f) => host::premul_sum(dtype, dst, (acc, Some(f)), (b, None), n),
                 None => host::reduce(dtype, op, dst, acc, b, n),
             };
-            match Op::ALL[instr.op as usize] {
+            match Op::ALL[(instr.op & encode::OP_MASK) as usize] {
                 Op::Send => match src_factor {
                     Some(f) => f.apply(slot_out, src, n_src),
                     None => host::copy(slot_out, src, n_src * elem),

@@ -88,7 +88,9 @@ impl Fabric for CudaFabric {
         let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
         let gpu = self.gpu_of(plan.rank).clone();
         let lanes = self.lanes(&plan).map_err(config)?;
-        let image = encode::encode(&[&plan], lanes).map_err(config)?;
+        // Ranks of one GPU run in one launch and reach each other's buffers at the same addresses: single copy.
+        let same_gpu = |end: &crate::link::LinkEnd| self.gpu_of(end.from).ordinal == self.gpu_of(end.to).ordinal;
+        let image = encode::encode(&[&plan], lanes, &same_gpu).map_err(config)?;
         let mut conns = Vec::with_capacity(image.conns.len());
         {
             let mut registry = self.conns.lock().map_err(|_| RuntimeError::Poisoned)?;

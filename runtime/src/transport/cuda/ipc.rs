@@ -104,7 +104,8 @@ impl Fabric for IpcFabric {
         let config = |e: String| RuntimeError::Config(format!("rank {rank}: {e}"));
         let gpu = self.gpu.clone();
         let lanes = self.lanes(&plan).map_err(config)?;
-        let image = encode::encode(&[&plan], lanes).map_err(config)?;
+        // Rank processes map each other's memory at other addresses (CUDA IPC): every message carries its bytes.
+        let image = encode::encode(&[&plan], lanes, &|_| false).map_err(config)?;
         // This rank's incoming records, one allocation, each record 256-byte aligned, after a word per rank that is
         // 1 while that rank may have the allocation mapped (see `Exported`).
         let mut offsets = vec![u64::MAX; image.conns.len()];

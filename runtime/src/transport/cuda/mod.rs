@@ -52,7 +52,10 @@ impl Backend for Cuda {
 
     fn executor(&self, slots: u64, gpu: Option<i32>) -> String {
         let gpu = gpu.unwrap_or(0);
-        format!("device interpreter on GPU {gpu} (one cooperative launch per call and GPU, {slots}-slot records")
+        format!(
+            "device interpreter on GPU {gpu} (one cooperative launch per call and GPU, single copy between its ranks \
+             where a send's source stays, else {slots}-slot records"
+        )
     }
 
     fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {

@@ -29,7 +29,7 @@ impl Backend for Twin {
     }
 
     fn executor(&self, slots: u64, _gpu: Option<i32>) -> String {
-        format!("device interpreter's host twin (one launch per call, {slots}-slot records")
+        format!("device interpreter's host twin (one launch per call, single copy where a send's source stays, else {slots}-slot records")
     }
 
     fn group(&self, n_ranks: u32, options: Options) -> Result<Vec<Communicator>, RuntimeError> {

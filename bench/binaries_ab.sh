@@ -4,7 +4,8 @@
 # medians of the time and the ratio new / old (below 1: the new one is faster).
 #
 # Usage: bench/binaries_ab.sh OLD_COLLC NEW_COLLC
-# Env knobs: RUNS [5]  RANKS [2]  ALGO [allreduce/one_shot]  SIZES ["64K 1M 16M"]  ITERS [30]  WARMUP [5]
+# Env knobs: RUNS [5]  RANKS [2]  ALGO [allreduce/one_shot]  TRANSPORT [threads]  SIZES ["64K 1M 16M"]  ITERS [30]
+#            WARMUP [5]
 #            CASES ["float:sum int32:sum double:sum bfloat16:sum int32:max float:max int64:sum int32:premulsum:3
 #                    float:premulsum:0.5"]
 set -euo pipefail
@@ -29,7 +30,8 @@ for case in $cases; do
     : >"$work/old" && : >"$work/new"
     for _ in $(seq "$runs"); do
       for side in old new; do
-        "${!side}" run "${ALGO:-allreduce/one_shot}" --ranks "${RANKS:-2}" -d "$dtype" -o "$op" -b "$size" -e "$size" \
+        "${!side}" run "${ALGO:-allreduce/one_shot}" --ranks "${RANKS:-2}" --transport "${TRANSPORT:-threads}" \
+          -d "$dtype" -o "$op" -b "$size" -e "$size" \
           -n "${ITERS:-30}" -w "${WARMUP:-5}" -c 0 | awk '!/^#/ && NF >= 13 && $1 ~ /^[0-9]+$/ {print $6}' >>"$work/$side"
       done
     done

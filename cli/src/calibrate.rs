@@ -163,6 +163,13 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
     let cached_beta = slope(&cached_points).clamp(1e-13, beta);
     let cached_gamma = kernel_seconds_per_byte(runs, CACHED_BYTES, reduce).min(gamma);
     let cached_copy = kernel_seconds_per_byte(runs, CACHED_BYTES, copy_kernel).min(copy);
+    // Calls above that whose data still fits the last-level cache: kernels on buffers of an eighth of it (a call's
+    // input, its peer's and its output per rank, on two ranks, fit), messages as the curve says.
+    let llc = last_level_cache_bytes().map(|bytes| bytes / 8).filter(|&bytes| bytes > CACHED_BYTES).map(|bytes| {
+        let gamma = kernel_seconds_per_byte(runs, bytes, reduce).min(gamma).max(cached_gamma);
+        let copy = kernel_seconds_per_byte(runs, bytes, copy_kernel).min(copy).max(cached_copy);
+        (bytes, gamma, copy)
+    });
     eprintln!(
         "# calibrated: alpha {:.3} us ({:.3} us on one core), beta {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s; \
          up to {} KiB: {:.3} GB/s, reduce {:.2} GB/s, copy {:.2} GB/s",
@@ -176,6 +183,9 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
         1e-9 / cached_gamma,
         1e-9 / cached_copy
     );
+    if let Some((bytes, gamma, copy)) = llc {
+        eprintln!("# up to {} KiB: reduce {:.2} GB/s, copy {:.2} GB/s", bytes >> 10, 1e-9 / gamma, 1e-9 / copy);
+    }
     if let Some(warning) = slow_messages(1e-9 / beta, 1e-9 / copy) {
         eprintln!("{warning}");
     }
@@ -200,8 +210,41 @@ fn measure(args: &CalibrateArgs) -> Result<Topology, String> {
             reduce_gbps: round(1e-9 / cached_gamma),
             copy_gbps: round(1e-9 / cached_copy),
         }),
+        llc: llc.map(|(bytes, gamma, copy)| Cached {
+            max_bytes: bytes as u32,
+            // Messages of this regime's sizes follow the curve; its slope elsewhere is the large messages'.
+            bandwidth_gbps: round(1e-9 / beta),
+            reduce_gbps: round(1e-9 / gamma),
+            copy_gbps: round(1e-9 / copy),
+        }),
         single_copy: None,
     })
+}
+
+/// The last-level cache's size (Linux: the highest cache level of CPU 0 that holds data), if the system says.
+fn last_level_cache_bytes() -> Option<usize> {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let read = |index: &std::path::Path, name: &str| std::fs::read_to_string(index.join(name)).ok();
+    std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .map(|entry| entry.path())
+        .filter(|index| read(index, "type").is_some_and(|t| t.trim() != "Instruction"))
+        .filter_map(|index| {
+            let level: u32 = read(&index, "level")?.trim().parse().ok()?;
+            let size = read(&index, "size")?;
+            let size = size.trim();
+            let bytes: usize = match size.strip_suffix('K') {
+                Some(k) => k.parse::<usize>().ok()? << 10,
+                None => match size.strip_suffix('M') {
+                    Some(m) => m.parse::<usize>().ok()? << 20,
+                    None => size.parse().ok()?,
+                },
+            };
+            Some((level, bytes))
+        })
+        .max()
+        .map(|(_, bytes)| bytes)
 }
 
 /// A warning when large messages between the two calibrating ranks moved at under `SLOW_SHARE` of the host's copy

@@ -286,7 +286,8 @@ pub fn host_cache_path() -> Option<PathBuf> {
     let mut hash = collc_compiler::fxhash::FxHasher::default();
     std::hash::Hash::hash(model, &mut hash);
     let cpu = std::hash::Hasher::finish(&hash);
-    Some(base.join("collc").join(format!("host-{host}-{cpu:016x}.json")))
+    // `-2`: calibrations with the last-level cache's rates; an older one is measured again.
+    Some(base.join("collc").join(format!("host-{host}-{cpu:016x}-2.json")))
 }
 
 /// This host's cached calibration, if there is one that reads.

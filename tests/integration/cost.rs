@@ -20,6 +20,7 @@ fn uniform() -> Topology {
         cores_per_node: None,
         shared_core_alpha_us: None,
         cached: None,
+        llc: None,
         switch: None,
         single_copy: None,
     }
@@ -375,15 +376,18 @@ fn shared_cores_play_the_schedule_out_turn_by_turn() {
     near("two ranks, two cores", two_cores, predict("allreduce/ring", 2, 8.0, None, &uniform()));
 }
 
-/// Calls of at most `cached.max_bytes` take the cached rates (intra-node beta, gamma, copy) and larger ones the
-/// topology's own: the closed forms hold in each regime with its rates.
+/// Calls of at most `cached.max_bytes` take the cached rates (intra-node beta, gamma, copy), larger ones up to
+/// `llc.max_bytes` the last-level cache's, and larger ones still the topology's own: the closed forms hold in each
+/// regime with its rates.
 #[test]
 fn cached_rates_apply_up_to_their_size() {
     use collc_compiler::cost::Cached;
     let (b_cached, g_cached) = (1e-11, 4e-11); // 100 GB/s links, 25 GB/s reductions
+    let (b_llc, g_llc) = (2e-11, 8e-11); // 50 GB/s links, 12.5 GB/s reductions
     let cached =
         Cached { max_bytes: 65536, bandwidth_gbps: 1e-9 / b_cached, reduce_gbps: 1e-9 / g_cached, copy_gbps: 50.0 };
-    let topo = Topology { cached: Some(cached), ..uniform() };
+    let llc = Cached { max_bytes: 1 << 20, bandwidth_gbps: 1e-9 / b_llc, reduce_gbps: 1e-9 / g_llc, copy_gbps: 25.0 };
+    let topo = Topology { cached: Some(cached), llc: Some(llc), ..uniform() };
     for p in [2u32, 4, 8] {
         let pf = p as f64;
         let ring =
@@ -395,10 +399,24 @@ fn cached_rates_apply_up_to_their_size() {
                 ring(n, b_cached, g_cached),
             );
         }
-        for n in [65537.0, 1e6, 1e8] {
+        for n in [65537.0, 524288.0, 1048576.0] {
+            assert_close(
+                &format!("llc p={p} n={n}"),
+                predict("allreduce/ring", p, n, None, &topo),
+                ring(n, b_llc, g_llc),
+            );
+        }
+        for n in [1048577.0, 1e8] {
             assert_close(&format!("uncached p={p} n={n}"), predict("allreduce/ring", p, n, None, &topo), ring(n, B, G));
         }
     }
+    let error = Topology::from_json(
+        r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1,
+            "cached": {"max_bytes": 1024, "bandwidth_gbps": 1, "reduce_gbps": 1, "copy_gbps": 1},
+            "llc": {"max_bytes": 1024, "bandwidth_gbps": 1, "reduce_gbps": 1, "copy_gbps": 1}}"#,
+    )
+    .unwrap_err();
+    assert_eq!(error.field, "llc.max_bytes");
     let error = Topology::from_json(
         r#"{"nodes": 1, "links": {"intra": {"alpha_us": 1, "bandwidth_gbps": 3}}, "reduce_gbps": 1,
             "cached": {"max_bytes": 1024, "bandwidth_gbps": 0, "reduce_gbps": 1, "copy_gbps": 1}}"#,

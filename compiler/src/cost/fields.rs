@@ -1,7 +1,7 @@
 //! Reading a topology file's JSON objects: each value by its key, an unknown key rejected, every error naming the
 //! field's path (`links.intra.message_us[3]`).
 
-use super::topology::{error, Link, TopologyError};
+use super::topology::{error, Cached, Link, TopologyError};
 use serde_json::{Map, Value};
 
 /// One JSON object of the file and its path, for errors that name the field.
@@ -74,6 +74,20 @@ impl<'a> Fields<'a> {
 
     pub(super) fn optional_link(&self, key: &str) -> Result<Option<Link>, TopologyError> {
         self.get(key).map(|_| self.link(key)).transpose()
+    }
+
+    /// A regime's rates (`cached`, `llc`), where the file gives them.
+    pub(super) fn cached(&self, key: &str) -> Result<Option<Cached>, TopologyError> {
+        if self.get(key).is_none() {
+            return Ok(None);
+        }
+        let c = self.object(key, &["max_bytes", "bandwidth_gbps", "reduce_gbps", "copy_gbps"])?;
+        Ok(Some(Cached {
+            max_bytes: c.count("max_bytes")?,
+            bandwidth_gbps: c.number("bandwidth_gbps")?,
+            reduce_gbps: c.number("reduce_gbps")?,
+            copy_gbps: c.number("copy_gbps")?,
+        }))
     }
 
     pub(super) fn link(&self, key: &str) -> Result<Link, TopologyError> {

@@ -14,13 +14,14 @@
 //!
 //! Second, a topology may give `cached` rates, for calls small enough that their data stays in the caches (as NCCL
 //! keeps bandwidths per protocol): calls of at most `cached.max_bytes` are costed with those rates for intra-node
-//! links, reductions and copies.
+//! links, reductions and copies; and `llc` rates, for calls above that whose data still stays in the last-level
+//! cache, up to `llc.max_bytes`.
 //!
 //! Third, a link class may carry a measured curve of one-way message times by size (`Link::message_us`, PLogP's
 //! gap per size): then a port's time in a step is read off it for the port's bytes, in place of alpha + bytes x
 //! beta in either regime (without alphas, the curve less its time for no bytes).
 
-use super::topology::{Link, LinkClass, Rates, Topology};
+use super::topology::{CacheRegime, Link, LinkClass, Rates, Topology};
 use crate::ir::{Program, TransferKind};
 use crate::sched::{Op, Schedule};
 
@@ -33,9 +34,12 @@ pub struct Profile {
     whole_chunks: u32,
     /// The link classes: their alphas, and their measured curves (`Link::message_seconds`).
     links: [Link; 2],
-    /// Calls of at most this many bytes take the cached rates (`Regime` 1); 0 when the topology has none.
+    /// Calls of at most this many bytes take the cached rates (`CacheRegime::Cached`), then up to `llc_bytes` the
+    /// last-level cache's; 0 where the topology has none.
     cached_bytes: f64,
-    regimes: [Regime; 2],
+    llc_bytes: f64,
+    /// Per `CacheRegime::ALL`.
+    regimes: [Regime; 3],
     /// Ranks that share cores: the seconds a call of no bytes takes on the cores (`cores::latency`), in place of the
     /// steps' alphas.
     shared_core_latency: Option<f64>,
@@ -47,7 +51,8 @@ pub struct Profile {
     beyond: Option<(f64, Box<Profile>)>,
 }
 
-/// What a byte costs in one regime: [0] the topology's rates, [1] its cached rates (the same when it has none).
+/// What a byte costs in one regime (`CacheRegime::ALL`): the topology's rates, its cached rates, its last-level cache
+/// rates (each the topology's own where it has none).
 #[derive(Clone, Copy, Debug)]
 struct Regime {
     rates: Rates,
@@ -63,7 +68,7 @@ struct StepLoad {
     /// the ports: a message by reference, `Topology::single_copy`).
     carries: [bool; 2],
     /// Seconds per chunk byte the busiest rank computes (reductions and local copies), per regime.
-    compute: [f64; 2],
+    compute: [f64; 3],
 }
 
 fn class_index(class: LinkClass) -> usize {
@@ -122,8 +127,8 @@ pub fn profile(program: &Program, sched: &Schedule, topo: &Topology, slots: u32)
 fn profile_of(program: &Program, sched: &Schedule, topo: &Topology, slots: u32) -> Profile {
     let (in_chunks, out_chunks) = program.buffer_chunks();
     let passes = shared_core_passes(sched, topo);
-    let regimes = [false, true].map(|cached| {
-        let rates = topo.rates(cached);
+    let regimes = CacheRegime::ALL.map(|regime| {
+        let rates = topo.rates(regime);
         Regime { rates, core: busiest_core(&passes, &rates) }
     });
     let mut tally = Tally::new(program.n_ranks as usize);
@@ -183,6 +188,7 @@ fn profile_of(program: &Program, sched: &Schedule, topo: &Topology, slots: u32) 
         whole_chunks: in_chunks.max(out_chunks),
         links,
         cached_bytes: topo.cached.map_or(0.0, |c| c.max_bytes as f64),
+        llc_bytes: topo.llc.map_or(0.0, |c| c.max_bytes as f64),
         regimes,
         shared_core_latency: topo.shares_cores(program.n_ranks).then(|| super::cores::latency(sched, topo, slots)),
         messages,
@@ -270,7 +276,11 @@ impl Profile {
             return fifo.seconds(bytes);
         }
         let chunk_bytes = bytes / self.whole_chunks as f64;
-        let k = usize::from(bytes <= self.cached_bytes);
+        let k = match () {
+            _ if bytes <= self.cached_bytes => 1,
+            _ if bytes <= self.llc_bytes => 2,
+            _ => 0,
+        };
         let regime = &self.regimes[k];
         // The steps with their alphas (ports that work in parallel, a core per rank) or without (`alphas` false).
         let steps = |alphas: bool| {

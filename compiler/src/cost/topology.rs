@@ -108,6 +108,21 @@ pub struct Cached {
     pub copy_gbps: f64,
 }
 
+/// Where a call's data is, by its size: what `Topology::rates` gives the rates of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum CacheRegime {
+    /// Larger than the caches: the topology's own rates.
+    Memory,
+    /// Up to `cached.max_bytes`.
+    Cached,
+    /// Above that, up to `llc.max_bytes`.
+    LastLevel,
+}
+
+impl CacheRegime {
+    pub(crate) const ALL: [CacheRegime; 3] = [CacheRegime::Memory, CacheRegime::Cached, CacheRegime::LastLevel];
+}
+
 /// Seconds per byte of one regime (`Topology::rates`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct Rates {
@@ -145,6 +160,10 @@ pub struct Topology {
     /// Rates of calls that stay in cache; absent means the same rates at every size.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cached: Option<Cached>,
+    /// Rates of larger calls whose data still stays in the last-level cache (above `cached.max_bytes`, up to its
+    /// own `max_bytes`); absent means the topology's own rates there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub llc: Option<Cached>,
     /// Up to how many bytes (nccl-tests' size) the ranks read each other's memory in place (rank threads of one
     /// process, shm from the ranks' arenas): a send whose source stays until the call ends (the memory model's rule
     /// 8) costs its receiver one local pass over the chunks and the link's alpha, not their bytes through the ports;
@@ -181,6 +200,7 @@ impl Topology {
             cores_per_node: None,
             shared_core_alpha_us: None,
             cached: None,
+            llc: None,
             single_copy: None,
         }
     }
@@ -233,6 +253,7 @@ impl Topology {
                 "cores_per_node",
                 "shared_core_alpha_us",
                 "cached",
+                "llc",
             ],
         )?;
         let links = root.object("links", &["intra", "inter"])?;
@@ -259,18 +280,8 @@ impl Topology {
             },
             cores_per_node: root.optional_count("cores_per_node")?,
             shared_core_alpha_us: root.optional("shared_core_alpha_us", Value::as_f64, "a number")?,
-            cached: match root.get("cached") {
-                None => None,
-                Some(_) => {
-                    let c = root.object("cached", &["max_bytes", "bandwidth_gbps", "reduce_gbps", "copy_gbps"])?;
-                    Some(Cached {
-                        max_bytes: c.count("max_bytes")?,
-                        bandwidth_gbps: c.number("bandwidth_gbps")?,
-                        reduce_gbps: c.number("reduce_gbps")?,
-                        copy_gbps: c.number("copy_gbps")?,
-                    })
-                }
-            },
+            cached: root.cached("cached")?,
+            llc: root.cached("llc")?,
             single_copy: None,
         };
         topo.validate()?;
@@ -310,6 +321,16 @@ impl Topology {
         }
         if let Some(alpha) = self.shared_core_alpha_us {
             non_negative("shared_core_alpha_us", alpha)?;
+        }
+        if let (Some(cached), Some(llc)) = (&self.cached, &self.llc) {
+            if llc.max_bytes <= cached.max_bytes {
+                return Err(error("llc.max_bytes", "must be above cached.max_bytes"));
+            }
+        }
+        if let Some(llc) = &self.llc {
+            positive("llc.bandwidth_gbps", llc.bandwidth_gbps)?;
+            positive("llc.reduce_gbps", llc.reduce_gbps)?;
+            positive("llc.copy_gbps", llc.copy_gbps)?;
         }
         if let Some(cached) = &self.cached {
             positive("cached.bandwidth_gbps", cached.bandwidth_gbps)?;
@@ -378,11 +399,16 @@ impl Topology {
         }
     }
 
-    /// Seconds per byte of the topology's rates, or of its cached rates when `cached` is asked and it has them
-    /// (inter-node links keep their own).
-    pub(crate) fn rates(&self, cached: bool) -> Rates {
+    /// Seconds per byte of the topology's rates in `regime`: its own (`Regime::Memory`), or its cached or last-level
+    /// cache rates where it has them (inter-node links keep their own).
+    pub(crate) fn rates(&self, regime: CacheRegime) -> Rates {
         let links = [self.link(LinkClass::Intra), self.link(LinkClass::Inter)];
-        match self.cached.filter(|_| cached) {
+        let rates = match regime {
+            CacheRegime::Memory => None,
+            CacheRegime::Cached => self.cached,
+            CacheRegime::LastLevel => self.llc,
+        };
+        match rates {
             Some(c) => Rates {
                 beta: [1e-9 / c.bandwidth_gbps, links[1].beta()],
                 gamma: 1e-9 / c.reduce_gbps,
@@ -434,7 +460,7 @@ impl Topology {
         if let Some(alpha) = self.shared_core_alpha_us {
             text += &format!("; alpha {alpha} us between ranks on one core");
         }
-        if let Some(c) = &self.cached {
+        for c in [&self.cached, &self.llc].into_iter().flatten() {
             text += &format!(
                 "; up to {} B: {} GB/s, reduce {} GB/s, copy {} GB/s",
                 c.max_bytes, c.bandwidth_gbps, c.reduce_gbps, c.copy_gbps

@@ -50,7 +50,10 @@ fn median(mut values: Vec<f64>) -> f64 {
 /// slow and kernels hardly slower) falls on some runs of every size rather than on every run of a few; a spell
 /// only adds time, so the fastest run is the machine's.
 fn one_way_points(sizes: &[usize], runs: u32, pause: Duration) -> Result<Vec<(f64, f64)>, String> {
-    let comms = Communicator::threads(2, Options::default()).map_err(|e| e.to_string())?;
+    // Through the FIFOs: the model prices a send by reference as its receiver's pass, and every other message by
+    // this curve. (Messages of an input, as here, would otherwise go by reference, and the curve be single copy's.)
+    let options = Options { single_copy: false, ..Options::default() };
+    let comms = Communicator::threads(2, options).map_err(|e| e.to_string())?;
     let largest = sizes.iter().copied().max().unwrap_or(0);
     let samples = std::thread::scope(|scope| {
         let handles: Vec<_> = comms

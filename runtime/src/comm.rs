@@ -29,11 +29,19 @@ pub struct Options {
     pub slot_bytes: usize,
     /// What runs each rank's plan on a host transport.
     pub executor: HostExecutor,
+    /// Whether a send whose source stays may go by reference where the transport's ranks share memory (single
+    /// copy); false: every message carries its bytes through the FIFOs (the host calibration measures those).
+    pub single_copy: bool,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { timeout: Duration::from_secs(60), slot_bytes: 0, executor: HostExecutor::Interpret }
+        Options {
+            timeout: Duration::from_secs(60),
+            slot_bytes: 0,
+            executor: HostExecutor::Interpret,
+            single_copy: true,
+        }
     }
 }
 
@@ -772,7 +780,7 @@ impl Communicator {
             let backend = self.fabric.transport().backend();
             let (in_blocks, out_blocks) = shape.collective.buffer_chunks(self.n_ranks, 1);
             let call_bytes = shape.count.saturating_mul(shape.dtype.size_bytes() * in_blocks.max(out_blocks) as usize);
-            let single_copy = call_bytes <= backend.single_copy_max_bytes();
+            let single_copy = self.options.single_copy && call_bytes <= backend.single_copy_max_bytes();
             let plan = exec::prepare(
                 &shared.sched,
                 PlanInput {

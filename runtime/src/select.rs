@@ -286,7 +286,8 @@ pub fn host_cache_path() -> Option<PathBuf> {
     let mut hash = collc_compiler::fxhash::FxHasher::default();
     std::hash::Hash::hash(model, &mut hash);
     let cpu = std::hash::Hasher::finish(&hash);
-    // `-2`: calibrations with the last-level cache's rates; an older one is measured again.
+    // `-2`: calibrations with the last-level cache's rates and message curves measured through the FIFOs (earlier
+    // ones went by reference); an older file is measured again.
     Some(base.join("collc").join(format!("host-{host}-{cpu:016x}-2.json")))
 }
 

@@ -115,7 +115,12 @@ fn the_jit_touches_nothing_outside_the_plans_buffers() {
             let (collective, params) = collective_of(source, n_ranks);
             // 4096-byte slots: 1000 elements go in one tile, 70000 in several.
             for slot_bytes in [4096, 0] {
-                let options = Options { timeout: Duration::from_secs(30), slot_bytes, executor: HostExecutor::Jit };
+                let options = Options {
+                    timeout: Duration::from_secs(30),
+                    slot_bytes,
+                    executor: HostExecutor::Jit,
+                    ..Options::default()
+                };
                 let mut comms = Communicator::threads(n_ranks, options).expect("threads");
                 for comm in &mut comms {
                     comm.set_algorithm(collective, name, source, params.clone());

@@ -22,7 +22,7 @@ fn communicators(transport: Transport, n_ranks: u32) -> Vec<Communicator> {
 }
 
 fn communicators_with(transport: Transport, n_ranks: u32, executor: HostExecutor) -> Vec<Communicator> {
-    let options = RunOptions { timeout: Duration::from_secs(30), slot_bytes: 4096, executor };
+    let options = RunOptions { timeout: Duration::from_secs(30), slot_bytes: 4096, executor, ..RunOptions::default() };
     Communicator::group(transport, n_ranks, options).expect("a communicator group")
 }
 

@@ -7,8 +7,10 @@
 //! Per instruction the code holds as constants what the interpreter looks up: the addresses of its connections'
 //! counters and slots, its dependents, the element offsets and lengths of its chunks (whole constants when the call
 //! is one tile), and the data type and operator. Flag waits, stamp checks, posts and releases are inline loads and
-//! stores of the rings (`link::Ring`). Copies of up to `INLINE_COPY_BYTES` are inline 16-byte moves; reductions,
-//! larger copies and the non-temporal stores call the host kernels (AVX-512 where the CPU has it). What the inline
+//! stores of the rings (`link::Ring`). Copies of up to `INLINE_COPY_BYTES` are inline 16-byte moves, and reductions
+//! of up to `INLINE_REDUCE_BYTES` inline 128-bit vector operations where cranelift computes the operator as the
+//! kernels do (`Lanewise`); larger ones, other operators and the non-temporal stores call the host kernels (AVX-512
+//! where the CPU has it). What the inline
 //! path does not cover (PreMulSum's factors, fused instructions of more than a block, tiles whose sizes vary)
 //! calls the interpreter's own `host::execute` for that instruction, so both compute the same bytes.
 //!
@@ -23,7 +25,7 @@ use crate::link::{Link, Ring, Stamp, SLOTS};
 use crate::recorder::Current;
 use collc_compiler::sched::Op;
 use collc_kernels::{DataType, ReduceOp};
-use cranelift_codegen::ir::condcodes::IntCC;
+use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
 use cranelift_codegen::ir::{types, AbiParam, Block, FuncRef, InstBuilder, MemFlagsData, Signature, Type, Value};
 use cranelift_codegen::settings::{self, Configurable};
 use cranelift_frontend::{FunctionBuilder, FunctionBuilderContext, Variable};
@@ -33,6 +35,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Copies up to this many bytes are inline moves; larger ones call the host kernels.
 const INLINE_COPY_BYTES: usize = 256;
+/// Reductions up to this many bytes are inline 128-bit vector loops (where `Lanewise` covers the operator); larger
+/// ones call the host kernels, whose AVX-512 loops are four times as wide.
+const INLINE_REDUCE_BYTES: usize = 256;
 /// Plans of more instructions than this run interpreted (the function grows with them).
 const MAX_STEPS: usize = 8192;
 
@@ -871,9 +876,112 @@ impl<'f, 'b> Gen<'f, 'b> {
         if n == 0 {
             return;
         }
+        if let Some(lanewise) = Lanewise::of(self.plan.dtype, self.plan.op) {
+            if n * self.plan.elem <= INLINE_REDUCE_BYTES {
+                return self.reduce_inline(lanewise, dst, a, b, n * self.plan.elem);
+            }
+        }
         let spec = self.konst(self.spec as u64);
         let n = self.konst(n as u64);
         let call = self.calls[3];
         self.b.ins().call(call, &[spec, dst, a, b, n]);
+    }
+
+    /// `dst = a (op) b` over `bytes`, 16 bytes a vector, then element by element.
+    fn reduce_inline(&mut self, lanewise: Lanewise, dst: Value, a: Value, b: Value, bytes: usize) {
+        let mut at = 0;
+        let scalar = Lanewise { vector: lanewise.scalar, ..lanewise };
+        for (op, width) in [(lanewise, 16), (scalar, lanewise.scalar.bytes() as usize)] {
+            while bytes - at >= width {
+                let x = self.b.ins().load(op.vector, mem(), a, at as i32);
+                let y = self.b.ins().load(op.vector, mem(), b, at as i32);
+                let r = op.apply(self.b, x, y);
+                self.b.ins().store(mem(), r, dst, at as i32);
+                at += width;
+            }
+        }
+    }
+}
+
+/// A built-in operator on a data type that cranelift computes lane by lane exactly as the host kernels do (and the
+/// reference): integers' wrapping sum, minimum and maximum, and float sums with the kernels' NaN rule. Everything
+/// else calls the kernels.
+#[derive(Clone, Copy, Debug)]
+struct Lanewise {
+    kind: LaneOp,
+    /// The element's type, and the type a value has: a 128-bit vector of them, or (the tail) the element's type.
+    scalar: Type,
+    vector: Type,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum LaneOp {
+    Iadd,
+    Fadd,
+    Smin,
+    Smax,
+    Umin,
+    Umax,
+}
+
+impl Lanewise {
+    fn of(dtype: DataType, op: ReduceOp) -> Option<Lanewise> {
+        let (scalar, vector, signed) = match dtype {
+            DataType::I8 => (types::I8, types::I8X16, true),
+            DataType::U8 => (types::I8, types::I8X16, false),
+            DataType::I32 => (types::I32, types::I32X4, true),
+            DataType::U32 => (types::I32, types::I32X4, false),
+            DataType::I64 => (types::I64, types::I64X2, true),
+            DataType::U64 => (types::I64, types::I64X2, false),
+            DataType::F32 => (types::F32, types::F32X4, true),
+            DataType::F64 => (types::F64, types::F64X2, true),
+            DataType::F16 | DataType::Bf16 => return None,
+        };
+        let (float, wide) = (dtype.is_float(), scalar == types::I64);
+        let kind = match op {
+            ReduceOp::Sum | ReduceOp::Avg if !float => LaneOp::Iadd,
+            ReduceOp::Sum | ReduceOp::Avg => LaneOp::Fadd,
+            // 64-bit lanes' minimum and maximum need AVX-512 in cranelift's x64 backend.
+            ReduceOp::Min if !float && !wide => [LaneOp::Umin, LaneOp::Smin][usize::from(signed)],
+            ReduceOp::Max if !float && !wide => [LaneOp::Umax, LaneOp::Smax][usize::from(signed)],
+            _ => return None,
+        };
+        Some(Lanewise { kind, scalar, vector })
+    }
+
+    fn apply(self, b: &mut FunctionBuilder, x: Value, y: Value) -> Value {
+        match self.kind {
+            LaneOp::Iadd => b.ins().iadd(x, y),
+            LaneOp::Fadd => {
+                // The kernels' sum: `x`'s NaN, made quiet, where `x` is one (`PIN_FIRST_NAN`), else `x + y`, whichever
+                // operand order the instruction ends up with.
+                let sum = b.ins().fadd(x, y);
+                let (int, quiet_bit) = match self.scalar == types::F64 {
+                    true => (types::I64, 0x0008_0000_0000_0000i64),
+                    false => (types::I32, 0x0040_0000i64),
+                };
+                let (int_ty, float_ty) = match self.vector == self.scalar {
+                    true => (int, self.scalar),
+                    false => (int.by(16 / int.bytes()).expect("a 128-bit vector"), self.vector),
+                };
+                let little = MemFlagsData::new().with_endianness(cranelift_codegen::ir::Endianness::Little);
+                let bits = b.ins().bitcast(int_ty, little, x);
+                let quiet = b.ins().iconst(int, quiet_bit);
+                let quiet = if int_ty == int { quiet } else { b.ins().splat(int_ty, quiet) };
+                let quiet = b.ins().bor(bits, quiet);
+                let quiet = b.ins().bitcast(float_ty, little, quiet);
+                let nan = b.ins().fcmp(FloatCC::Unordered, x, x);
+                if int_ty == int {
+                    b.ins().select(nan, quiet, sum)
+                } else {
+                    let mask = b.ins().bitcast(float_ty, little, nan);
+                    b.ins().bitselect(mask, quiet, sum)
+                }
+            }
+            LaneOp::Smin => b.ins().smin(x, y),
+            LaneOp::Smax => b.ins().smax(x, y),
+            LaneOp::Umin => b.ins().umin(x, y),
+            LaneOp::Umax => b.ins().umax(x, y),
+        }
     }
 }

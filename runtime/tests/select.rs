@@ -8,13 +8,18 @@ use collc_runtime::{Collective, Communicator, Options, ReduceOp};
 fn a_communicator_without_an_algorithm_chooses_per_size_and_logs_why() {
     let log = std::env::temp_dir().join(format!("collc-select-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&log);
+    // A topology of its own (the built-in constants: 0.5 us, 16 GB/s, 16 GB/s of reduction), so that the choice
+    // does not depend on how this host calibrates: a latency-bound algorithm at 32 B, a bandwidth-bound one at 4 MiB.
+    let topo = std::env::temp_dir().join(format!("collc-select-{}.json", std::process::id()));
+    let uniform = r#"{"nodes": 1, "links": {"intra": {"alpha_us": 0.5, "bandwidth_gbps": 16}}, "reduce_gbps": 16}"#;
+    std::fs::write(&topo, uniform).expect("a topology file");
     // SAFETY: set before any thread of this test binary reads the environment (its only test).
     unsafe {
         std::env::set_var("COLLC_DEBUG", "INFO");
         std::env::set_var("COLLC_DEBUG_SUBSYS", "COLL");
         std::env::set_var("COLLC_DEBUG_FILE", &log);
         std::env::remove_var("COLLC_ALGO");
-        std::env::remove_var("COLLC_TOPO");
+        std::env::set_var("COLLC_TOPO", &topo);
     }
     let comms = Communicator::threads(4, Options::default()).expect("threads");
     assert_eq!(comms[0].algorithm(Collective::AllReduce), "selected per size");
@@ -34,6 +39,7 @@ fn a_communicator_without_an_algorithm_chooses_per_size_and_logs_why() {
     });
     let text = std::fs::read_to_string(&log).expect("the log file");
     let _ = std::fs::remove_file(&log);
+    let _ = std::fs::remove_file(&topo);
     let choices: Vec<&str> = text.lines().filter(|l| l.contains("COLLC INFO allreduce of ")).collect();
     assert_eq!(choices.len(), 2, "one line per size class:\n{text}");
     assert!(choices[0].contains("allreduce of 32 B (sizes 32..=63 B)"), "{}", choices[0]);

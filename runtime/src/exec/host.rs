@@ -73,14 +73,23 @@ pub(crate) fn settle_refs<L: Link>(
 
 /// The state of each instruction of the call in progress, at tile `plan.at_tile`.
 fn snapshot(plan: &Plan, seq: u64) -> Current {
+    snapshot_with(plan, seq, |i| {
+        let waiting = plan.waiting.contains(&(i as u32));
+        let state = match () {
+            _ if plan.unmet[i] > 0 => "blocked",
+            _ if waiting => "waiting",
+            _ => "done",
+        };
+        (state, waiting)
+    })
+}
+
+/// The flight recorder's view of the call in progress, each instruction's state and whether it waits for a
+/// connection given by `state` (every host engine keeps them its own way).
+pub(crate) fn snapshot_with(plan: &Plan, seq: u64, state: impl Fn(usize) -> (&'static str, bool)) -> Current {
     let instructions = (0..plan.steps.len())
         .map(|i| {
-            let waiting = plan.waiting.contains(&(i as u32));
-            let state = match () {
-                _ if plan.unmet[i] > 0 => "blocked",
-                _ if waiting => "waiting",
-                _ => "done",
-            };
+            let (state, waiting) = state(i);
             instr_state(plan, i, state, waiting)
         })
         .collect();

@@ -190,6 +190,7 @@ impl<L: Link> Executor for Jit<L> {
     fn run(&mut self, call: &Call) -> Result<(), RuntimeError> {
         let Jit { plan, links, code, state } = self;
         state.tokens_for(plan, links);
+        state.frame_for(plan, call.seq);
         let mut engine = Compiled { code, state };
         host::drive(plan, links, &mut engine, call)
     }
@@ -226,19 +227,27 @@ impl State {
     }
 
     fn snapshot(&self, plan: &Plan, seq: u64) -> Current {
-        let instructions = (0..plan.steps.len())
-            .map(|i| {
-                let done = self.done[i] != 0;
-                let waiting = !done && self.unmet[i] == 0;
-                let state = match () {
-                    _ if done => "done",
-                    _ if waiting => "waiting",
-                    _ => "blocked",
-                };
-                host::instr_state(plan, i, state, waiting)
-            })
-            .collect();
-        Current { seq, algorithm: plan.algorithm.clone(), tile: plan.at_tile, tiles: plan.n_tiles, instructions }
+        host::snapshot_with(plan, seq, |i| {
+            let done = self.done[i] != 0;
+            let waiting = !done && self.unmet[i] == 0;
+            let state = match () {
+                _ if done => "done",
+                _ if waiting => "waiting",
+                _ => "blocked",
+            };
+            (state, waiting)
+        })
+    }
+
+    /// Per call: where the compiled code finds this call's buffers, stamp and the state it keeps (the tile it is
+    /// in is set per round).
+    fn frame_for(&mut self, plan: &Plan, seq: u64) {
+        let frame = &mut *self.frame;
+        frame.bases = plan.bases.as_ptr();
+        (frame.seq, frame.fingerprint) = (seq, plan.fingerprint);
+        (frame.done, frame.unmet) = (self.done.as_mut_ptr(), self.unmet.as_mut_ptr());
+        frame.tokens = self.tokens.as_ptr();
+        (frame.plan, frame.deref) = (plan as *const Plan, self.deref.as_ptr());
     }
 }
 
@@ -264,15 +273,10 @@ impl<L: Link> Engine<L> for Compiled<'_> {
         stamp: Stamp,
         call: &Call,
     ) -> Result<Round, RuntimeError> {
-        let state = &mut *self.state;
-        let frame = &mut *state.frame;
-        frame.bases = plan.bases.as_ptr();
+        let frame = &mut *self.state.frame;
         (frame.lo, frame.hi) = (lo as u64, hi as u64);
-        (frame.seq, frame.fingerprint) = (stamp.seq, stamp.fingerprint);
-        (frame.done, frame.unmet) = (state.done.as_mut_ptr(), state.unmet.as_mut_ptr());
-        frame.tokens = state.tokens.as_ptr();
-        (frame.plan, frame.deref) = (plan as *const Plan, state.deref.as_ptr());
-        // SAFETY: the code was compiled for this plan and these links' rings; the frame points at live state.
+        // SAFETY: the code was compiled for this plan and these links' rings; the frame points at the call's buffers
+        // and the executor's state (`State::frame_for`).
         let outcome = unsafe { (self.code.entry)(frame) };
         match outcome {
             DONE => Ok(Round::Done),

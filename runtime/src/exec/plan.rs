@@ -204,8 +204,9 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
     let (tile, n_tiles, widest) = tiles(sched, elem, capacity, slot_cap)?;
     let Translated { unscaled, mut steps, pieces, labels, links } =
         translate(sched, rank, origin, &layout, capacity, tile * elem, factor.is_some());
-    if !single_copy {
-        steps.iter_mut().for_each(|step| (step.by_reference, step.recv_by_reference) = (false, false));
+    match single_copy {
+        true => received_by_reference(sched, rank, &mut steps, &links),
+        false => steps.iter_mut().for_each(|step| step.by_reference = false),
     }
     let (dependents_start, dependents, unmet_at_start) = dependents_of(&sched.ranks[rank as usize]);
     let roots = (0..steps.len() as u32).filter(|&i| unmet_at_start[i as usize] == 0).collect();
@@ -409,19 +410,20 @@ fn translate(
         true => input.unwritten_output(sched, rank, layout),
         false => Vec::new(),
     };
-    received_by_reference(sched, rank, &mut steps, &links);
     Translated { unscaled, steps, pieces, labels, links }
 }
 
 /// Marks each receiving step whose message is a `Send` whose source stays (`sources_that_stay` of the sender): a
 /// connection's k-th receive takes its k-th send.
 fn received_by_reference(sched: &VerifiedSchedule, rank: u32, steps: &mut [Step], links: &[LinkEnd]) {
+    // A peer's program is read once, whatever the channels it sends to this rank on.
+    let mut stays_of: HashMap<u32, Vec<bool>, FxBuildHasher> = HashMap::default();
     for (l, end) in links.iter().enumerate().filter(|(_, end)| end.to == rank) {
         let sender = &sched.ranks[end.from as usize];
-        let stays = sched.sources_that_stay(end.from);
-        let sends: Vec<bool> = (sender.instrs.iter().zip(stays))
+        let stays = stays_of.entry(end.from).or_insert_with(|| sched.sources_that_stay(end.from));
+        let sends: Vec<bool> = (sender.instrs.iter().zip(stays.iter()))
             .filter(|(instr, _)| instr.send_peer() == Some(rank) && instr.channel == end.channel)
-            .map(|(_, stays)| stays)
+            .map(|(_, &stays)| stays)
             .collect();
         for step in steps.iter_mut().filter(|step| step.recv as usize == l) {
             step.recv_by_reference = sends.get(step.recv_pos as usize).copied().unwrap_or(false);

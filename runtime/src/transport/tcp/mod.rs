@@ -181,6 +181,21 @@ impl TcpJob {
             "the tcp transport needs the job's token: set COLLC_JOB_TOKEN (or COLLC_JOB_TOKEN_FILE) to the same \
              secret on every rank (`collc run` makes one when it starts the ranks itself)",
         )?;
+        TcpJob::with_rendezvous(rendezvous, token, rank, n_ranks, job, local_ranks)
+    }
+
+    /// As `from_env`, with the rendezvous and the token given: for a caller that shares them through a store of its
+    /// own (torch.distributed's, where rank 0 takes a `free_port` and makes a token).
+    pub fn with_rendezvous(
+        rendezvous: String,
+        token: Token,
+        rank: u32,
+        n_ranks: u32,
+        job: &str,
+        local_ranks: u32,
+    ) -> Result<TcpJob, String> {
+        let port = rendezvous.rsplit_once(':').map(|(_, port)| port).unwrap_or_default();
+        check_port(port, &format!("rendezvous `{rendezvous}`"))?;
         let ifname = match std::env::var("COLLC_SOCKET_IFNAME") {
             Ok(text) => Some(text.parse::<IfPattern>().map_err(|e| format!("COLLC_SOCKET_IFNAME: {e}"))?),
             Err(_) => None,
@@ -197,6 +212,12 @@ impl TcpJob {
         let proxy = proxy::Mode::from_env(local_ranks)?;
         Ok(TcpJob { rendezvous, rank, n_ranks, job: job.to_string(), token, ifname, sockets, proxy })
     }
+}
+
+/// A free port for rank 0's rendezvous, held bound until `Communicator::tcp` serves it (so no other process takes it
+/// in between).
+pub fn free_port() -> Result<u16, RuntimeError> {
+    store::prebind()
 }
 
 /// The rendezvous address: `COLLC_RENDEZVOUS`, else MASTER_ADDR:MASTER_PORT (torchrun's port 29500 when only the

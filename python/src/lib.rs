@@ -67,6 +67,8 @@ impl Comm {
         wait: bool,
     ) -> PyResult<Comm> {
         let mut options = Options::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        // Every rank's result bitwise the same, as NCCL's: DDP's ranks keep equal parameters only so.
+        options.determinism = Some(collc_compiler::replicas::Determinism::Replicas);
         if std::env::var_os("COLLC_TIMEOUT").is_none() {
             if !(timeout_s.is_finite() && timeout_s > 0.0) {
                 return Err(PyValueError::new_err(format!("timeout of {timeout_s} s: give a positive number")));

@@ -32,6 +32,10 @@ pub struct Options {
     /// Whether a send whose source stays may go by reference where the transport's ranks share memory (single
     /// copy); false: every message carries its bytes through the FIFOs (the host calibration measures those).
     pub single_copy: bool,
+    /// The least determinism a collective chosen per call must have (over `COLLC_ALGO`'s own): torch's backend asks
+    /// `Replicas`, as NCCL guarantees it (DDP keeps the ranks' parameters equal only while every rank's result is
+    /// bitwise the same). `None`: any algorithm.
+    pub determinism: Option<collc_compiler::replicas::Determinism>,
 }
 
 impl Default for Options {
@@ -41,6 +45,7 @@ impl Default for Options {
             slot_bytes: 0,
             executor: HostExecutor::Interpret,
             single_copy: true,
+            determinism: None,
         }
     }
 }
@@ -1001,7 +1006,8 @@ impl Communicator {
         if let Some(selection) = selections.get(&collective) {
             return Ok(Some(selection.clone()));
         }
-        match Selection::from_env(collective, (self.n_ranks, self.n_ranks), self.fabric.transport()) {
+        let ranks = (self.n_ranks, self.n_ranks);
+        match Selection::from_env(collective, ranks, self.fabric.transport(), self.options.determinism) {
             Ok(selection) => {
                 let selection = Arc::new(selection);
                 selections.insert(collective, selection.clone());

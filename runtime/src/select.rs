@@ -20,7 +20,8 @@ pub use measured::{Measured, Point, Series};
 use crate::error::RuntimeError;
 use collc_compiler::cost::{self, AlgoFilter, FieldError, Topology};
 use collc_compiler::library::Library;
-use collc_compiler::{replicas, Bindings, Collective, Limits};
+use collc_compiler::replicas::{self, Determinism};
+use collc_compiler::{Bindings, Collective, Limits};
 use collc_kernels::{DataType, ReduceOp};
 use std::path::PathBuf;
 
@@ -171,13 +172,14 @@ impl Selection {
         Chosen { index: by_time[0].0, predicted: by_time[0].1, runner_up: by_time.get(1).copied(), measured: true }
     }
 
-    /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter over the
-    /// library `COLLC_ALGO_PATH` makes, the topology `topology_for` finds, root 0 and peer 1 (the schedules of other
-    /// roots are compiled when called).
+    /// The selection a communicator makes for itself on `collective`'s first call: `COLLC_ALGO`'s filter (requiring
+    /// at least `determinism`) over the library `COLLC_ALGO_PATH` makes, the topology `topology_for` finds, root 0
+    /// and peer 1 (the schedules of other roots are compiled when called).
     pub(crate) fn from_env(
         collective: Collective,
         (n_ranks, per_node): (u32, u32),
         transport: crate::Transport,
+        determinism: Option<Determinism>,
     ) -> Result<Selection, RuntimeError> {
         let (sockets, single_copy) = (transport.backend().sockets(), single_copy_of(transport));
         let library = crate::algo_path::library()?;
@@ -186,6 +188,10 @@ impl Selection {
                 AlgoFilter::parse_in(&text, &library).map_err(|e| RuntimeError::Config(format!("COLLC_ALGO: {e}")))?
             }
             Err(_) => AlgoFilter::default(),
+        };
+        let filter = match determinism {
+            Some(level) => filter.requiring(level),
+            None => filter,
         };
         let bindings = Bindings {
             n_ranks,

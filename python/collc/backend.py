@@ -11,6 +11,7 @@ contiguous one and the result copied back. Lists of outputs or inputs (``all_gat
 one flat buffer, copied; ``all_gather_into_tensor``, ``reduce_scatter_tensor`` and ``all_to_all_single`` are zero-copy.
 """
 
+import atexit
 import datetime
 import os
 import socket
@@ -582,8 +583,26 @@ def _create(store, rank, size, timeout):
     return ProcessGroupCollc(store, rank, size, timeout)
 
 
+def _at_exit():
+    """Leaves collc's groups before the interpreter finalizes, as ``destroy_process_group`` would: a group torch still
+    holds then is destroyed by C++ after Python is gone, and its Python half can no longer be let go (the process
+    aborted with "terminate called without an active exception" after a failed call)."""
+    with _LOCK:
+        live = list(_GROUPS)
+    if not live:
+        return
+    try:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # noqa: BLE001 - leaving at exit is best effort; the groups below are shut down regardless
+        pass
+    for group in live:
+        group.shutdown()
+
+
 def register():
     """Registers the backend ``collc`` for CPU tensors (once per process; ``import collc`` does it)."""
     if "collc" in dist.Backend.backend_list:
         return
     dist.Backend.register_backend("collc", _create, devices=["cpu"])
+    atexit.register(_at_exit)

@@ -386,8 +386,20 @@ impl Bootstrap for Control {
     }
 }
 
-/// Whether process `pid` no longer exists.
+/// Whether process `pid` no longer runs: gone, or dead and not yet reaped by its parent (a zombie, which `kill(pid,
+/// 0)` still finds: a launcher that reaps its children late would otherwise leave the peers to their timeout).
 fn process_gone(pid: u32) -> bool {
     // SAFETY: kill with signal 0 only checks that the process exists.
-    unsafe { libc::kill(pid as i32, 0) != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) }
+    if unsafe { libc::kill(pid as i32, 0) != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) }
+    {
+        return true;
+    }
+    // `/proc/PID/stat`: `pid (comm) state ...`, the state after the last `)` (comm may hold one).
+    std::fs::read(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let after = stat.iter().rposition(|&b| b == b')')?;
+            stat.get(after + 2).copied()
+        })
+        .is_some_and(|state| state == b'Z' || state == b'X')
 }

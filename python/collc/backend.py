@@ -16,6 +16,7 @@ import datetime
 import os
 import socket
 import threading
+import time
 import uuid
 
 import torch
@@ -108,8 +109,19 @@ def _transport(store, rank, size):
 
 
 def _address():
-    """This host's address the other hosts reach: ``MASTER_ADDR`` on the host that has it, else the host name."""
-    return os.environ.get("COLLC_RENDEZVOUS_HOST") or socket.getfqdn()
+    """This host's address that the other hosts reach: ``COLLC_RENDEZVOUS_HOST``, else the address this host reaches
+    ``MASTER_ADDR`` from (the route's source address), else the host name's."""
+    if os.environ.get("COLLC_RENDEZVOUS_HOST"):
+        return os.environ["COLLC_RENDEZVOUS_HOST"]
+    master = os.environ.get("MASTER_ADDR")
+    if master:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((master, int(os.environ.get("MASTER_PORT", "29500"))))
+                return s.getsockname()[0]
+        except OSError:
+            pass
+    return socket.gethostbyname(socket.gethostname())
 
 
 def _rendezvous(store, key):
@@ -120,7 +132,16 @@ def _rendezvous(store, key):
     return at, token
 
 
-def _wait_rendezvous(store, key):
+def _wait_rendezvous(store, key, timeout_s):
+    """The rendezvous and token under ``key``, once rank 0 has put them. Polled: a blocking ``get`` holds the store's
+    connection, which every other thread of the process then waits for (two pairs' joins deadlocked so)."""
+    deadline = time.monotonic() + timeout_s
+    pause = 0.0005
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"collc: no tcp rendezvous under `{key}` in the store within {timeout_s:.0f} s")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
     at, token = store.get(key).decode().split(" ", 1)
     return at, token
 
@@ -229,7 +250,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
         rendezvous, token = None, None
         if self._transport == "tcp":
             key = "collc/rendezvous"
-            rendezvous, token = _rendezvous(store, key) if rank == 0 else _wait_rendezvous(store, key)
+            rendezvous, token = _rendezvous(store, key) if rank == 0 else _wait_rendezvous(store, key, self._timeout)
         self._comm = _collc.Comm.join(
             self._transport, self._job, rank, size, self._local, self._timeout, rendezvous, token
         )
@@ -473,8 +494,10 @@ class ProcessGroupCollc(dist.ProcessGroup):
                 rendezvous = None
                 if self._transport == "tcp":
                     key = f"collc/pair/{src}/{dst}"
-                    store = self._store
-                    rendezvous = (lambda: _rendezvous(store, key)) if me == 0 else (lambda: _wait_rendezvous(store, key))
+                    store, timeout = self._store, self._timeout
+                    rendezvous = (
+                        (lambda: _rendezvous(store, key)) if me == 0 else (lambda: _wait_rendezvous(store, key, timeout))
+                    )
                 local = 2 if self._transport == "shm" else 1
                 comm = _collc.Comm.join(
                     self._transport, job, me, 2, local, self._timeout, rendezvous, None, wait=False

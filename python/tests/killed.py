@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 TIMEOUT_S = 10
@@ -40,6 +41,8 @@ def worker():
                 print(f"looping {rank}", flush=True)
     except RuntimeError as e:
         print(f"raised {rank} after step {step} at {time.time():.3f}: {e}", flush=True)
+        # Exits when the driver says: after the victim is gone, so the last rank out removes the job's files.
+        sys.stdin.readline()
         sys.exit(0)
 
 
@@ -54,16 +57,27 @@ def driver(how, dump_dir):
                LOCAL_WORLD_SIZE=str(SIZE), COLLC_DUMP_DIR=dump_dir)
     workers = [
         subprocess.Popen([sys.executable, __file__, "--worker"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for r in range(SIZE)
     ]
-    # Every worker in its loop of all-reduces, then rank 2 killed.
-    for r, w in enumerate(workers):
-        for line in w.stdout:
-            if line.startswith("looping"):
-                break
-        else:
-            raise AssertionError(f"worker {r} ended before its loop (exit {w.wait()})")
+    lines = [[] for _ in range(SIZE)]
+    raised = [threading.Event() for _ in range(SIZE)]
+
+    def read(r):
+        for line in workers[r].stdout:
+            lines[r].append(line)
+            if line.startswith(f"raised {r} "):
+                raised[r].set()
+
+    readers = [threading.Thread(target=read, args=(r,), daemon=True) for r in range(SIZE)]
+    for reader in readers:
+        reader.start()
+    # Every worker in its loop of all-reduces, then rank 2 killed or stopped.
+    deadline = time.time() + 120
+    while not all(any(l.startswith("looping") for l in lines[r]) for r in range(SIZE)):
+        if time.time() > deadline or any(w.poll() is not None for w in workers):
+            raise AssertionError(f"not every worker reached its loop: {[''.join(l)[-2000:] for l in lines]}")
+        time.sleep(0.05)
     killed_at = time.time()
     if how == "kill":
         workers[VICTIM].send_signal(signal.SIGKILL)
@@ -73,31 +87,33 @@ def driver(how, dump_dir):
         workers[VICTIM].send_signal(signal.SIGSTOP)
         within = TIMEOUT_S + 2.0
     failures = []
-    for r, w in enumerate(workers):
-        if r == VICTIM:
+    survivors = [r for r in range(SIZE) if r != VICTIM]
+    for r in survivors:
+        if not raised[r].wait(timeout=TIMEOUT_S + 30):
+            failures.append(f"rank {r} did not raise within {TIMEOUT_S + 30} s of rank {VICTIM}'s {how}:\n"
+                            + "".join(lines[r])[-3000:])
             continue
-        try:
-            out, _ = w.communicate(timeout=TIMEOUT_S + 30)
-        except subprocess.TimeoutExpired:
-            w.kill()
-            failures.append(f"rank {r} did not raise within {TIMEOUT_S + 30} s of rank {VICTIM}'s death")
-            continue
-        raised = [line for line in out.splitlines() if line.startswith(f"raised {r} ")]
-        if w.returncode != 0 or not raised:
-            failures.append(f"rank {r} exited {w.returncode} without raising:\n{out[-3000:]}")
-            continue
-        at = float(raised[0].split(" at ")[1].split(":")[0])
-        if f"rank {VICTIM}" not in raised[0]:
-            failures.append(f"rank {r}'s error does not name rank {VICTIM}: {raised[0]}")
+        line = next(l for l in lines[r] if l.startswith(f"raised {r} "))
+        at = float(line.split(" at ")[1].split(":")[0])
+        if f"rank {VICTIM}" not in line:
+            failures.append(f"rank {r}'s error does not name rank {VICTIM}: {line}")
         if at - killed_at > within:
             failures.append(f"rank {r} raised {at - killed_at:.1f} s after the {how}, past {within} s")
-        print(f"rank {r}: {at - killed_at:.2f} s after the {how}: {raised[0].split(': ', 1)[1]}", flush=True)
+        print(f"rank {r}: {at - killed_at:.2f} s after the {how}: {line.split(': ', 1)[1].strip()}", flush=True)
     if how == "stop":
         workers[VICTIM].kill()
         workers[VICTIM].wait()
+    for r in survivors:
+        try:
+            workers[r].communicate("exit\n", timeout=60)
+        except subprocess.TimeoutExpired:
+            workers[r].kill()
+            failures.append(f"rank {r} did not exit after raising")
+        if workers[r].returncode != 0:
+            failures.append(f"rank {r} exited {workers[r].returncode}:\n" + "".join(lines[r])[-3000:])
     if failures:
         raise AssertionError("\n".join(failures))
-    print(f"{how}: ranks {[r for r in range(SIZE) if r != VICTIM]} raised within {within} s, naming rank {VICTIM}")
+    print(f"{how}: ranks {survivors} raised within {within} s, naming rank {VICTIM}", flush=True)
 
 
 if __name__ == "__main__":

@@ -47,26 +47,23 @@ fn python() -> &'static str {
 }
 
 /// A folder to put on PYTHONPATH: `collc/` with its Python and this build's extension as `_collc.abi3.so`.
-fn package() -> &'static Path {
-    static PACKAGE: OnceLock<PathBuf> = OnceLock::new();
-    PACKAGE.get_or_init(|| {
-        // Built with this test (the rlib's build makes the cdylib too), beside it in deps/.
-        let exe = std::env::current_exe().expect("the test binary's path");
-        let lib = exe.with_file_name("lib_collc.so");
-        assert!(lib.exists(), "{} is missing: cargo builds it with this test (the collc-python cdylib)", lib.display());
-        let dir = std::env::temp_dir().join(format!("collc-torch-{}", std::process::id()));
-        let collc = dir.join("collc");
-        std::fs::create_dir_all(&collc).expect("the package folder");
-        let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("collc");
-        for entry in std::fs::read_dir(&sources).expect("python/collc") {
-            let path = entry.expect("python/collc's files").path();
-            if path.extension().is_some_and(|e| e == "py") {
-                std::fs::copy(&path, collc.join(path.file_name().unwrap())).expect("copy the package's Python");
-            }
+fn package() -> TempDir {
+    // Built with this test (the rlib's build makes the cdylib too), beside it in deps/.
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let lib = exe.with_file_name("lib_collc.so");
+    assert!(lib.exists(), "{} is missing: cargo builds it with this test (the collc-python cdylib)", lib.display());
+    let dir = tempdir("package");
+    let collc = dir.join("collc");
+    std::fs::create_dir_all(&collc).expect("the package folder");
+    let sources = Path::new(env!("CARGO_MANIFEST_DIR")).join("collc");
+    for entry in std::fs::read_dir(&sources).expect("python/collc") {
+        let path = entry.expect("python/collc's files").path();
+        if path.extension().is_some_and(|e| e == "py") {
+            std::fs::copy(&path, collc.join(path.file_name().unwrap())).expect("copy the package's Python");
         }
-        std::fs::copy(&lib, collc.join("_collc.abi3.so")).expect("copy the extension");
-        dir
-    })
+    }
+    std::fs::copy(&lib, collc.join("_collc.abi3.so")).expect("copy the extension");
+    dir
 }
 
 fn script(name: &str) -> String {
@@ -75,9 +72,10 @@ fn script(name: &str) -> String {
 
 /// Runs `args` with the package on PYTHONPATH, `env` added, within `seconds` (coreutils' timeout).
 fn run(args: &[&str], env: &[(&str, &str)], seconds: u32) -> Output {
+    let package = package();
     let mut command = Command::new("timeout");
     command.args(["-k", "5", &seconds.to_string(), python()]).args(args);
-    command.env("PYTHONPATH", package()).env("OMP_NUM_THREADS", "1").env("PYTHONUNBUFFERED", "1");
+    command.env("PYTHONPATH", &*package).env("OMP_NUM_THREADS", "1").env("PYTHONUNBUFFERED", "1");
     command.env_remove("COLLC_TRANSPORT").env_remove("COLLC_ALGO").env_remove("COLLC_DEBUG");
     for (key, value) in env {
         command.env(key, value);
@@ -147,7 +145,7 @@ fn a_stopped_worker_is_named_at_the_timeout_and_fr_analyze_finds_it() {
     assert!(text.contains("instruction #") && text.contains(" line "), "{text}");
     let collc = profile_dir().join("collc");
     assert!(collc.exists(), "{} is missing: `cargo test --workspace` builds it", collc.display());
-    let analysis = Command::new(&collc).args(["fr", "analyze"]).arg(&dumps).output().expect("collc fr analyze");
+    let analysis = Command::new(&collc).args(["fr", "analyze"]).arg(&*dumps).output().expect("collc fr analyze");
     let analysis = String::from_utf8_lossy(&analysis.stdout);
     eprintln!("{analysis}");
     assert!(analysis.contains("3 of 4 ranks dumped"), "{analysis}");
@@ -166,9 +164,26 @@ fn set_algorithm_runs_a_users_file_verified_first() {
     assert!(logged.iter().all(|l| l.ends_with(&format!("algorithm {ring}"))), "{logged:#?}");
 }
 
-fn tempdir(what: &str) -> PathBuf {
+/// A temporary folder, removed when the test ends.
+struct TempDir(PathBuf);
+
+impl std::ops::Deref for TempDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn tempdir(what: &str) -> TempDir {
     let dir = std::env::temp_dir().join(format!("collc-torch-{what}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary folder");
-    dir
+    TempDir(dir)
 }

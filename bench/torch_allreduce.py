@@ -11,7 +11,12 @@ import time
 import torch
 import torch.distributed as dist
 
-backend, sizes, iters, warmup = sys.argv[1], [int(s) for s in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+backend, sizes, iters, warmup = (
+    sys.argv[1],
+    [int(s) for s in sys.argv[2].split(",")],
+    int(sys.argv[3]),
+    int(sys.argv[4]),
+)
 if backend == "collc":
     import collc  # noqa: F401 - registers the backend
 dist.init_process_group(backend)

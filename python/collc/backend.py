@@ -18,6 +18,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -297,7 +298,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
                 return
             future.set_result(result)
 
-        region = lambda t: (t.data_ptr(), t.numel() * t.element_size()) if t is not None else (0, 0)  # noqa: E731
+        def region(t):
+            return (t.data_ptr(), t.numel() * t.element_size()) if t is not None else (0, 0)
+
         comm.submit(collective, region(send), region(recv), count, dtype, op, root, peer, call.keep, done)
         return _Work(future)
 
@@ -338,7 +341,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
         call = _Call(tensor.device)
         buf = call.output(tensor)
         op = _op_name(opts.reduceOp, tensor.dtype)
-        return self._submit(self._comm, "reduce", call, buf, buf, buf.numel(), _dtype(buf), op, opts.rootRank, 0, tensors)
+        return self._submit(
+            self._comm, "reduce", call, buf, buf, buf.numel(), _dtype(buf), op, opts.rootRank, 0, tensors
+        )
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         outputs = _one(output_tensors, "allgather")
@@ -346,12 +351,16 @@ class ProcessGroupCollc(dist.ProcessGroup):
         if len(outputs) != self._size:
             raise ValueError(f"collc: allgather needs {self._size} output tensors, one per rank, got {len(outputs)}")
         if any(o.numel() != tensor.numel() or o.dtype != tensor.dtype for o in outputs):
-            raise ValueError("collc: allgather's outputs must each have the input's size and dtype (collc gathers even blocks)")
+            raise ValueError(
+                "collc: allgather's outputs must each have the input's size and dtype (collc gathers even blocks)"
+            )
         call = _Call(tensor.device)
         send = call.input(tensor)
         flat = torch.empty(self._size * send.numel(), dtype=send.dtype)
         call.scatter_into(flat, outputs)
-        return self._submit(self._comm, "allgather", call, send, flat, send.numel(), _dtype(send), "sum", 0, 0, output_tensors)
+        return self._submit(
+            self._comm, "allgather", call, send, flat, send.numel(), _dtype(send), "sum", 0, 0, output_tensors
+        )
 
     def _allgather_base(self, output, input, opts=None):
         if output.numel() != self._size * input.numel():
@@ -362,7 +371,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
         call = _Call(input.device)
         recv = call.output(output)
         send = call.input(input)
-        return self._submit(self._comm, "allgather", call, send, recv, send.numel(), _dtype(send), "sum", 0, 0, [output])
+        return self._submit(
+            self._comm, "allgather", call, send, recv, send.numel(), _dtype(send), "sum", 0, 0, [output]
+        )
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         works = [self._allgather_base(o, i, opts) for o, i in zip(outputs, inputs)]
@@ -381,7 +392,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
         call.keep.append(flat)
         recv = call.output(output)
         op = _op_name(opts.reduceOp, output.dtype)
-        return self._submit(self._comm, "reducescatter", call, flat, recv, recv.numel(), _dtype(recv), op, 0, 0, output_tensors)
+        return self._submit(
+            self._comm, "reducescatter", call, flat, recv, recv.numel(), _dtype(recv), op, 0, 0, output_tensors
+        )
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = _options(opts, c10d.ReduceScatterOptions)
@@ -394,7 +407,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
         send = call.input(input)
         recv = call.output(output)
         op = _op_name(opts.reduceOp, output.dtype)
-        return self._submit(self._comm, "reducescatter", call, send, recv, recv.numel(), _dtype(recv), op, 0, 0, [output])
+        return self._submit(
+            self._comm, "reducescatter", call, send, recv, recv.numel(), _dtype(recv), op, 0, 0, [output]
+        )
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
         works = [self._reduce_scatter_base(o, i, opts) for o, i in zip(outputs, inputs)]
@@ -414,7 +429,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
             call.scatter_into(flat, outputs)
         else:
             call.keep.append(flat)
-        return self._submit(self._comm, "gather", call, send, flat, send.numel(), _dtype(send), "sum", root, 0, output_tensors)
+        return self._submit(
+            self._comm, "gather", call, send, flat, send.numel(), _dtype(send), "sum", root, 0, output_tensors
+        )
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = _options(opts, c10d.ScatterOptions)
@@ -432,7 +449,9 @@ class ProcessGroupCollc(dist.ProcessGroup):
         else:
             flat = torch.empty(self._size * recv.numel(), dtype=recv.dtype)
         call.keep.append(flat)
-        return self._submit(self._comm, "scatter", call, flat, recv, recv.numel(), _dtype(recv), "sum", root, 0, output_tensors)
+        return self._submit(
+            self._comm, "scatter", call, flat, recv, recv.numel(), _dtype(recv), "sum", root, 0, output_tensors
+        )
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
         for splits, t, what in ((output_split_sizes, output, "output"), (input_split_sizes, input, "input")):
@@ -467,6 +486,42 @@ class ProcessGroupCollc(dist.ProcessGroup):
         call.scatter_into(recv, output_tensors)
         return self._submit(self._comm, "alltoall", call, send, recv, n, _dtype(send), "sum", 0, 0, output_tensors)
 
+    def gather_single(self, output, input, opts=None):
+        """torch >= 2.11's ``gather_single``: the root's ``output`` is one flat tensor (others pass an empty one)."""
+        opts = _options(opts, c10d.GatherOptions)
+        root = opts.rootRank
+        call = _Call(input.device)
+        send = call.input(input)
+        if self._rank == root:
+            if output.numel() != self._size * send.numel():
+                raise ValueError(
+                    f"collc: gather_single's output has {output.numel()} elements; it needs {self._size} x "
+                    f"{send.numel()} (the group's size x the input's)"
+                )
+            recv = call.output(output)
+        else:
+            recv = torch.empty(self._size * send.numel(), dtype=send.dtype)
+            call.keep.append(recv)
+        return self._submit(
+            self._comm, "gather", call, send, recv, send.numel(), _dtype(send), "sum", root, 0, [output]
+        )
+
+    # torch >= 2.11 calls the one-tensor forms by these names.
+    def all_gather_single(self, output, input, opts=None):
+        return self._allgather_base(output, input, opts)
+
+    def reduce_scatter_single(self, output, input, opts=None):
+        return self._reduce_scatter_base(output, input, opts)
+
+    def all_to_all_single(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        return self.alltoall_base(output, input, output_split_sizes, input_split_sizes, opts)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts=None):
+        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=None):
+        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+
     def barrier(self, opts=None):
         future = torch.futures.Future()
 
@@ -496,12 +551,12 @@ class ProcessGroupCollc(dist.ProcessGroup):
                     key = f"collc/pair/{src}/{dst}"
                     store, timeout = self._store, self._timeout
                     rendezvous = (
-                        (lambda: _rendezvous(store, key)) if me == 0 else (lambda: _wait_rendezvous(store, key, timeout))
+                        (lambda: _rendezvous(store, key))
+                        if me == 0
+                        else (lambda: _wait_rendezvous(store, key, timeout))
                     )
                 local = 2 if self._transport == "shm" else 1
-                comm = _collc.Comm.join(
-                    self._transport, job, me, 2, local, self._timeout, rendezvous, None, wait=False
-                )
+                comm = _collc.Comm.join(self._transport, job, me, 2, local, self._timeout, rendezvous, None, wait=False)
                 self._pairs[(src, dst)] = comm
             return comm
 
@@ -568,8 +623,11 @@ def set_algorithm(collective, path_or_source, group=None):
     made later too). Compiled and verified for each group's rank count before it returns: a ``ValueError`` with the
     compiler's diagnostics where it does not verify. Every rank must choose the same algorithm."""
     collective = collective.lower().replace("_", "")
-    collective = {"allgatherintotensor": "allgather", "reducescattertensor": "reducescatter",
-                  "alltoallsingle": "alltoall"}.get(collective, collective)
+    collective = {
+        "allgatherintotensor": "allgather",
+        "reducescattertensor": "reducescatter",
+        "alltoallsingle": "alltoall",
+    }.get(collective, collective)
     if os.path.exists(path_or_source):
         with open(path_or_source, encoding="utf-8") as f:
             name, source = path_or_source, f.read()
@@ -617,8 +675,8 @@ def _at_exit():
     try:
         if dist.is_initialized():
             dist.destroy_process_group()
-    except Exception:  # noqa: BLE001 - leaving at exit is best effort; the groups below are shut down regardless
-        pass
+    except Exception as e:  # noqa: BLE001 - leaving at exit is best effort; the groups below are shut down regardless
+        warnings.warn(f"collc: destroy_process_group at exit: {e}", stacklevel=1)
     for group in live:
         group.shutdown()
 

@@ -2,17 +2,17 @@
 
 ``algorithm.py DIR`` (under torchrun, ``COLLC_DEBUG=INFO``): writes a copy of the library's ring AllReduce as
 ``DIR/my_ring.coll`` and a broken one, checks that the broken one raises a ``ValueError`` carrying the compiler's
-diagnostic (file, line, counterexample) at ``set_algorithm``, not at a call, then runs all-reduces with ``my_ring.coll`` and checks
-their results. ``tests/torch.rs`` checks that the INFO lines name ``my_ring.coll`` as the algorithm of those calls.
+diagnostic (file, line, counterexample) at ``set_algorithm``, not at a call, then runs all-reduces with
+``my_ring.coll`` and checks their results. ``tests/torch.rs`` checks that the INFO lines name ``my_ring.coll`` as
+the algorithm of those calls.
 """
 
 import os
 import sys
 
+import collc
 import torch
 import torch.distributed as dist
-
-import collc
 
 folder = sys.argv[1]
 dist.init_process_group("collc")
@@ -21,13 +21,16 @@ rank, size = dist.get_rank(), dist.get_world_size()
 ring = os.path.join(folder, "my_ring.coll")
 broken = os.path.join(folder, "broken.coll")
 if rank == 0:
+    library_ring = os.path.join(os.path.dirname(__file__), "..", "..", "algorithms", "allreduce", "ring.coll")
+    with open(library_ring) as f:
+        text = f.read()
     with open(ring, "w") as f:
-        f.write(open(os.path.join(os.path.dirname(__file__), "..", "..", "algorithms", "allreduce", "ring.coll")).read())
+        f.write(text)
+    # The ring with its all-gather one step short: it parses, and does not verify.
+    gather = "passes it on.\n    for s in 0..p-"
+    assert text.count(gather + "1 {") == 1
     with open(broken, "w") as f:
-        # The ring with its all-gather one step short: it parses, and does not verify.
-        f.write(open(ring).read().replace("algorithm ring", "algorithm broken").replace(
-            "    # All-gather: rank r owns the full sum of chunk (r + 1) % p and passes it on.\n    for s in 0..p-1 {",
-            "    # All-gather: rank r owns the full sum of chunk (r + 1) % p and passes it on.\n    for s in 0..p-2 {"))
+        f.write(text.replace("algorithm ring", "algorithm broken").replace(gather + "1 {", gather + "2 {"))
 dist.barrier()
 
 try:

@@ -7,13 +7,9 @@ different orders). What gloo lacks (avg, premul_sum, uint types) is checked agai
 Prints ``collectives: N checks passed`` on rank 0; any mismatch raises, naming the case.
 """
 
-import os
-import sys
-
+import collc
 import torch
 import torch.distributed as dist
-
-import collc
 
 dist.init_process_group("collc")
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -56,7 +52,9 @@ def same(case, got, want, exact):
     scale = want.double().abs().max().item() + 1
     err = (got.double() - want.double()).abs().max().item()
     if err > tol * scale * size:
-        raise AssertionError(f"rank {rank}: {case}: collc differs from the reference by {err} (tolerance {tol * scale})")
+        raise AssertionError(
+            f"rank {rank}: {case}: collc differs from the reference by {err} (tolerance {tol * scale})"
+        )
 
 
 def gathered(t):
@@ -85,7 +83,7 @@ def reference(op, inputs, dtype):
 
 # all_reduce: every op and dtype, both data kinds, sizes from one element to several tiles.
 for dtype in FLOATS + INTS:
-    for exact in ([True, False] if dtype.is_floating_point else [True]):
+    for exact in [True, False] if dtype.is_floating_point else [True]:
         for op_name, op in OPS.items():
             if op_name == "product" and (dtype in (torch.int8, torch.uint8) or not exact):
                 continue
@@ -179,6 +177,11 @@ for dtype in [torch.float32, torch.bfloat16, torch.int64, torch.uint8]:
             if rank == root:
                 for i in range(size):
                     same(f"gather root {root} {dtype} n={n} block {i}", ga[i], gb[i], True)
+            if hasattr(dist, "gather_single"):  # torch >= 2.11: the root's output one flat tensor
+                flat = torch.empty(size * n, dtype=dtype) if rank == root else None
+                dist.gather_single(x, flat, dst=root)
+                if rank == root:
+                    same(f"gather_single root {root} {dtype} n={n}", flat, torch.cat(gb), True)
             parts = list(big.chunk(size)) if rank == root else None
             a, b = torch.empty_like(x), torch.empty_like(x)
             dist.scatter(a, parts, src=root)
@@ -220,7 +223,12 @@ for w in reversed(works):
     w.wait()
     assert w.is_completed()
 for i, x in enumerate(xs):
-    same(f"async all_reduce {i}", x, reference("sum", gathered(data(torch.float32, 100 * (i + 1), 19 + i, True)), torch.float32).float(), True)
+    same(
+        f"async all_reduce {i}",
+        x,
+        reference("sum", gathered(data(torch.float32, 100 * (i + 1), 19 + i, True)), torch.float32).float(),
+        True,
+    )
 fut = dist.all_reduce(torch.ones(8), async_op=True).get_future()
 assert torch.equal(fut.wait()[0], torch.full((8,), float(size))), fut.wait()
 
@@ -255,8 +263,18 @@ dist.barrier()
 for bad, kind, words in (
     (lambda: dist.all_reduce(torch.ones(4, dtype=torch.int16)), TypeError, "torch.int16"),
     (lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist.ReduceOp.BAND), ValueError, "BAND"),
-    (lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist._make_nccl_premul_sum(0.5)), ValueError, "not a whole number"),
-    (lambda: dist.all_to_all_single(torch.empty(size + 1), torch.ones(size + 1), [2] + [1] * (size - 2) + [0], [1] * size), ValueError, "uneven"),
+    (
+        lambda: dist.all_reduce(torch.ones(4, dtype=torch.int32), op=dist._make_nccl_premul_sum(0.5)),
+        ValueError,
+        "not a whole number",
+    ),
+    (
+        lambda: dist.all_to_all_single(
+            torch.empty(size + 1), torch.ones(size + 1), [2] + [1] * (size - 2) + [0], [1] * size
+        ),
+        ValueError,
+        "uneven",
+    ),
     (lambda: dist.all_gather([torch.empty(4)] * (size - 1), torch.ones(4)), ValueError, "output tensors"),
 ):
     try:

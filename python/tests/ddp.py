@@ -8,12 +8,11 @@ within a relative tolerance (rank 0 prints the largest gap). Usage: ``ddp.py STE
 
 import sys
 
+import collc
 import torch
 import torch.distributed as dist
-import torch.nn as nn
+from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
-
-import collc
 
 steps = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 dist.init_process_group("collc")
@@ -53,7 +52,9 @@ assert all(torch.equal(every[0], e) for e in every), f"rank {rank}: the ranks' p
 gap = max(abs(a - b) / max(abs(b), 1e-6) for a, b in zip(*curves))
 assert gap < 1e-3, f"rank {rank}: the loss curves part: largest relative gap {gap:.3g}"
 first, last = sum(curves[0][:10]) / 10, sum(curves[0][-10:]) / 10
-assert last < 0.2 * first, f"rank {rank}: the loss did not fall (mean of the first 10 steps {first}, of the last {last})"
+assert last < 0.2 * first, (
+    f"rank {rank}: the loss did not fall (mean of the first 10 steps {first}, of the last {last})"
+)
 dist.barrier()
 if rank == 0:
     print(

@@ -23,10 +23,9 @@ SIZE = 4
 
 
 def worker():
+    import collc  # noqa: F401 - registers the backend
     import torch
     import torch.distributed as dist
-
-    import collc  # noqa: F401 - registers the backend
 
     dist.init_process_group("collc", timeout=datetime.timedelta(seconds=TIMEOUT_S))
     rank = dist.get_rank()
@@ -53,11 +52,23 @@ def free_port():
 
 
 def driver(how, dump_dir):
-    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(SIZE),
-               LOCAL_WORLD_SIZE=str(SIZE), COLLC_DUMP_DIR=dump_dir)
+    env = dict(
+        os.environ,
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(free_port()),
+        WORLD_SIZE=str(SIZE),
+        LOCAL_WORLD_SIZE=str(SIZE),
+        COLLC_DUMP_DIR=dump_dir,
+    )
     workers = [
-        subprocess.Popen([sys.executable, __file__, "--worker"], env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        subprocess.Popen(
+            [sys.executable, __file__, "--worker"],
+            env=dict(env, RANK=str(r), LOCAL_RANK=str(r)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for r in range(SIZE)
     ]
     lines = [[] for _ in range(SIZE)]
@@ -90,8 +101,10 @@ def driver(how, dump_dir):
     survivors = [r for r in range(SIZE) if r != VICTIM]
     for r in survivors:
         if not raised[r].wait(timeout=TIMEOUT_S + 30):
-            failures.append(f"rank {r} did not raise within {TIMEOUT_S + 30} s of rank {VICTIM}'s {how}:\n"
-                            + "".join(lines[r])[-3000:])
+            failures.append(
+                f"rank {r} did not raise within {TIMEOUT_S + 30} s of rank {VICTIM}'s {how}:\n"
+                + "".join(lines[r])[-3000:]
+            )
             continue
         line = next(l for l in lines[r] if l.startswith(f"raised {r} "))
         at = float(line.split(" at ")[1].split(":")[0])

@@ -40,7 +40,7 @@ fn python() -> &'static str {
             Ok(out) if out.status.success() => python,
             _ => panic!(
                 "{python} cannot import torch: run `bash .ci/run` (which installs torch into /opt/collc-torch), or set \
-                 COLLC_TORCH_PYTHON to an interpreter with torch >= 2.4 (`pip install torch`)"
+                 COLLC_TORCH_PYTHON to an interpreter with torch >= 2.7 (`pip install torch`)"
             ),
         }
     })

@@ -1,5 +1,5 @@
 //! The torch backend under torchrun on CPU tensors, checked against gloo in the same jobs: every collective and dtype
-//! (`collectives.py`; over shm on 4 ranks and over tcp on 2), DDP training (`ddp.py`), a worker killed or stopped
+//! (`collectives.py`; over shm on 4 ranks, over tcp on 2, and on two hosts: network namespaces), DDP training (`ddp.py`), a worker killed or stopped
 //! mid-step (`killed.py`, then `collc fr analyze` on the stopped job's dumps) and a user's `.coll` file chosen from
 //! Python (`algorithm.py`).
 //!
@@ -7,8 +7,11 @@
 //! another interpreter that has it. The extension is the one this build made (`lib_collc.so` beside the test binary in `deps/`),
 //! put with `python/collc/` into a package folder of the test's own.
 
+#[path = "../../cli/tests/netns/mod.rs"]
+mod netns;
+
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 /// One job at a time: each runs a process per rank and takes every core of a CI machine.
@@ -116,6 +119,41 @@ fn every_collective_matches_gloo_on_two_ranks_over_tcp() {
     let _one = serial();
     let out = torchrun(2, "collectives.py", &[], &[("COLLC_TRANSPORT", "tcp")]);
     let text = passed(&out, "collectives:");
+    assert!(text.contains("on 2 ranks over tcp"), "{text}");
+}
+
+/// Two hosts (a network namespace and a host name each, as torchrun's ranks on two machines see them): the backend
+/// finds them on different hosts and joins over tcp, rank 0's rendezvous at its address on the hosts' network.
+#[test]
+fn every_collective_matches_gloo_across_two_hosts() {
+    let _one = serial();
+    let hosts = netns::Hosts::new(2);
+    let package = package();
+    let script = script("collectives.py");
+    let ranks: Vec<_> = (0..2)
+        .map(|i| {
+            let mut command = hosts.command(i, "timeout");
+            command.args(["-k", "5", "300", "unshare", "--uts", "sh", "-c"]);
+            command.arg(format!("hostname host{i} && exec {} {script}", python()));
+            command.env("PYTHONPATH", &*package).env("OMP_NUM_THREADS", "1").env("PYTHONUNBUFFERED", "1");
+            command.env_remove("COLLC_TRANSPORT").env_remove("COLLC_ALGO").env_remove("COLLC_DEBUG");
+            let (rank, master) = (i.to_string(), netns::Hosts::addr(0));
+            command.envs([
+                ("RANK", rank.as_str()),
+                ("LOCAL_RANK", "0"),
+                ("WORLD_SIZE", "2"),
+                ("LOCAL_WORLD_SIZE", "1"),
+            ]);
+            // gloo (the reference) finds its address by the host name, which resolves to no interface here.
+            command.envs([("MASTER_ADDR", master.as_str()), ("MASTER_PORT", "29500"), ("GLOO_SOCKET_IFNAME", "eth0")]);
+            command.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("start a rank in its namespace")
+        })
+        .collect();
+    let outputs: Vec<Output> = ranks.into_iter().map(|r| r.wait_with_output().expect("a rank's output")).collect();
+    for out in &outputs[1..] {
+        assert!(out.status.success(), "rank 1: {}", netns::printed(out));
+    }
+    let text = passed(&outputs[0], "collectives:");
     assert!(text.contains("on 2 ranks over tcp"), "{text}");
 }
 

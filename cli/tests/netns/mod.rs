@@ -23,6 +23,14 @@ pub const ONE_OF_EACH_OTHER: [&str; 8] = [
     "sendrecv/direct",
 ];
 
+/// The binary a `Job` runs: the cli package's (the python package's torch tests use `Hosts` alone).
+fn collc_binary() -> &'static str {
+    match option_env!("CARGO_BIN_EXE_collc") {
+        Some(path) => path,
+        None => panic!("a Job runs the collc binary: only the cli package's tests have it"),
+    }
+}
+
 pub struct Hosts {
     switch: String,
     hosts: Vec<String>,
@@ -159,7 +167,7 @@ impl Job {
             .map(|i| {
                 let host = placement[i];
                 let local = placement.iter().filter(|&&h| h == host).count().to_string();
-                let mut command = hosts.command(host, env!("CARGO_BIN_EXE_collc"));
+                let mut command = hosts.command(host, collc_binary());
                 command.arg("run").args(args);
                 per_rank(i, &mut command);
                 match launcher {

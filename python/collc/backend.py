@@ -91,7 +91,7 @@ def _done(result):
 
 def _transport(store, rank, size):
     """The transport and this rank's host's rank count: ``COLLC_TRANSPORT``, else shm when every rank of the group is on
-    this host, else tcp."""
+    this host, else tcp. (The runtime refuses shm across hosts when it joins.)"""
     host = socket.gethostname()
     store.set(f"collc/host/{rank}", host)
     hosts = [store.get(f"collc/host/{r}").decode() for r in range(size)]
@@ -99,11 +99,6 @@ def _transport(store, rank, size):
     chosen = os.environ.get("COLLC_TRANSPORT", "").strip().lower()
     if chosen in ("", "auto"):
         chosen = "shm" if local == size else "tcp"
-    if chosen == "shm" and local != size:
-        raise RuntimeError(
-            f"collc: COLLC_TRANSPORT=shm, but the group's ranks are on {len(set(hosts))} hosts "
-            f"({', '.join(sorted(set(hosts)))}): shm reaches the ranks of one host only; use tcp"
-        )
     if chosen not in ("shm", "tcp"):
         raise RuntimeError(f"collc: COLLC_TRANSPORT=`{chosen}` is not a transport for CPU tensors: give shm or tcp")
     return chosen, local
@@ -178,6 +173,16 @@ def _dtype(t):
     return _DTYPES[t.dtype]
 
 
+def _whole(what, whole, size, block, block_is):
+    """A ``ValueError`` unless ``whole`` holds ``size`` blocks of ``block``'s elements (``block_is``: which tensor that
+    is)."""
+    if whole.numel() != size * block.numel():
+        raise ValueError(
+            f"collc: {what} has {whole.numel()} elements; it needs {size} x {block.numel()} (the group's size x "
+            f"{block_is}'s)"
+        )
+
+
 def _one(tensors, what):
     if len(tensors) != 1:
         raise ValueError(f"collc: {what} takes one tensor per process (one device per rank), got {len(tensors)}")
@@ -192,8 +197,7 @@ class _Call:
     """One call's tensors: those it reads and writes (made contiguous where they were not; copied back after), and
     those to copy results out of into a list."""
 
-    def __init__(self, device):
-        self.device = device
+    def __init__(self):
         self.keep = []
         self.after = []
 
@@ -307,19 +311,19 @@ class ProcessGroupCollc(dist.ProcessGroup):
     def allreduce(self, tensors, opts=None):
         tensor = _one(tensors, "allreduce")
         opts = _options(opts, c10d.AllreduceOptions)
-        call = _Call(tensor.device)
+        call = _Call()
         buf = call.output(tensor)
         op = _op_name(opts.reduceOp, tensor.dtype)
         return self._submit(self._comm, "allreduce", call, buf, buf, buf.numel(), _dtype(buf), op, 0, 0, tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         if not tensors:
-            return self._submit(self._comm, "allreduce", _Call("cpu"), None, None, 0, "float", "sum", 0, 0, tensors)
+            return _done(tensors)
         opts = _options(opts, c10d.AllreduceCoalescedOptions)
         dtype = tensors[0].dtype
         if any(t.dtype != dtype for t in tensors):
             raise ValueError("collc: allreduce_coalesced takes tensors of one dtype")
-        call = _Call(tensors[0].device)
+        call = _Call()
         for t in tensors:
             call._check(t)
         flat = _flat(tensors, dtype)
@@ -330,7 +334,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
     def broadcast(self, tensors, opts=None):
         opts = _options(opts, c10d.BroadcastOptions)
         tensor = _one(tensors, "broadcast")
-        call = _Call(tensor.device)
+        call = _Call()
         buf = call.output(tensor)
         root = opts.rootRank
         return self._submit(self._comm, "broadcast", call, buf, buf, buf.numel(), _dtype(buf), "sum", root, 0, tensors)
@@ -338,7 +342,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
     def reduce(self, tensors, opts=None):
         opts = _options(opts, c10d.ReduceOptions)
         tensor = _one(tensors, "reduce")
-        call = _Call(tensor.device)
+        call = _Call()
         buf = call.output(tensor)
         op = _op_name(opts.reduceOp, tensor.dtype)
         return self._submit(
@@ -354,7 +358,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
             raise ValueError(
                 "collc: allgather's outputs must each have the input's size and dtype (collc gathers even blocks)"
             )
-        call = _Call(tensor.device)
+        call = _Call()
         send = call.input(tensor)
         flat = torch.empty(self._size * send.numel(), dtype=send.dtype)
         call.scatter_into(flat, outputs)
@@ -363,12 +367,8 @@ class ProcessGroupCollc(dist.ProcessGroup):
         )
 
     def _allgather_base(self, output, input, opts=None):
-        if output.numel() != self._size * input.numel():
-            raise ValueError(
-                f"collc: all_gather_into_tensor's output has {output.numel()} elements; it needs {self._size} x "
-                f"{input.numel()} (the group's size x the input's)"
-            )
-        call = _Call(input.device)
+        _whole("all_gather_into_tensor's output", output, self._size, input, "the input")
+        call = _Call()
         recv = call.output(output)
         send = call.input(input)
         return self._submit(
@@ -385,7 +385,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
         inputs = _one(input_tensors, "reduce_scatter")
         if len(inputs) != self._size or any(i.numel() != output.numel() for i in inputs):
             raise ValueError(f"collc: reduce_scatter needs {self._size} inputs, each the output's size")
-        call = _Call(output.device)
+        call = _Call()
         for i in inputs:
             call._check(i)
         flat = _flat(inputs, output.dtype)
@@ -398,12 +398,8 @@ class ProcessGroupCollc(dist.ProcessGroup):
 
     def _reduce_scatter_base(self, output, input, opts=None):
         opts = _options(opts, c10d.ReduceScatterOptions)
-        if input.numel() != self._size * output.numel():
-            raise ValueError(
-                f"collc: reduce_scatter_tensor's input has {input.numel()} elements; it needs {self._size} x "
-                f"{output.numel()} (the group's size x the output's)"
-            )
-        call = _Call(output.device)
+        _whole("reduce_scatter_tensor's input", input, self._size, output, "the output")
+        call = _Call()
         send = call.input(input)
         recv = call.output(output)
         op = _op_name(opts.reduceOp, output.dtype)
@@ -419,7 +415,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
         opts = _options(opts, c10d.GatherOptions)
         tensor = _one(input_tensors, "gather")
         root = opts.rootRank
-        call = _Call(tensor.device)
+        call = _Call()
         send = call.input(tensor)
         flat = torch.empty(self._size * send.numel(), dtype=send.dtype)
         if self._rank == root:
@@ -437,7 +433,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
         opts = _options(opts, c10d.ScatterOptions)
         output = _one(output_tensors, "scatter")
         root = opts.rootRank
-        call = _Call(output.device)
+        call = _Call()
         recv = call.output(output)
         if self._rank == root:
             inputs = _one(input_tensors, "scatter")
@@ -465,7 +461,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
                 f"collc: all_to_all_single needs input and output of one size, a multiple of {self._size} elements "
                 f"(got {input.numel()} and {output.numel()})"
             )
-        call = _Call(input.device)
+        call = _Call()
         send = call.input(input)
         recv = call.output(output)
         count = send.numel() // self._size
@@ -477,7 +473,7 @@ class ProcessGroupCollc(dist.ProcessGroup):
         n = input_tensors[0].numel()
         if any(t.numel() != n for t in list(output_tensors) + list(input_tensors)):
             raise ValueError("collc: all_to_all moves even blocks: every input and output must have one size")
-        call = _Call(input_tensors[0].device)
+        call = _Call()
         for t in input_tensors:
             call._check(t)
         send = _flat(input_tensors, input_tensors[0].dtype)
@@ -490,14 +486,10 @@ class ProcessGroupCollc(dist.ProcessGroup):
         """torch >= 2.11's ``gather_single``: the root's ``output`` is one flat tensor (others pass an empty one)."""
         opts = _options(opts, c10d.GatherOptions)
         root = opts.rootRank
-        call = _Call(input.device)
+        call = _Call()
         send = call.input(input)
         if self._rank == root:
-            if output.numel() != self._size * send.numel():
-                raise ValueError(
-                    f"collc: gather_single's output has {output.numel()} elements; it needs {self._size} x "
-                    f"{send.numel()} (the group's size x the input's)"
-                )
+            _whole("gather_single's output", output, self._size, send, "the input")
             recv = call.output(output)
         else:
             recv = torch.empty(self._size * send.numel(), dtype=send.dtype)
@@ -562,14 +554,14 @@ class ProcessGroupCollc(dist.ProcessGroup):
 
     def send(self, tensors, dst, tag=0):
         tensor = _one(tensors, "send")
-        call = _Call(tensor.device)
+        call = _Call()
         send = call.input(tensor)
         comm = self._pair(self._rank, dst)
         return self._submit(comm, "sendrecv", call, send, send, send.numel(), _dtype(send), "sum", 0, 1, tensors)
 
     def recv(self, tensors, src, tag=0):
         tensor = _one(tensors, "recv")
-        call = _Call(tensor.device)
+        call = _Call()
         recv = call.output(tensor)
         comm = self._pair(src, self._rank)
         return self._submit(comm, "sendrecv", call, recv, recv, recv.numel(), _dtype(recv), "sum", 0, 1, tensors)

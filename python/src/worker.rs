@@ -4,8 +4,8 @@
 use crate::call::{self, Region};
 use crate::{Join, Rendezvous};
 use collc_compiler::Collective;
-use collc_runtime::transport::tcp::{TcpJob, Token};
-use collc_runtime::{AbortHandle, CallShape, Communicator, RuntimeError};
+use collc_runtime::launch::Launch;
+use collc_runtime::{AbortHandle, CallShape, Communicator, RuntimeError, Transport};
 use pyo3::prelude::*;
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
@@ -91,26 +91,28 @@ impl Drop for Worker {
     }
 }
 
+/// Joins as a launched rank does (`Transport::join`): the transport by its name, the rendezvous and token given, or
+/// asked of Python here, on the worker.
 fn connect(join: Join) -> Result<Communicator, RuntimeError> {
     let Join { transport, job, rank, size, local_size, rendezvous, options } = join;
-    match transport.as_str() {
-        "shm" => Communicator::shm(&job, rank, size, options),
-        "tcp" => {
-            let (at, token) = match rendezvous {
-                Some(Rendezvous::Given(at, token)) => (at, token),
-                Some(Rendezvous::Ask(ask)) => Python::attach(|py| ask.call0(py)?.extract::<(String, String)>(py))
-                    .map_err(|e| RuntimeError::Config(format!("the tcp rendezvous: {e}")))?,
-                None => {
-                    return Err(RuntimeError::Config("the tcp transport needs rank 0's rendezvous and token".into()))
-                }
-            };
-            let token = Token::new(token).map_err(RuntimeError::Config)?;
-            let job = TcpJob::with_rendezvous(at, token, rank, size, &job, local_size).map_err(RuntimeError::Config)?;
-            Communicator::tcp(&job, options)
-        }
-        "cuda" => Communicator::cuda_process(&job, rank, size, options),
-        other => Err(RuntimeError::Config(format!("unknown transport `{other}`: COLLC_TRANSPORT is shm, tcp or cuda"))),
-    }
+    let transport: Transport = transport.parse().map_err(RuntimeError::Config)?;
+    let rendezvous = match rendezvous {
+        Some(Rendezvous::Given(at, token)) => Some((at, token)),
+        Some(Rendezvous::Ask(ask)) => Some(
+            Python::attach(|py| ask.call0(py)?.extract::<(String, String)>(py))
+                .map_err(|e| RuntimeError::Config(format!("the tcp rendezvous: {e}")))?,
+        ),
+        None => None,
+    };
+    let launch = Launch {
+        rank,
+        world_size: size,
+        local_world_size: Some(local_size),
+        job,
+        launcher: "torch.distributed",
+        rendezvous,
+    };
+    transport.join(&launch, options)
 }
 
 fn serve(join: Join, jobs: mpsc::Receiver<Job>, shared: &Shared) {

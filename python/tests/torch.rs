@@ -164,11 +164,17 @@ fn ddp_trains_as_on_gloo() {
     passed(&out, "ddp: 200 steps on 4 ranks");
 }
 
+/// `killed.py HOW DUMPS`: its output, with the dumps' folder.
+fn killed(how: &str) -> (TempDir, Output) {
+    let dumps = tempdir(how);
+    let out = run(&[&script("killed.py"), how, dumps.to_str().unwrap()], &[], 120);
+    (dumps, out)
+}
+
 #[test]
 fn a_killed_worker_makes_the_others_raise_at_once_naming_it() {
     let _one = serial();
-    let dumps = tempdir("killed");
-    let out = run(&[&script("killed.py"), "kill", dumps.to_str().unwrap()], &[], 120);
+    let (_dumps, out) = killed("kill");
     let text = passed(&out, "kill: ranks [0, 1, 3] raised within 2.0 s, naming rank 2");
     assert!(text.contains("rank 2 died (process"), "{text}");
 }
@@ -176,8 +182,7 @@ fn a_killed_worker_makes_the_others_raise_at_once_naming_it() {
 #[test]
 fn a_stopped_worker_is_named_at_the_timeout_and_fr_analyze_finds_it() {
     let _one = serial();
-    let dumps = tempdir("stopped");
-    let out = run(&[&script("killed.py"), "stop", dumps.to_str().unwrap()], &[], 120);
+    let (dumps, out) = killed("stop");
     let text = passed(&out, "stop: ranks [0, 1, 3] raised");
     // Each names the instruction and its `.coll` line.
     assert!(text.contains("instruction #") && text.contains(" line "), "{text}");

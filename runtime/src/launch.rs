@@ -11,6 +11,9 @@ pub struct Launch {
     /// Identifies the job among others on the host: every rank of one job computes the same id.
     pub job: String,
     pub launcher: &'static str,
+    /// The tcp rendezvous (`host:port`) and the job's token, where the caller shares them itself (torch.distributed's
+    /// store); `None`: the environment's (`TcpJob::from_env`).
+    pub rendezvous: Option<(String, String)>,
 }
 
 impl Launch {
@@ -99,7 +102,7 @@ pub(crate) fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Option<L
             ));
         }
         let job = if c.launcher == "collc" { parts[0].clone() } else { format!("{:016x}", hash(&parts.join("|"))) };
-        return Ok(Some(Launch { rank, world_size, local_world_size, job, launcher: c.launcher }));
+        return Ok(Some(Launch { rank, world_size, local_world_size, job, launcher: c.launcher, rendezvous: None }));
     }
     Ok(None)
 }

@@ -166,10 +166,17 @@ impl TcpJob {
         })
     }
 
-    /// As `from_env`, for a launch (whose ranks on this host choose the proxy's mode).
+    /// As `from_env`, for a launch (whose ranks on this host choose the proxy's mode), with the rendezvous and token
+    /// the launch gives where it gives them.
     pub fn from_launch(launch: &Launch) -> Result<TcpJob, String> {
         let local = launch.local_world_size.unwrap_or(launch.world_size);
-        TcpJob::from_env(launch.rank, launch.world_size, &launch.job, local)
+        match &launch.rendezvous {
+            Some((at, token)) => {
+                let token = Token::new(token.as_str())?;
+                TcpJob::with_rendezvous(at.clone(), token, launch.rank, launch.world_size, &launch.job, local)
+            }
+            None => TcpJob::from_env(launch.rank, launch.world_size, &launch.job, local),
+        }
     }
 
     /// From a launcher's environment: MASTER_ADDR/MASTER_PORT (or `COLLC_RENDEZVOUS`), the token
@@ -184,9 +191,9 @@ impl TcpJob {
         TcpJob::with_rendezvous(rendezvous, token, rank, n_ranks, job, local_ranks)
     }
 
-    /// As `from_env`, with the rendezvous and the token given: for a caller that shares them through a store of its
-    /// own (torch.distributed's, where rank 0 takes a `free_port` and makes a token).
-    pub fn with_rendezvous(
+    /// As `from_env`, with the rendezvous and the token given (a `Launch` that carries them: torch.distributed's
+    /// backend shares them through its store, rank 0 taking a `free_port` and making a token).
+    fn with_rendezvous(
         rendezvous: String,
         token: Token,
         rank: u32,

@@ -5,6 +5,7 @@ use crate::library;
 use crate::report;
 use clap::{Args, ValueEnum};
 use collc_compiler::emit::{to_json, write_sched};
+use collc_compiler::msccl;
 use collc_compiler::{compile_program, lower, pipelined, Error, Errors, Options, Placement};
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -13,6 +14,15 @@ pub enum Emit {
     Ir,
     Sched,
     Json,
+    /// MSCCL XML for `--target` (msccl-legacy: the NCCL fork's interpreter; msccl-executor: msccl-executor-nccl and
+    /// RCCL), the target's limits checked; the file is read back and verified before it is written.
+    MscclXml,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum XmlTarget {
+    MscclLegacy,
+    MscclExecutor,
 }
 
 #[derive(Args)]
@@ -30,6 +40,9 @@ pub struct BuildArgs {
     /// Build the in-place variant (NCCL's sendbuff == recvbuff layout).
     #[arg(long)]
     pub in_place: bool,
+    /// The runtime `--emit msccl-xml` writes for.
+    #[arg(long, value_enum, default_value = "msccl-executor")]
+    pub target: XmlTarget,
     /// Skip the Recv+Reduce+Send fusion pass.
     #[arg(long)]
     pub no_fuse: bool,
@@ -53,22 +66,27 @@ pub fn run(args: BuildArgs) -> u8 {
         return 2;
     }
     match produce(&args, &source.text) {
-        Ok(text) => match &args.output {
-            Some(path) => match std::fs::write(path, text) {
-                Ok(()) => 0,
-                Err(e) => {
-                    eprintln!("error: cannot write {}: {e}", path.display());
-                    1
-                }
-            },
-            None => {
-                print!("{text}");
-                0
-            }
-        },
+        Ok(text) => write_output(args.output.as_deref(), &text),
         Err(errors) => {
             report::print_all(&errors, &source.name, &source.text);
             1
+        }
+    }
+}
+
+/// Writes `text` to `path`, or standard output; the exit status.
+pub fn write_output(path: Option<&std::path::Path>, text: &str) -> u8 {
+    match path {
+        Some(path) => match std::fs::write(path, text) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("error: cannot write {}: {e}", path.display());
+                1
+            }
+        },
+        None => {
+            print!("{text}");
+            0
         }
     }
 }
@@ -88,6 +106,13 @@ fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
     }
     let verified = compile_program(&program, text, options, &limits)?;
     Ok(match args.emit {
+        Emit::MscclXml => {
+            let target = match args.target {
+                XmlTarget::MscclLegacy => msccl::Target::Legacy,
+                XmlTarget::MscclExecutor => msccl::Target::Executor,
+            };
+            msccl::export(&verified, target, &limits)?
+        }
         Emit::Json => serde_json::to_string_pretty(&to_json(&verified, text)).expect("JSON values serialise") + "\n",
         _ => write_sched(&verified, text),
     })

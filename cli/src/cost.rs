@@ -138,9 +138,7 @@ pub fn run(args: CostArgs) -> u8 {
             return 2;
         }
     };
-    let file_ranks = library::is_schedule(&source)
-        .then(|| collc_compiler::emit::parse_sched(&source.text).ok().map(|s| s.n_ranks))
-        .flatten();
+    let file_ranks = library::is_schedule(&source).then(|| library::schedule_ranks(&source)).flatten();
     let n_ranks = args.ranks.or(file_ranks).unwrap_or(8);
     let (sizes, topo) = match (args.sizes.list(), topology(args.topo.as_deref(), n_ranks)) {
         (Ok(s), Ok(t)) => (s, t),

@@ -73,17 +73,37 @@ pub fn resolve(arg: &str) -> Result<Source, String> {
     Err(format!("`{arg}` is neither a library algorithm nor a file; {hint} (see `collc list`)"))
 }
 
-/// Whether `source` is a schedule file (`collc build --emit sched`), which runs as it stands.
+/// Whether `source` is a schedule file, which runs as it stands: a `.sched` file (`collc build --emit sched`) or
+/// an MSCCL XML file (`collc import`).
 pub fn is_schedule(source: &Source) -> bool {
-    source.name.ends_with(".sched") || source.text.starts_with("collc-schedule ")
+    source.name.ends_with(".sched") || source.text.starts_with("collc-schedule ") || is_msccl(source)
 }
 
-/// A `.sched` file's schedule, verified as `collc check` verifies it, its diagnostics at the file's own lines, and
-/// where each instruction stands in the file.
+/// Whether `source` is MSCCL XML.
+pub fn is_msccl(source: &Source) -> bool {
+    collc_compiler::msccl::is_msccl(&source.name, &source.text)
+}
+
+/// The rank count a schedule file is for (`None` when it does not read as one).
+pub fn schedule_ranks(source: &Source) -> Option<u32> {
+    match is_msccl(source) {
+        true => collc_compiler::msccl::import(&source.text, &collc_compiler::Limits::default())
+            .ok()
+            .map(|i| i.schedule.n_ranks),
+        false => collc_compiler::emit::parse_sched(&source.text).ok().map(|sched| sched.n_ranks),
+    }
+}
+
+/// A schedule file's schedule (`.sched` or MSCCL XML), verified as `collc check` verifies it, its diagnostics at the
+/// file's own lines, and where each instruction stands in the file.
 pub fn verify_schedule(
     source: &Source,
     limits: &collc_compiler::Limits,
 ) -> Result<(collc_compiler::VerifiedSchedule, collc_compiler::emit::SchedLines), collc_compiler::Errors> {
+    if is_msccl(source) {
+        let imported = collc_compiler::msccl::import(&source.text, limits)?;
+        return collc_compiler::msccl::verify(imported, &source.text, limits);
+    }
     let (sched, lines) =
         collc_compiler::emit::parse_sched_located(&source.text).map_err(|e| collc_compiler::Errors(vec![e]))?;
     let verified = collc_compiler::verify_sched(sched, &source.text, &lines, limits)?;

@@ -16,6 +16,7 @@ mod check;
 mod cost;
 mod fr;
 mod gpu;
+mod import;
 mod library;
 mod list;
 mod report;
@@ -59,6 +60,10 @@ enum Command {
     /// Verify an algorithm for a list or range of rank counts, in both placements.
     #[command(after_help = EXIT_STATUS)]
     Check(check::CheckArgs),
+    /// Read an MSCCL XML file (msccl-tools, RCCL), verify it and say what it computes; --emit sched converts it.
+    /// (`check`, `run` and `cost` take an .xml file too.)
+    #[command(after_help = EXIT_STATUS)]
+    Import(import::ImportArgs),
     /// Run an algorithm on real data and print nccl-tests' table (ranks as threads or processes: --transport).
     #[command(after_help = EXIT_STATUS)]
     Run(run::RunArgs),
@@ -111,6 +116,7 @@ fn main() -> ExitCode {
         Command::List(a) => list::run(a),
         Command::Build(a) => build::run(a),
         Command::Check(a) => check::run(a),
+        Command::Import(a) => import::run(a),
         Command::Run(a) => run::run(a),
         Command::Cost(a) => cost::run(a),
         Command::Tune(a) => tune::run(a),

@@ -13,6 +13,7 @@ pub mod fxhash;
 pub mod ir;
 pub mod library;
 pub mod lower;
+pub mod msccl;
 pub mod operator;
 pub mod optimise;
 pub mod replicas;

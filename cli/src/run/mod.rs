@@ -527,7 +527,7 @@ fn compile_fixed(
 /// default).
 fn schedule_file_ranks(algorithm: &str) -> Option<u32> {
     let source = library::resolve(algorithm).ok().filter(library::is_schedule)?;
-    collc_compiler::emit::parse_sched(&source.text).ok().map(|sched| sched.n_ranks)
+    library::schedule_ranks(&source)
 }
 
 /// A schedule file, verified here as `collc check` verifies it, before any rank starts: it runs as it stands, in

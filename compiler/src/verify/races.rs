@@ -10,24 +10,27 @@ use crate::sched::{Operand, RankProgram};
 pub(crate) struct Races {
     base: Vec<u32>,
     history: SlotHistory,
+    /// Per instruction, the search of `ordered` that last visited it (`search`'s number).
     seen: Vec<u32>,
+    search: u32,
     conflicts: Vec<u32>,
 }
 
 impl Races {
     pub fn new(ctx: &Context) -> Self {
         let (base, total) = crate::sched::slot_bases(&ctx.sched.buffers);
-        Races { base, history: SlotHistory::new(total as usize), seen: Vec::new(), conflicts: Vec::new() }
+        Races { base, history: SlotHistory::new(total as usize), seen: Vec::new(), search: 0, conflicts: Vec::new() }
     }
 
     /// Checks one rank (whose operands `bounds` found inside their buffers), until `errors` holds
     /// `Limits::max_errors`.
     pub fn check_rank(&mut self, ctx: &Context, rank: u32, program: &RankProgram, errors: &mut Vec<Error>) {
-        let Races { base, history, seen, conflicts } = self;
+        let Races { base, history, seen, search, conflicts } = self;
         let rank = rank as usize;
         history.reset();
         seen.clear();
-        seen.resize(program.len(), u32::MAX);
+        seen.resize(program.len(), 0);
+        *search = 0;
         let slots = |op: Operand, count: u32| {
             let start = (base[op.buf.0 as usize] + op.index) as usize;
             start..start + count as usize
@@ -49,7 +52,7 @@ impl Races {
             conflicts.sort_unstable();
             conflicts.dedup();
             for &earlier in conflicts.iter().filter(|&&e| e != u32::MAX) {
-                if !ordered(program, earlier, i, seen) {
+                if !ordered(program, earlier, i, seen, search) {
                     let message = format!("race on rank {rank}: {} and {} touch the same chunk, one writes it, and no dependency orders them", ctx.describe(rank as u32, earlier as usize), ctx.describe(rank as u32, i as usize));
                     errors.push(
                         ctx.error(
@@ -81,19 +84,29 @@ impl Races {
 }
 
 /// Whether `earlier` happens before `later` through dependencies. Dependencies point backwards (checked by
-/// `bounds`), so the search only visits instructions between the two.
-fn ordered(program: &RankProgram, earlier: u32, later: u32, seen: &mut [u32]) -> bool {
+/// `bounds`), so the search only visits instructions between the two. Each search marks what it visits with a
+/// number of its own: a node another search visited (for another `earlier`) was only explored down to that one, so
+/// it must be explored again (sharing the marks made valid schedules from MSCCL files fail as races).
+fn ordered(program: &RankProgram, earlier: u32, later: u32, seen: &mut [u32], search: &mut u32) -> bool {
     if program.deps_of(later as usize).contains(&earlier) {
         return true;
     }
+    *search = match search.checked_add(1) {
+        Some(next) => next,
+        None => {
+            seen.fill(0);
+            1
+        }
+    };
+    let mark = *search;
     let mut stack = vec![later];
     while let Some(node) = stack.pop() {
         for &d in program.deps_of(node as usize) {
             if d == earlier {
                 return true;
             }
-            if d > earlier && seen[d as usize] != later {
-                seen[d as usize] = later;
+            if d > earlier && seen[d as usize] != mark {
+                seen[d as usize] = mark;
                 stack.push(d);
             }
         }

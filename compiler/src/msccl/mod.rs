@@ -1,0 +1,99 @@
+//! MSCCL XML in and out, and MSCCL++ execution plans out: `import` (text -> an unverified `Schedule` whose
+//! instructions know their `<step>`), `verify` (the full verifier, its errors naming rank, thread block and step),
+//! `export` (a `VerifiedSchedule` -> XML of a target dialect, its runtime's limits checked) and `mscclpp::export`.
+//! Like the rest of the compiler, no I/O: text in, text or diagnostics out.
+
+mod lower;
+mod model;
+mod positions;
+mod read;
+mod write;
+
+use crate::diag::Error;
+use crate::emit::SchedLines;
+use crate::sched::Schedule;
+use crate::{Errors, Limits, VerifiedSchedule};
+
+pub use lower::Origin;
+pub use model::Dialect;
+pub use read::MAX_BYTES;
+pub use write::{export, Target};
+
+/// A file read and lowered: the schedule, where each instruction stands in the file, and which thread block and
+/// step it came from.
+#[derive(Clone, Debug)]
+pub struct Imported {
+    pub schedule: Schedule,
+    pub lines: SchedLines,
+    /// Per rank, per instruction.
+    pub origins: Vec<Vec<Origin>>,
+    pub dialect: Dialect,
+    pub proto: String,
+    /// The message sizes the file was written for (`minBytes`..=`maxBytes`, executor dialect).
+    pub bytes: Option<(i64, i64)>,
+}
+
+/// Whether a text is MSCCL XML (by its name or its first element), which `import` reads.
+pub fn is_msccl(name: &str, text: &str) -> bool {
+    name.ends_with(".xml")
+        || text.trim_start().trim_start_matches(|c| c != '<').starts_with("<algo")
+        || (text.trim_start().starts_with("<!--") && text.contains("<algo "))
+}
+
+/// Reads an MSCCL XML file (either dialect) into an unverified schedule.
+pub fn import(text: &str, limits: &Limits) -> Result<Imported, Errors> {
+    let algo = read::read(text, limits.max_ranks)?;
+    let (schedule, lines, origins) = lower::lower(&algo, text)?;
+    Ok(Imported {
+        schedule,
+        lines,
+        origins,
+        dialect: algo.dialect(),
+        proto: algo.proto.clone(),
+        bytes: algo.min_bytes.zip(algo.max_bytes),
+    })
+}
+
+/// Verifies an imported file as `verify_sched` verifies a `.sched` file; each error also names the rank, thread
+/// block and step of the instructions it points at.
+pub fn verify(imported: Imported, text: &str, limits: &Limits) -> Result<(VerifiedSchedule, SchedLines), Errors> {
+    let Imported { schedule, lines, origins, .. } = imported;
+    match crate::verify_sched(schedule, text, &lines, limits) {
+        Ok(verified) => Ok((verified, lines)),
+        Err(Errors(errors)) => Err(Errors(errors.into_iter().map(|e| locate(e, &lines, &origins)).collect())),
+    }
+}
+
+/// Adds to an error's note the thread block and step of each instruction its labels point at.
+fn locate(mut error: Error, lines: &SchedLines, origins: &[Vec<Origin>]) -> Error {
+    let mut found = Vec::new();
+    for (span, _) in &error.labels {
+        for (rank, rank_lines) in lines.ranks.iter().enumerate() {
+            if let Some(i) = rank_lines.iter().position(|l| l.start == span.start && l.end == span.end) {
+                let o = origins[rank][i];
+                let peer = |p: Option<u32>| p.map_or("-1".to_string(), |p| p.to_string());
+                found.push(format!(
+                    "rank {rank} (<gpu id=\"{rank}\">), thread block {} (send {}, recv {}, channel {}), step {} \
+                     (instruction #{i})",
+                    o.tb,
+                    peer(o.send),
+                    peer(o.recv),
+                    o.channel,
+                    o.step
+                ));
+                break;
+            }
+        }
+    }
+    if !found.is_empty() {
+        let at = format!("at {}", found.join("; "));
+        error.note = Some(match error.note.take() {
+            Some(note) => format!("{at}\n{note}"),
+            None => at,
+        });
+    }
+    error
+}
+
+#[cfg(test)]
+mod tests;

@@ -8,6 +8,8 @@
 //! - `property`: random bytes, token soups and `random_program`s never panic and finish quickly.
 //! - `runtime`: every library algorithm runs on both transports for gloo's matrix of ranks, counts, dtypes and
 //!   ops, matching the reference interpreter and the collective's definition, guard bytes intact.
+//! - `msccl`: MSCCL XML: the real corpus imports and verifies, broken and mutated files are refused, the library
+//!   exports for both targets and reads back.
 //! - `cost`: the cost model against the closed forms, topology and `--algo` errors, selection.
 //! - `passes`: pipelining staggers slices over steps; receive-reduce fusion, and when it must not fuse.
 //! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
@@ -19,6 +21,7 @@ mod differential;
 mod fixtures;
 mod forge;
 mod library;
+mod msccl;
 mod mutation;
 mod oracle;
 mod passes;

@@ -8,6 +8,7 @@
 //!   instructions are its blocks' steps interleaved in an order those dependencies allow.
 //! - `rrc`, `rrs`, `rrcs` reduce the message with `srcbuf[srcoff]` of the receiving rank, as the runtimes read it
 //!   (msccl-tools writes the sender's coordinates there; in every file seen the two are the same chunk).
+//! - MSCCL XML names no root: a rooted collective's file is read as written for root 0.
 //! - A connection is (sender, receiver, channel): MSCCL gives each one thread block on each side, so its messages
 //!   keep that block's order; a file with two blocks on one side of a connection is refused (the runtimes would
 //!   interleave their messages at random).
@@ -38,17 +39,22 @@ pub fn collective_of(algo: &Algo) -> Result<(Collective, u32), Error> {
         "allgather" => Collective::AllGather,
         "reduce_scatter" | "reducescatter" => Collective::ReduceScatter,
         "alltoall" => Collective::AllToAll,
+        "broadcast" => Collective::Broadcast,
+        "reduce" => Collective::Reduce,
+        "gather" => Collective::Gather,
+        "scatter" => Collective::Scatter,
         other => {
             return Err(Error::new(
                 "collc::msccl::collective",
                 format!("coll=\"{other}\" is not a collective collc imports"),
-                "MSCCL files of allreduce, allgather, reduce_scatter (reducescatter) and alltoall import",
+                "MSCCL files of allreduce, allgather, reduce_scatter (reducescatter), alltoall, and of broadcast, \
+                 reduce, gather and scatter from root 0, import",
             )
             .at(algo.coll_span, "this collective"))
         }
     };
     let per_rank = match collective {
-        Collective::AllReduce => 1,
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => 1,
         _ => algo.n_gpus,
     };
     if algo.chunks_per_loop % per_rank != 0 {

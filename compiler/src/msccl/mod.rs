@@ -94,6 +94,3 @@ fn locate(mut error: Error, lines: &SchedLines, origins: &[Vec<Origin>]) -> Erro
     }
     error
 }
-
-#[cfg(test)]
-mod tests;

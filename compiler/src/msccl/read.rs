@@ -12,6 +12,8 @@ pub const MAX_BYTES: usize = 64 << 20;
 const MAX_NODES: u32 = 8 << 20;
 /// Attributes on one element: a `<step>` has 11.
 const MAX_ATTRIBUTES: usize = 32;
+/// Elements inside each other: an MSCCL file has four levels; roxmltree recurses when it drops a deep tree.
+const MAX_DEPTH: usize = 64;
 /// Thread blocks per GPU (MSCCL's runtimes allow 32 per channel, and channels fit in a byte).
 const MAX_TBS: usize = 32 * 256;
 
@@ -44,6 +46,14 @@ pub fn read(text: &str, max_ranks: u32) -> Result<Algo, Error> {
             HELP,
         ));
     }
+    if let Some(at) = too_deep(text) {
+        return Err(Error::new(
+            "collc::msccl::format",
+            format!("elements nest more than {MAX_DEPTH} deep; an MSCCL file has four levels (algo, gpu, tb, step)"),
+            HELP,
+        )
+        .at(Span { start: at as u32, end: at as u32 }, "here"));
+    }
     let options = ParsingOptions { allow_dtd: false, nodes_limit: MAX_NODES };
     let doc = Document::parse_with_options(text, options).map_err(|e| {
         let pos = e.pos();
@@ -59,6 +69,31 @@ pub fn read(text: &str, max_ranks: u32) -> Result<Algo, Error> {
         ));
     }
     read_algo(root, max_ranks)
+}
+
+/// Where elements first nest deeper than `MAX_DEPTH`, counting start and end tags (a `>` inside an attribute value
+/// may miscount, which only matters for files far from MSCCL's shape).
+fn too_deep(text: &str) -> Option<usize> {
+    let bytes = text.as_bytes();
+    let mut depth = 0usize;
+    let mut i = 0;
+    while let Some(offset) = bytes[i..].iter().position(|&b| b == b'<') {
+        let at = i + offset;
+        let end = bytes[at..].iter().position(|&b| b == b'>').map_or(bytes.len(), |e| at + e);
+        match bytes.get(at + 1) {
+            Some(b'/') => depth = depth.saturating_sub(1),
+            Some(b'!' | b'?') => {}
+            _ if end > 0 && bytes.get(end - 1) == Some(&b'/') => {}
+            _ => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Some(at);
+                }
+            }
+        }
+        i = end.max(at + 1).min(bytes.len());
+    }
+    None
 }
 
 /// The byte offset of a 1-based row and column (in characters).

@@ -79,6 +79,7 @@ struct XmlTb {
 /// Exports a verified schedule as MSCCL XML for `target`; the file is read back and verified before it is returned.
 pub fn export(verified: &VerifiedSchedule, target: Target, limits: &Limits) -> Result<String, Errors> {
     let sched = verified.schedule();
+    check_collective(sched, target)?;
     let scratch_base = scratch_bases(sched);
     let mut gpus = Vec::with_capacity(sched.ranks.len());
     for rank in 0..sched.n_ranks {
@@ -95,6 +96,30 @@ pub fn export(verified: &VerifiedSchedule, target: Target, limits: &Limits) -> R
         )
         .with_note(errors.0.iter().map(|e| format!("{}: {}", e.code, e.message)).collect::<Vec<_>>().join("\n"))])),
     }
+}
+
+/// MSCCL XML has the collectives but no root and no peer: rooted ones are written for root 0.
+fn check_collective(sched: &Schedule, target: Target) -> Result<(), Errors> {
+    let span = sched.spans.first().copied().unwrap_or_default();
+    let refuse = |message: String, help: &str| {
+        Errors(vec![Error::new("collc::msccl::limit", message, help).at(span, "this algorithm")])
+    };
+    if sched.collective == crate::Collective::SendRecv {
+        return Err(refuse(
+            format!("{} has no sendrecv collective", target.name()),
+            "MSCCL runs send and recv as NCCL's own calls",
+        ));
+    }
+    if sched.collective.rooted() && sched.root != 0 {
+        return Err(refuse(
+            format!(
+                "MSCCL XML names no root, and its runtimes run a {} file for root 0; this schedule is for root {}",
+                sched.collective, sched.root
+            ),
+            "build it with --root 0",
+        ));
+    }
+    Ok(())
 }
 
 /// Where each buffer of the schedule starts in MSCCL's `s` (scratch only), each rounded up to a multiple of C.
@@ -143,7 +168,7 @@ fn thread_blocks(sched: &Schedule, rank: u32, bases: &[u32], target: Target) -> 
     let lim = target.limits();
     let groups = connection_groups(&program.instrs);
     let mut tbs: Vec<XmlTb> = Vec::new();
-    let mut tb_of_group: Vec<Option<usize>> = vec![None; groups.len()];
+    let mut tb_of_group: Vec<Option<usize>> = vec![None; groups.iter().max().map_or(0, |&g| g + 1)];
     // Per instruction: its block and step.
     let mut placed: Vec<(usize, usize)> = Vec::with_capacity(program.len());
     for (i, instr) in program.instrs.iter().enumerate() {
@@ -153,22 +178,24 @@ fn thread_blocks(sched: &Schedule, rank: u32, bases: &[u32], target: Target) -> 
         });
         let tb = &mut tbs[t];
         for (mine, theirs, what) in
-            [(&mut tb.send, instr.send_peer(), "send"), (&mut tb.recv, instr.recv_peer(), "receive")]
+            [(&mut tb.send, instr.send_peer(), "send to"), (&mut tb.recv, instr.recv_peer(), "receive from")]
         {
             match (*mine, theirs) {
-                (Some(a), Some(b)) if a != b => return Err(limit_error(
-                    sched,
-                    instr,
-                    format!(
-                        "rank {rank}: instruction #{i} ({}) joins a thread block that would {what} to both rank {a} \
+                (Some(a), Some(b)) if a != b => {
+                    return Err(limit_error(
+                        sched,
+                        instr,
+                        format!(
+                            "rank {rank}: instruction #{i} ({}) joins a thread block that would {what} both rank {a} \
                              and rank {b} on channel {}: an MSCCL thread block has one send peer and one receive peer, \
                              and the instructions that forward from one connection to another tie them into one block",
-                        instr.op.name(),
-                        instr.channel
-                    ),
-                    "give the transfers that share a connection in one direction but not in the other different \
+                            instr.op.name(),
+                            instr.channel
+                        ),
+                        "give the transfers that share a connection in one direction but not in the other different \
                          channels (the `channel` clause of a transfer)",
-                )),
+                    ))
+                }
                 (None, Some(b)) => *mine = Some(b),
                 _ => {}
             }
@@ -388,12 +415,11 @@ fn write_xml(sched: &Schedule, gpus: &[Vec<XmlTb>], bases: &[u32], target: Targe
             sched.buffer(BufId::OUT).chunks
         );
         for (t, tb) in tbs.iter().enumerate() {
-            let peer = |p: Option<u32>| p.map_or(-1, |p| p as i64);
             let _ = writeln!(
                 w,
                 "    <tb id=\"{t}\" send=\"{}\" recv=\"{}\" chan=\"{}\">",
-                peer(tb.send),
-                peer(tb.recv),
+                peer_attr(tb.send),
+                peer_attr(tb.recv),
                 tb.channel
             );
             for (s, step) in tb.steps.iter().enumerate() {
@@ -418,6 +444,11 @@ fn write_xml(sched: &Schedule, gpus: &[Vec<XmlTb>], bases: &[u32], target: Targe
     }
     let _ = writeln!(w, "</algo>");
     out
+}
+
+/// A thread block's peer as MSCCL writes it: -1 for none.
+fn peer_attr(peer: Option<u32>) -> i64 {
+    peer.map_or(-1, i64::from)
 }
 
 /// Escapes text for an attribute value.

@@ -17,6 +17,9 @@ pub enum Emit {
     /// MSCCL XML for `--target` (msccl-legacy: the NCCL fork's interpreter; msccl-executor: msccl-executor-nccl and
     /// RCCL), the target's limits checked; the file is read back and verified before it is written.
     MscclXml,
+    /// MSCCL++'s execution-plan JSON (as `src/core/executor/execution_plan.cc` reads it at microsoft/mscclpp
+    /// 00668b4; docs/language.md §13).
+    MscclppJson,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -113,6 +116,7 @@ fn produce(args: &BuildArgs, text: &str) -> Result<String, Errors> {
             };
             msccl::export(&verified, target, &limits)?
         }
+        Emit::MscclppJson => msccl::mscclpp::export(&verified, &limits)?,
         Emit::Json => serde_json::to_string_pretty(&to_json(&verified, text)).expect("JSON values serialise") + "\n",
         _ => write_sched(&verified, text),
     })

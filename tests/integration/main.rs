@@ -10,6 +10,7 @@
 //!   ops, matching the reference interpreter and the collective's definition, guard bytes intact.
 //! - `msccl`: MSCCL XML: the real corpus imports and verifies, broken and mutated files are refused, the library
 //!   exports for both targets and reads back.
+//! - `mscclpp`: every library algorithm exported as an MSCCL++ plan and run by an interpreter of its executor.
 //! - `cost`: the cost model against the closed forms, topology and `--algo` errors, selection.
 //! - `passes`: pipelining staggers slices over steps; receive-reduce fusion, and when it must not fuse.
 //! - `corpus`: the `.coll` files on disk and the pipeline up to the unverified schedule, for all of the above.
@@ -22,6 +23,7 @@ mod fixtures;
 mod forge;
 mod library;
 mod msccl;
+mod mscclpp;
 mod mutation;
 mod oracle;
 mod passes;

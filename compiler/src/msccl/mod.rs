@@ -5,6 +5,7 @@
 
 mod lower;
 mod model;
+pub mod mscclpp;
 mod positions;
 mod read;
 mod write;

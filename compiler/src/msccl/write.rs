@@ -79,7 +79,7 @@ struct XmlTb {
 /// Exports a verified schedule as MSCCL XML for `target`; the file is read back and verified before it is returned.
 pub fn export(verified: &VerifiedSchedule, target: Target, limits: &Limits) -> Result<String, Errors> {
     let sched = verified.schedule();
-    check_collective(sched, target)?;
+    check_collective(sched, target.name())?;
     let scratch_base = scratch_bases(sched);
     let mut gpus = Vec::with_capacity(sched.ranks.len());
     for rank in 0..sched.n_ranks {
@@ -99,14 +99,14 @@ pub fn export(verified: &VerifiedSchedule, target: Target, limits: &Limits) -> R
 }
 
 /// MSCCL XML has the collectives but no root and no peer: rooted ones are written for root 0.
-fn check_collective(sched: &Schedule, target: Target) -> Result<(), Errors> {
+pub(super) fn check_collective(sched: &Schedule, format: &str) -> Result<(), Errors> {
     let span = sched.spans.first().copied().unwrap_or_default();
     let refuse = |message: String, help: &str| {
         Errors(vec![Error::new("collc::msccl::limit", message, help).at(span, "this algorithm")])
     };
     if sched.collective == crate::Collective::SendRecv {
         return Err(refuse(
-            format!("{} has no sendrecv collective", target.name()),
+            format!("{format} has no sendrecv collective"),
             "MSCCL runs send and recv as NCCL's own calls",
         ));
     }
@@ -123,7 +123,7 @@ fn check_collective(sched: &Schedule, target: Target) -> Result<(), Errors> {
 }
 
 /// Where each buffer of the schedule starts in MSCCL's `s` (scratch only), each rounded up to a multiple of C.
-fn scratch_bases(sched: &Schedule) -> Vec<u32> {
+pub(super) fn scratch_bases(sched: &Schedule) -> Vec<u32> {
     let c = sched.chunks.max(1);
     let mut total = 0u32;
     sched
@@ -157,7 +157,7 @@ fn operand(op: Operand, bases: &[u32]) -> (char, u32) {
     }
 }
 
-fn limit_error(sched: &Schedule, instr: &Instr, message: String, help: &str) -> Errors {
+pub(super) fn limit_error(sched: &Schedule, instr: &Instr, message: String, help: &str) -> Errors {
     let span = sched.spans.get(instr.span as usize).copied().unwrap_or_default();
     Errors(vec![Error::new("collc::msccl::limit", message, help).at(span, "this transfer")])
 }
@@ -221,7 +221,7 @@ fn thread_blocks(sched: &Schedule, rank: u32, bases: &[u32], target: Target) -> 
 
 /// Each instruction's group: its connections (direction, peer, channel) joined wherever one instruction uses two;
 /// instructions without a peer form one group per channel.
-fn connection_groups(instrs: &[Instr]) -> Vec<usize> {
+pub(super) fn connection_groups(instrs: &[Instr]) -> Vec<usize> {
     let mut keys: HashMap<(u8, u32, u8), usize, FxBuildHasher> = HashMap::default();
     let mut parent: Vec<usize> = Vec::new();
     let mut key = |k: (u8, u32, u8), parent: &mut Vec<usize>| {

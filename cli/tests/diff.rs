@@ -139,7 +139,11 @@ fn usage_errors_exit_2_and_say_what_to_do() {
     assert!(stderr(&misspelt).contains("did you mean: allreduce/ring"), "{}", stderr(&misspelt));
     let no_ranks = collc(&["diff", "allreduce/ring", "allreduce/tree"]);
     assert_eq!(no_ranks.status.code(), Some(2));
-    assert!(stderr(&no_ranks).contains("`allreduce/ring` is an algorithm: give --ranks N"), "{}", stderr(&no_ranks));
+    assert!(
+        stderr(&no_ranks).contains("`allreduce/ring.coll` is an algorithm: give --ranks N"),
+        "{}",
+        stderr(&no_ranks)
+    );
     let zero = collc(&["diff", "allreduce/ring", "allreduce/tree", "--ranks", "0"]);
     assert_eq!(zero.status.code(), Some(2));
     assert!(stderr(&zero).contains("--ranks 0"), "{}", stderr(&zero));

@@ -13,7 +13,7 @@ pub enum Edit {
 }
 
 /// Edits beyond which `align` stops looking for a minimal script (its trace holds about this many squared words).
-pub const MAX_EDITS: usize = 2000;
+pub const MAX_EDITS: usize = 1000;
 
 /// An edit script from `a` to `b`, in order, with each removal paired with an addition at the same place as
 /// `Changed`; `minimal` when its common entries are a longest common subsequence, else (more than `max_edits`

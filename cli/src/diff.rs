@@ -261,8 +261,9 @@ impl Comparison {
 
     fn render_rank(&self, out: &mut String, diff: &RankDiff) {
         let [a, b] = self.listings.each_ref().map(|listing| rank_of(listing, diff.rank));
-        if a.is_empty() || b.is_empty() {
-            let (side, count) = if a.is_empty() { ('b', b.len()) } else { ('a', a.len()) };
+        let [in_a, in_b] = self.listings.each_ref().map(|listing| diff.rank < listing.len());
+        if !(in_a && in_b) {
+            let (side, count) = if in_a { ('a', a.len()) } else { ('b', b.len()) };
             let _ = writeln!(out, "rank {}: only in {side} ({count} instructions)", diff.rank);
             return;
         }
@@ -336,6 +337,21 @@ mod tests {
         assert!(comparison.header.iter().any(|line| line == "ranks: 3 -> 4"), "{:?}", comparison.header);
         let text = comparison.render(["three", "four"], [&three, &four]);
         assert!(text.contains("rank 3: only in b (7 instructions)\n"), "{text}");
+    }
+
+    #[test]
+    fn a_rank_with_no_instructions_on_one_side_lists_the_others() {
+        let source = collc_compiler::library::get("sendrecv/direct").expect("in the library");
+        let at = |root| {
+            let options = BuildOptions { root: Some(root), ..BuildOptions::default() };
+            collc_compiler::build(source, 3, &options).expect("verifies")
+        };
+        let (from_0, from_1) = (at(0), at(1));
+        let text = compare(&from_0, &from_1).render(["root 0", "root 1"], [&from_0, &from_1]);
+        assert!(text.contains("  root: 0 -> 1\n  peer: 1 -> 2\n"), "{text}");
+        // Rank 0 only sends from root 0, and does nothing from root 1 (out of place, the others copy in to out).
+        assert!(text.contains("rank 0: +0 -1 ~0\n  - a#0 Send src=in[0] send=1 @1\nrank 1: "), "{text}");
+        assert!(!text.contains("only in"), "{text}");
     }
 
     #[test]

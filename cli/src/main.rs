@@ -14,6 +14,7 @@ mod build;
 mod calibrate;
 mod check;
 mod cost;
+mod diff;
 mod fr;
 mod gpu;
 mod import;
@@ -73,6 +74,10 @@ enum Command {
     /// Pick the predicted-fastest algorithm per message size, per collective, on a topology.
     #[command(after_help = EXIT_STATUS)]
     Tune(tune::TuneArgs),
+    /// Compare two schedules (`.sched` files, algorithms at --ranks, or REV:PATH at a git revision): the header, then
+    /// per rank the instructions added, removed and changed. Exits 0 when they are equal, 1 when they differ.
+    #[command(after_help = EXIT_STATUS)]
+    Diff(diff::DiffArgs),
     /// Flight recorder: `collc fr analyze DIR` reads every rank's dump (COLLC_DUMP_DIR) and says who hangs where.
     #[command(after_help = EXIT_STATUS)]
     Fr(fr::FrArgs),
@@ -120,6 +125,7 @@ fn main() -> ExitCode {
         Command::Run(a) => run::run(a),
         Command::Cost(a) => cost::run(a),
         Command::Tune(a) => tune::run(a),
+        Command::Diff(a) => diff::run(a),
         Command::Fr(a) => fr::run(a),
         Command::Gpu(a) => gpu::run(a),
     });

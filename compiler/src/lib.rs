@@ -5,6 +5,7 @@
 //! random source) and starts no threads; only `verify` makes a
 //! `VerifiedSchedule`, and emitters take nothing else.
 
+pub mod build;
 pub mod collective;
 pub mod cost;
 pub mod diag;
@@ -21,6 +22,7 @@ pub mod sched;
 
 pub mod verify;
 
+pub use build::{build, BuildOptions};
 pub use collective::Collective;
 pub use diag::{Error, Errors};
 pub use lower::{lower, Bindings};

@@ -7,6 +7,7 @@ use crate::report;
 use clap::{Args, ValueEnum};
 use collc_compiler::emit::{to_json, write_sched};
 use collc_compiler::msccl;
+use collc_compiler::Placement;
 
 #[derive(Clone, Copy, Debug, ValueEnum)]
 pub enum ImportEmit {
@@ -63,30 +64,51 @@ pub fn run(args: ImportArgs) -> u8 {
         }
     };
     let summary = describe(&imported);
-    match msccl::verify(imported, &source.text, &limits) {
-        Ok((verified, _)) => match args.emit {
-            None => {
-                println!("{}: {summary}", source.name);
-                println!("verified: {} ({} instructions)", verified.verdict(), verified.n_instrs());
-                0
-            }
-            Some(emit) => {
-                let text = match emit {
-                    ImportEmit::Sched => write_sched(&verified, ""),
-                    ImportEmit::Json => {
-                        serde_json::to_string_pretty(&to_json(&verified, "")).expect("JSON values serialise") + "\n"
-                    }
-                };
-                crate::build::write_output(args.output.as_deref(), &text)
-            }
-        },
-        Err(errors) => {
-            report::print_all(&errors, &source.name, &source.text);
-            println!("{}: {summary}", source.name);
-            println!("does not verify: {} error(s) above", errors.0.len());
-            1
+    let mut verified_all = Vec::new();
+    for placement in imported.placements.clone() {
+        let imported = match placement == imported.schedule.placement {
+            true => imported.clone(),
+            false => match msccl::import_as(&source.text, &limits, Some(placement)) {
+                Ok(other) => other,
+                Err(errors) => return refused(&source, &summary, placement, &errors),
+            },
+        };
+        match msccl::verify(imported, &source.text, &limits) {
+            Ok((verified, _)) => verified_all.push(verified),
+            Err(errors) => return refused(&source, &summary, placement, &errors),
         }
     }
+    let first = &verified_all[0];
+    match args.emit {
+        None => {
+            println!("{}: {summary}", source.name);
+            for verified in &verified_all {
+                println!(
+                    "verified {}: {} ({} instructions)",
+                    verified.placement,
+                    verified.verdict(),
+                    verified.n_instrs()
+                );
+            }
+            0
+        }
+        Some(emit) => {
+            let text = match emit {
+                ImportEmit::Sched => write_sched(first, ""),
+                ImportEmit::Json => {
+                    serde_json::to_string_pretty(&to_json(first, "")).expect("JSON values serialise") + "\n"
+                }
+            };
+            crate::build::write_output(args.output.as_deref(), &text)
+        }
+    }
+}
+
+fn refused(source: &library::Source, summary: &str, placement: Placement, errors: &collc_compiler::Errors) -> u8 {
+    report::print_all(errors, &source.name, &source.text);
+    println!("{}: {summary}", source.name);
+    println!("does not verify {placement}: {} error(s) above", errors.0.len());
+    1
 }
 
 /// One line on what the file is: name, collective, ranks, placement, dialect, protocol, size range, thread blocks.

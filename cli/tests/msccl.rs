@@ -31,7 +31,7 @@ fn import_describes_and_verifies_a_real_file() {
     assert_eq!(output.status.code(), Some(0), "{stdout}{stderr}");
     assert!(stdout.contains("alltoall_llm for alltoall on 8 ranks, out-of-place"), "{stdout}");
     assert!(stdout.contains("msccl-executor dialect, proto LL, for 9217..=194560 bytes"), "{stdout}");
-    assert!(stdout.contains("verified: verified exactly (240 instructions)"), "{stdout}");
+    assert!(stdout.contains("verified out-of-place: verified exactly (240 instructions)"), "{stdout}");
 }
 
 #[test]
@@ -48,7 +48,7 @@ fn a_broken_file_is_refused_at_its_step() {
     let output = collc(&["import", file.path()]);
     let (stdout, stderr) = out(&output);
     assert_eq!(output.status.code(), Some(1), "{stdout}{stderr}");
-    assert!(stdout.contains("does not verify"), "{stdout}");
+    assert!(stdout.contains("does not verify in-place"), "{stdout}");
     assert!(stderr.contains("collc::verify"), "{stderr}");
     assert!(stderr.contains("broken_ring.xml:"), "the diagnostic points into the file: {stderr}");
     assert!(stderr.contains("thread block 0") && stderr.contains("step "), "{stderr}");

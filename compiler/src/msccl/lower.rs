@@ -68,18 +68,19 @@ pub fn collective_of(algo: &Algo) -> Result<(Collective, u32), Error> {
     Ok((collective, algo.chunks_per_loop / per_rank))
 }
 
-/// The placement a file declares: in place when `inplace="1"` and not `outofplace="1"`.
-pub fn placement_of(algo: &Algo) -> Placement {
+/// The placements a file declares, the one it is read in first: in place when `inplace="1"` and not
+/// `outofplace="1"`; both when both say 1 (out of place first); out of place otherwise.
+pub fn placements_of(algo: &Algo) -> Vec<Placement> {
     match (algo.in_place, algo.out_of_place) {
-        (true, None | Some(false)) => Placement::InPlace,
-        _ => Placement::OutOfPlace,
+        (true, None | Some(false)) => vec![Placement::InPlace],
+        (true, Some(true)) => vec![Placement::OutOfPlace, Placement::InPlace],
+        _ => vec![Placement::OutOfPlace],
     }
 }
 
 /// Lowers a read file into a schedule, its instructions' lines in `text`, and their origins.
-pub fn lower(algo: &Algo, text: &str) -> Result<(Schedule, SchedLines, Vec<Vec<Origin>>), Error> {
+pub fn lower(algo: &Algo, text: &str, placement: Placement) -> Result<(Schedule, SchedLines, Vec<Vec<Origin>>), Error> {
     let (collective, chunks) = collective_of(algo)?;
-    let placement = placement_of(algo);
     let (in_chunks, out_chunks) = collective.buffer_chunks(algo.n_gpus, chunks);
     let scratch = algo.gpus.iter().map(|g| g.s_chunks).max().unwrap_or(0);
     let mut buffers = vec![

@@ -12,7 +12,7 @@ mod write;
 
 use crate::diag::Error;
 use crate::emit::SchedLines;
-use crate::sched::Schedule;
+use crate::sched::{Placement, Schedule};
 use crate::{Errors, Limits, VerifiedSchedule};
 
 pub use lower::Origin;
@@ -32,6 +32,8 @@ pub struct Imported {
     pub proto: String,
     /// The message sizes the file was written for (`minBytes`..=`maxBytes`, executor dialect).
     pub bytes: Option<(i64, i64)>,
+    /// Every placement the file declares (`schedule` is in the first; `import_as` reads it in another).
+    pub placements: Vec<Placement>,
 }
 
 /// Whether a text is MSCCL XML (by its name or its first element), which `import` reads.
@@ -41,10 +43,17 @@ pub fn is_msccl(name: &str, text: &str) -> bool {
         || (text.trim_start().starts_with("<!--") && text.contains("<algo "))
 }
 
-/// Reads an MSCCL XML file (either dialect) into an unverified schedule.
+/// Reads an MSCCL XML file (either dialect) into an unverified schedule, in the first placement it declares.
 pub fn import(text: &str, limits: &Limits) -> Result<Imported, Errors> {
+    import_as(text, limits, None)
+}
+
+/// `import`, in `placement` (one the file declares) where given.
+pub fn import_as(text: &str, limits: &Limits, placement: Option<Placement>) -> Result<Imported, Errors> {
     let algo = read::read(text, limits.max_ranks)?;
-    let (schedule, lines, origins) = lower::lower(&algo, text)?;
+    let placements = lower::placements_of(&algo);
+    let placement = placement.unwrap_or(placements[0]);
+    let (schedule, lines, origins) = lower::lower(&algo, text, placement)?;
     Ok(Imported {
         schedule,
         lines,
@@ -52,6 +61,7 @@ pub fn import(text: &str, limits: &Limits) -> Result<Imported, Errors> {
         dialect: algo.dialect(),
         proto: algo.proto.clone(),
         bytes: algo.min_bytes.zip(algo.max_bytes),
+        placements,
     })
 }
 

@@ -224,4 +224,11 @@ fn the_page_steps_through_ring_allreduce_in_a_headless_browser() {
             );
         }
     }
+
+    // A link to one step opens there.
+    browser.open("about:blank");
+    browser.open(&format!("file://{}#step=2", page.path()));
+    let linked = state();
+    assert_eq!((linked["position"].clone(), linked["current_step"].clone()), (json!(3), json!(2)));
+    assert_eq!(linked["shown"], linked["expected"]);
 }

@@ -27,7 +27,7 @@ p.summary { margin: 0 0 10px; color: #5f6368; }
 .arrow.past, .local.past { opacity: 0.5; }
 .arrow.current line { stroke-width: 4; }
 table.buffer { border-collapse: collapse; margin: 0 0 12px; font-size: 13px; }
-table.buffer th, table.buffer td { border: 1px solid #dadce0; padding: 3px 8px; text-align: left; }
+table.buffer th, table.buffer td { border: 1px solid #dadce0; padding: 3px 8px; text-align: left; white-space: nowrap; }
 table.buffer caption { text-align: left; font-weight: bold; padding: 2px 0; }
 td.cell { font-family: "DejaVu Sans Mono", monospace; min-width: 3em; white-space: nowrap; }
 td.cell.changed { background: #ffe8a3; }
@@ -83,7 +83,9 @@ const SCRIPT: &str = r#"
     if (e.key === 'ArrowRight') { show(position + 1); } else if (e.key === 'ArrowLeft') { show(position - 1); } else { return; }
     e.preventDefault();
   });
-  show(0);
+  // `page.html#step=K` opens after step K (a link to one step, or a screenshot of it).
+  const asked = /step=(\d+)/.exec(window.location.hash);
+  show(asked ? Number(asked[1]) + 1 : 0);
 })();
 "#;
 

@@ -113,21 +113,28 @@ fn chunk_label(position: u32, count: u32, chunks: u32) -> String {
     }
 }
 
-/// How far (in pixels, up or down) an arrow is moved so that arrows leaving one lane in one column stay apart.
-fn spread(layout: &Layout, i: usize) -> f64 {
+/// How far (in pixels, up or down) an arrow's ends are moved so that arrows leaving one lane in one column stay
+/// apart, and so do those arriving at one: (start, end).
+fn spread(layout: &Layout, i: usize) -> (f64, f64) {
     let arrow = &layout.arrows[i];
-    let same = |a: &&Arrow| a.step == arrow.step && a.from == arrow.from;
-    let siblings = layout.arrows.iter().filter(same).count();
-    let nth = layout.arrows[..i].iter().filter(same).count();
-    let gap = (LANE as f64 * 0.6 / siblings as f64).min(9.0);
+    let leaving = offset(layout, i, |a| a.step == arrow.step && a.from == arrow.from);
+    let arriving = offset(layout, i, |a| a.step == arrow.step && a.to == arrow.to);
+    (leaving, arriving)
+}
+
+/// Arrow `i`'s place among the arrows `same` picks, as an offset around 0.
+fn offset(layout: &Layout, i: usize, same: impl Fn(&&Arrow) -> bool) -> f64 {
+    let siblings = layout.arrows.iter().filter(&same).count();
+    let nth = layout.arrows[..i].iter().filter(&same).count();
+    let gap = (LANE as f64 * 0.6 / siblings as f64).min(16.0);
     (nth as f64 - (siblings as f64 - 1.0) / 2.0) * gap
 }
 
-fn draw_arrow(svg: &mut String, arrow: &Arrow, dy: f64, tip: &str, chunks: u32) {
+fn draw_arrow(svg: &mut String, arrow: &Arrow, (dy0, dy1): (f64, f64), tip: &str, chunks: u32) {
     let colour = colour(arrow.position);
     let x0 = column_x(arrow.step) + INSET as f64;
     let x1 = column_x(arrow.step) + (COLUMN - INSET) as f64;
-    let (y0, y1) = (lane_y(arrow.from) + dy, lane_y(arrow.to) + dy);
+    let (y0, y1) = (lane_y(arrow.from) + dy0, lane_y(arrow.to) + dy1);
     let (dx, dyy) = (x1 - x0, y1 - y0);
     let length = (dx * dx + dyy * dyy).sqrt().max(1.0);
     let (ux, uy) = (dx / length, dyy / length);

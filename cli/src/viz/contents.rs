@@ -216,6 +216,49 @@ mod tests {
         }
     }
 
+    /// Every algorithm of the library, at a few rank counts and both placements, ends holding its collective's
+    /// contract in every output chunk the contract names: the simulation agrees with the verifier's postcondition.
+    #[test]
+    fn every_library_schedule_ends_with_its_contract() {
+        use collc_compiler::collective::Expected;
+        let library = collc_compiler::library::Library::embedded();
+        let mut checked = 0;
+        for entry in library.entries() {
+            for (n_ranks, placement) in [2, 3, 4, 5].into_iter().flat_map(|n| Placement::BOTH.map(|p| (n, p))) {
+                let bindings = collc_compiler::Bindings { n_ranks, root: None, peer: None, params: Vec::new() };
+                let options = collc_compiler::Options::placed(placement);
+                let limits = collc_compiler::Limits::default();
+                let Ok(verified) = collc_compiler::compile(&entry.source, &bindings, options, &limits) else {
+                    continue; // a rank count the algorithm does not take
+                };
+                let layout = lay_out(&verified).expect("a layout");
+                let contents = simulate(&verified, &layout);
+                let last = contents.states.last().expect("a final state");
+                let (_, out_chunks) = verified.collective.buffer_chunks(n_ranks, verified.chunks);
+                for rank in 0..n_ranks {
+                    let (buf, offset) = verified.output_window(rank);
+                    for c in 0..out_chunks {
+                        let want = match verified.collective.expected(
+                            rank,
+                            c,
+                            verified.chunks,
+                            verified.root,
+                            verified.peer,
+                        ) {
+                            Expected::Unchecked => continue,
+                            Expected::One { rank, chunk } => format!("r{rank}.c{chunk}"),
+                            Expected::SumOverRanks { chunk } => every_rank(n_ranks, chunk),
+                        };
+                        let got = last[contents.slot(rank, buf, offset + c)].text();
+                        assert_eq!(got, want, "{} p={n_ranks} {placement:?}: rank {rank} out[{c}]", entry.name);
+                    }
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 100, "only {checked} schedules checked");
+    }
+
     #[test]
     fn ring_messages_carry_growing_partial_sums() {
         let verified = crate::viz::layout::tests::compiled("allreduce/ring", 4);

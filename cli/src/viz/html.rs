@@ -93,19 +93,7 @@ const SCRIPT: &str = r#"
 pub fn render(verified: &VerifiedSchedule, layout: &Layout, contents: &Contents, title: &str, svg: &str) -> String {
     let sched = verified.schedule();
     let shown = shown_buffers(verified);
-    let mut strings: Vec<String> = Vec::new();
-    let mut index: HashMap<String, usize> = HashMap::new();
-    let mut intern =
-        |text: String| *index.entry(text.clone()).or_insert_with(|| (strings.push(text), strings.len() - 1).1);
-    // Cells in page order: buffer by buffer, rank by rank, chunk by chunk; `data-slot` is the position here.
-    let mut slots = Vec::new();
-    for &buf in &shown {
-        for rank in 0..sched.n_ranks {
-            slots.extend((0..sched.buffer(buf).chunks).map(|chunk| contents.slot(rank, buf, chunk)));
-        }
-    }
-    let states: Vec<Vec<usize>> =
-        contents.states.iter().map(|state| slots.iter().map(|&s| intern(state[s].text())).collect()).collect();
+    let (strings, states) = cell_texts(verified, contents, &shown);
     let messages: Vec<_> = (layout.arrows.iter().enumerate())
         .map(|(i, a)| json!([a.step, a.from, a.to, contents.message_text(i)]))
         .collect();
@@ -144,6 +132,27 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, contents: &Contents,
         "</main>\n<script type=\"application/json\" id=\"viz-data\">{data}</script>\n<script>{SCRIPT}</script>\n</body>\n</html>\n"
     );
     page
+}
+
+/// Every cell's text at every step, each distinct text once: (the texts, per step the index of each cell's text).
+/// Cells go in page order, buffer by buffer, rank by rank, chunk by chunk; a cell's `data-slot` is its place here.
+fn cell_texts(verified: &VerifiedSchedule, contents: &Contents, shown: &[BufId]) -> (Vec<String>, Vec<Vec<usize>>) {
+    let mut slots = Vec::new();
+    for &buf in shown {
+        for rank in 0..verified.n_ranks {
+            slots.extend((0..verified.buffer(buf).chunks).map(|chunk| contents.slot(rank, buf, chunk)));
+        }
+    }
+    let mut strings: Vec<String> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    let mut intern = |text: String| {
+        *index.entry(text).or_insert_with_key(|text| {
+            strings.push(text.clone());
+            strings.len() - 1
+        })
+    };
+    let states = contents.states.iter().map(|state| slots.iter().map(|&s| intern(state[s].text())).collect()).collect();
+    (strings, states)
 }
 
 /// The buffers a reader needs to see: the input's and output's (in place, the one they share) and every scratch

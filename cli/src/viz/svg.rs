@@ -49,7 +49,35 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, title: &str, message
     let _ = writeln!(svg, "<title>{}</title>", escape(title));
     svg += r##"<rect width="100%" height="100%" fill="#ffffff"/>
 "##;
-    svg += "<g id=\"columns\">\n";
+    draw_grid(&mut svg, layout, width);
+    svg += "<g id=\"arrows\">\n";
+    let sched = verified.schedule();
+    for (i, arrow) in layout.arrows.iter().enumerate() {
+        let (rank, index) = arrow.recv;
+        let receiver = describe(sched, &sched.ranks[rank as usize].instrs[index as usize]);
+        let chunk = chunk_label(arrow.position, arrow.count, layout.chunks);
+        let mut tip =
+            format!("step {}: rank {} → rank {}, chunk {chunk}: {receiver}", arrow.step, arrow.from, arrow.to);
+        if let Some(value) = messages.and_then(|m| m.get(i)) {
+            tip += &format!(" (carries {value})");
+        }
+        draw_arrow(&mut svg, arrow, spread(layout, i), &tip, layout.chunks);
+    }
+    svg += "</g>\n<g id=\"locals\">\n";
+    for (i, local) in layout.locals.iter().enumerate() {
+        let instr = &sched.ranks[local.rank as usize].instrs[local.index as usize];
+        draw_local(&mut svg, layout, i, &describe(sched, instr));
+    }
+    svg += "</g>\n";
+    svg += &legend.svg.replace("{Y}", &(lanes_bottom + 12).to_string());
+    svg += "</svg>\n";
+    svg
+}
+
+/// The columns (shaded alternately, each labelled `step k`) and the lanes (each labelled `rank r`).
+fn draw_grid(svg: &mut String, layout: &Layout, width: u32) {
+    let lanes_bottom = TOP + layout.n_ranks * LANE;
+    *svg += "<g id=\"columns\">\n";
     for step in 0..layout.n_steps {
         let x = column_x(step);
         let fill = if step % 2 == 0 { "#f6f7f9" } else { "#ffffff" };
@@ -66,7 +94,7 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, title: &str, message
             y = TOP - 12
         );
     }
-    svg += "</g>\n<g id=\"lanes\">\n";
+    *svg += "</g>\n<g id=\"lanes\">\n";
     for rank in 0..layout.n_ranks {
         let y = lane_y(rank);
         let _ = writeln!(
@@ -77,32 +105,7 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, title: &str, message
             ty = y + 4.5
         );
     }
-    svg += "</g>\n<g id=\"arrows\">\n";
-    let sched = verified.schedule();
-    for (i, arrow) in layout.arrows.iter().enumerate() {
-        let (rank, index) = arrow.recv;
-        let receiver = describe(sched, &sched.ranks[rank as usize].instrs[index as usize]);
-        let mut tip = format!(
-            "step {}: rank {} → rank {}, chunk {}: {receiver}",
-            arrow.step,
-            arrow.from,
-            arrow.to,
-            chunk_label(arrow.position, arrow.count, layout.chunks)
-        );
-        if let Some(value) = messages.and_then(|m| m.get(i)) {
-            tip += &format!(" (carries {value})");
-        }
-        draw_arrow(&mut svg, arrow, spread(layout, i), &tip, layout.chunks);
-    }
-    svg += "</g>\n<g id=\"locals\">\n";
-    for (i, local) in layout.locals.iter().enumerate() {
-        let instr = &sched.ranks[local.rank as usize].instrs[local.index as usize];
-        draw_local(&mut svg, layout, i, &describe(sched, instr));
-    }
-    svg += "</g>\n";
-    svg += &legend.svg.replace("{Y}", &(lanes_bottom + 12).to_string());
-    svg += "</svg>\n";
-    svg
+    *svg += "</g>\n";
 }
 
 /// `c3`, or `c3..c5` for a message of three chunks: positions in the block.

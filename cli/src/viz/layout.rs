@@ -17,6 +17,7 @@ pub struct Arrow {
     pub count: u32,
     /// The receiver reduces the message into what it holds (`RecvReduce*`).
     pub reduce: bool,
+    pub channel: u8,
     /// The sending and the receiving instruction, as (rank, index in the rank's list).
     pub send: (u32, u32),
     pub recv: (u32, u32),
@@ -69,6 +70,7 @@ pub fn lay_out(sched: &VerifiedSchedule) -> Result<Layout, String> {
                 position: position(send.0, send.1),
                 count: receiver.count,
                 reduce: reduces(receiver.op),
+                channel: receiver.channel,
                 send,
                 recv,
             }

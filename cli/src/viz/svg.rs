@@ -146,12 +146,13 @@ fn draw_arrow(svg: &mut String, arrow: &Arrow, (dy0, dy1): (f64, f64), tip: &str
     let (lx, ly) = (x1 - ux * stop, y1 - uy * stop);
     let _ = write!(
         svg,
-        r#"<g class="arrow" data-step="{step}" data-from="{from}" data-to="{to}" data-chunk="{position}" data-reduce="{reduce}"><title>{tip}</title><line x1="{x0:.1}" y1="{y0:.1}" x2="{lx:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="2.5"/>"#,
+        r#"<g class="arrow" data-step="{step}" data-from="{from}" data-to="{to}" data-chunk="{position}" data-channel="{channel}" data-reduce="{reduce}"><title>{tip}</title><line x1="{x0:.1}" y1="{y0:.1}" x2="{lx:.1}" y2="{ly:.1}" stroke="{colour}" stroke-width="2.5"/>"#,
         step = arrow.step,
         from = arrow.from,
         to = arrow.to,
         position = arrow.position,
         reduce = arrow.reduce,
+        channel = arrow.channel,
         tip = escape(tip),
     );
     if arrow.reduce {

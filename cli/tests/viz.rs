@@ -107,11 +107,14 @@ fn bad_input_is_a_clear_error_not_a_panic() {
     assert!(text(&no_ranks.stderr).contains("--ranks N"), "{}", text(&no_ranks.stderr));
     let too_many = collc(&["viz", "allreduce/ring", "--ranks", "65", "--output", "ring.svg"]);
     assert_eq!(too_many.status.code(), Some(2), "{}", text(&too_many.stderr));
+    let big_page = collc(&["viz", "allreduce/ring", "--ranks", "64", "--output", "ring.html"]);
+    assert_eq!(big_page.status.code(), Some(2));
+    assert!(text(&big_page.stderr).contains("draw an .svg"), "{}", text(&big_page.stderr));
     // As `collc build --output` does: a file that cannot be written is an error (1), named.
     let nowhere = collc(&["viz", "allreduce/ring", "--ranks", "4", "--output", "/nonexistent-dir/ring.svg"]);
     assert_eq!(nowhere.status.code(), Some(1));
     assert!(text(&nowhere.stderr).contains("cannot write /nonexistent-dir/ring.svg"), "{}", text(&nowhere.stderr));
-    for out in [unknown, png, no_ranks, too_many, nowhere] {
+    for out in [unknown, png, no_ranks, too_many, big_page, nowhere] {
         assert!(!text(&out.stderr).contains("panicked"), "{}", text(&out.stderr));
     }
 }

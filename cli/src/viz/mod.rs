@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 const MAX_LANES: u32 = 64;
 const MAX_MESSAGES: usize = 20_000;
 /// Cells the page embeds (chunk slots x (steps + 1)) at most.
-const MAX_PAGE_CELLS: u64 = 2_000_000;
+const MAX_PAGE_CELLS: u64 = 500_000;
 
 #[derive(Args)]
 pub struct VizArgs {
@@ -74,9 +74,9 @@ pub fn run(args: VizArgs) -> u8 {
     }
     let picture = match draw(&verified, format) {
         Ok(picture) => picture,
-        Err(message) => {
+        Err((code, message)) => {
             eprintln!("error: {message}");
-            return 1;
+            return code;
         }
     };
     match std::fs::write(&args.output, picture) {
@@ -137,9 +137,9 @@ fn drawable(verified: &VerifiedSchedule) -> Result<(), String> {
     Ok(())
 }
 
-/// The picture or the page, as text.
-fn draw(verified: &VerifiedSchedule, format: Format) -> Result<String, String> {
-    let layout = layout::lay_out(verified)?;
+/// The picture or the page, as text; or the exit status and what went wrong (a page too large is a usage error).
+fn draw(verified: &VerifiedSchedule, format: Format) -> Result<String, (u8, String)> {
+    let layout = layout::lay_out(verified).map_err(|message| (1, message))?;
     let placement = match verified.placement {
         Placement::InPlace => ", in place",
         Placement::OutOfPlace => "",
@@ -151,7 +151,10 @@ fn draw(verified: &VerifiedSchedule, format: Format) -> Result<String, String> {
     let slots: u64 = verified.buffers.iter().map(|b| b.chunks as u64).sum::<u64>() * verified.n_ranks as u64;
     let cells = slots * (layout.n_steps as u64 + 1);
     if cells > MAX_PAGE_CELLS {
-        return Err(format!("the page would hold {cells} buffer cells; draw an .svg, or choose fewer ranks"));
+        let message = format!(
+            "the page would hold {cells} buffer cells (at most {MAX_PAGE_CELLS}); draw an .svg, or choose fewer ranks"
+        );
+        return Err((2, message));
     }
     let contents = contents::simulate(verified, &layout);
     let messages: Vec<String> = (0..layout.arrows.len()).map(|i| contents.message_text(i)).collect();

@@ -3,6 +3,7 @@
 
 use super::layout::{describe, Arrow, Layout, Local};
 use collc_compiler::VerifiedSchedule;
+use std::collections::HashMap;
 use std::fmt::Write;
 
 const LEFT: u32 = 84;
@@ -52,6 +53,7 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, title: &str, message
     draw_grid(&mut svg, layout, width);
     svg += "<g id=\"arrows\">\n";
     let sched = verified.schedule();
+    let spread = spread(layout);
     for (i, arrow) in layout.arrows.iter().enumerate() {
         let (rank, index) = arrow.recv;
         let receiver = describe(sched, &sched.ranks[rank as usize].instrs[index as usize]);
@@ -61,7 +63,7 @@ pub fn render(verified: &VerifiedSchedule, layout: &Layout, title: &str, message
         if let Some(value) = messages.and_then(|m| m.get(i)) {
             tip += &format!(" (carries {value})");
         }
-        draw_arrow(&mut svg, arrow, spread(layout, i), &tip, layout.chunks);
+        draw_arrow(&mut svg, arrow, spread[i], &tip, layout.chunks);
     }
     svg += "</g>\n<g id=\"locals\">\n";
     for (i, local) in layout.locals.iter().enumerate() {
@@ -116,21 +118,29 @@ fn chunk_label(position: u32, count: u32, chunks: u32) -> String {
     }
 }
 
-/// How far (in pixels, up or down) an arrow's ends are moved so that arrows leaving one lane in one column stay
-/// apart, and so do those arriving at one: (start, end).
-fn spread(layout: &Layout, i: usize) -> (f64, f64) {
-    let arrow = &layout.arrows[i];
-    let leaving = offset(layout, i, |a| a.step == arrow.step && a.from == arrow.from);
-    let arriving = offset(layout, i, |a| a.step == arrow.step && a.to == arrow.to);
-    (leaving, arriving)
+/// How far (in pixels, up or down) each arrow's ends are moved so that arrows leaving one lane in one column stay
+/// apart, and so do those arriving at one: (start, end) per arrow.
+fn spread(layout: &Layout) -> Vec<(f64, f64)> {
+    let leaving = offsets(layout, |a| (a.step, a.from));
+    let arriving = offsets(layout, |a| (a.step, a.to));
+    leaving.into_iter().zip(arriving).collect()
 }
 
-/// Arrow `i`'s place among the arrows `same` picks, as an offset around 0.
-fn offset(layout: &Layout, i: usize, same: impl Fn(&&Arrow) -> bool) -> f64 {
-    let siblings = layout.arrows.iter().filter(&same).count();
-    let nth = layout.arrows[..i].iter().filter(&same).count();
-    let gap = (LANE as f64 * 0.6 / siblings as f64).min(16.0);
-    (nth as f64 - (siblings as f64 - 1.0) / 2.0) * gap
+/// Each arrow's place among the arrows with its `key`, as an offset around 0.
+fn offsets(layout: &Layout, key: impl Fn(&Arrow) -> (u32, u32)) -> Vec<f64> {
+    let mut siblings: HashMap<(u32, u32), u32> = HashMap::new();
+    let mut seen: HashMap<(u32, u32), u32> = HashMap::new();
+    for arrow in &layout.arrows {
+        *siblings.entry(key(arrow)).or_default() += 1;
+    }
+    let place = |arrow: &Arrow| {
+        let count = siblings[&key(arrow)] as f64;
+        let nth = seen.entry(key(arrow)).or_default();
+        *nth += 1;
+        let gap = (LANE as f64 * 0.6 / count).min(16.0);
+        ((*nth - 1) as f64 - (count - 1.0) / 2.0) * gap
+    };
+    layout.arrows.iter().map(place).collect()
 }
 
 fn draw_arrow(svg: &mut String, arrow: &Arrow, (dy0, dy1): (f64, f64), tip: &str, chunks: u32) {

@@ -1,7 +1,7 @@
 //! What every rank's buffers hold after each column: a symbolic run of a verified schedule (each chunk slot a
 //! multiset of (rank, input chunk) contributions, undefined data a term of its own), as the memory model says.
 
-use super::layout::{reduces, Layout};
+use super::layout::{reduces, At, Layout};
 use collc_compiler::sched::{BufId, Instr, Op, Operand, Schedule};
 use collc_compiler::VerifiedSchedule;
 use std::collections::HashMap;
@@ -97,10 +97,10 @@ pub fn simulate(verified: &VerifiedSchedule, layout: &Layout) -> Contents {
     let mut contents = Contents { rank_slots, buf_start, states: Vec::new(), messages: Vec::new() };
     let mut state = initial(sched, &contents);
     // Which arrow each sending instruction's message is; what each receiving instruction will get.
-    let arrow_of: HashMap<(u32, u32), usize> = layout.arrows.iter().enumerate().map(|(i, a)| (a.send, i)).collect();
-    let inbox_of: HashMap<(u32, u32), usize> = layout.arrows.iter().enumerate().map(|(i, a)| (a.recv, i)).collect();
+    let arrow_of: HashMap<At, usize> = layout.arrows.iter().enumerate().map(|(i, a)| (a.send, i)).collect();
+    let inbox_of: HashMap<At, usize> = layout.arrows.iter().enumerate().map(|(i, a)| (a.recv, i)).collect();
     let mut messages: Vec<Option<Vec<Value>>> = vec![None; layout.arrows.len()];
-    let mut by_column: Vec<Vec<(u32, u32)>> = vec![Vec::new(); layout.n_steps as usize];
+    let mut by_column: Vec<Vec<At>> = vec![Vec::new(); layout.n_steps as usize];
     for (rank, steps) in (0u32..).zip(&layout.steps) {
         for (index, &step) in (0u32..).zip(steps) {
             by_column[step as usize].push((rank, index));

@@ -5,6 +5,12 @@ use collc_compiler::sched::{Instr, Op, Operand, Schedule};
 use collc_compiler::VerifiedSchedule;
 use std::collections::BTreeMap;
 
+/// An instruction: its rank and its index in the rank's list.
+pub type At = (u32, u32);
+
+/// A message: its sending and its receiving instruction.
+type Message = (At, At);
+
 /// One message: the sending instruction's lane and column to the receiver's lane.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Arrow {
@@ -18,9 +24,9 @@ pub struct Arrow {
     /// The receiver reduces the message into what it holds (`RecvReduce*`).
     pub reduce: bool,
     pub channel: u8,
-    /// The sending and the receiving instruction, as (rank, index in the rank's list).
-    pub send: (u32, u32),
-    pub recv: (u32, u32),
+    /// The sending and the receiving instruction.
+    pub send: At,
+    pub recv: At,
 }
 
 /// A `Copy` or `Reduce` inside one rank's lane.
@@ -53,7 +59,7 @@ pub fn lay_out(sched: &VerifiedSchedule) -> Result<Layout, String> {
     let (first, total) = numbering(sched);
     let pairs = messages(sched);
     let steps = columns(sched, &first, total, &pairs)?;
-    let step_of = |(rank, index): (u32, u32)| steps[(first[rank as usize] + index) as usize];
+    let step_of = |(rank, index): At| steps[(first[rank as usize] + index) as usize];
     let chunks = sched.chunks.max(1);
     let position = |rank: u32, index: u32| {
         let instr = &sched.ranks[rank as usize].instrs[index as usize];
@@ -114,7 +120,7 @@ fn numbering(sched: &Schedule) -> (Vec<u32>, u32) {
 
 /// Every message as (sending, receiving) instruction: on each connection (sender, receiver, channel) the k-th send
 /// pairs with the k-th receive (the memory model's rule 5). Ordered by connection, then by k.
-fn messages(sched: &Schedule) -> Vec<((u32, u32), (u32, u32))> {
+fn messages(sched: &Schedule) -> Vec<Message> {
     type Ends = (Vec<u32>, Vec<u32>);
     let mut connections: BTreeMap<(u32, u32, u8), Ends> = BTreeMap::new();
     for (rank, program) in (0u32..).zip(&sched.ranks) {
@@ -139,14 +145,9 @@ fn messages(sched: &Schedule) -> Vec<((u32, u32), (u32, u32))> {
 /// in the column after the previous send on its connection (one message per connection per column, as a program's
 /// steps send them). A receive that only stores (`Recv`, `RecvReduceCopy`) completes in its message's column, at
 /// its end, as the tutorials draw a step: rank r sends, rank r + 1 adds.
-fn columns(
-    sched: &Schedule,
-    first: &[u32],
-    total: u32,
-    pairs: &[((u32, u32), (u32, u32))],
-) -> Result<Vec<u32>, String> {
-    let global = |(rank, index): (u32, u32)| first[rank as usize] + index;
-    let instr = |(rank, index): (u32, u32)| &sched.ranks[rank as usize].instrs[index as usize];
+fn columns(sched: &Schedule, first: &[u32], total: u32, pairs: &[Message]) -> Result<Vec<u32>, String> {
+    let global = |(rank, index): At| first[rank as usize] + index;
+    let instr = |(rank, index): At| &sched.ranks[rank as usize].instrs[index as usize];
     // (the later instruction, how many columns after this one at least)
     let mut after: Vec<Vec<(u32, u32)>> = vec![Vec::new(); total as usize];
     let mut unmet = vec![0u32; total as usize];
@@ -188,8 +189,8 @@ fn columns(
 }
 
 /// Whether two sends go out on one connection (same sender, receiver and channel).
-fn same_connection(sched: &Schedule, a: (u32, u32), b: (u32, u32)) -> bool {
-    let instr = |(rank, index): (u32, u32)| &sched.ranks[rank as usize].instrs[index as usize];
+fn same_connection(sched: &Schedule, a: At, b: At) -> bool {
+    let instr = |(rank, index): At| &sched.ranks[rank as usize].instrs[index as usize];
     let (x, y) = (instr(a), instr(b));
     a.0 == b.0 && x.send_peer == y.send_peer && x.channel == y.channel
 }

@@ -23,6 +23,7 @@ mod list;
 mod report;
 mod run;
 mod tune;
+mod viz;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -85,6 +86,10 @@ enum Command {
     /// the GPU's copy rate and launch latency). Needs the cuda feature.
     #[command(after_help = EXIT_STATUS)]
     Gpu(gpu::GpuArgs),
+    /// Draw a verified schedule (ranks as lanes, steps as columns, an arrow per message) as an SVG picture, or an
+    /// HTML page that steps through it showing every rank's buffers.
+    #[command(after_help = EXIT_STATUS)]
+    Viz(viz::VizArgs),
 }
 
 /// Deeply nested but legal input recurses in the front end; give it room rather than trusting the main thread's.
@@ -128,6 +133,7 @@ fn main() -> ExitCode {
         Command::Diff(a) => diff::run(a),
         Command::Fr(a) => fr::run(a),
         Command::Gpu(a) => gpu::run(a),
+        Command::Viz(a) => viz::run(a),
     });
     match worker.map(|handle| handle.join()) {
         Ok(Ok(code)) => ExitCode::from(code),

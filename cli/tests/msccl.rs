@@ -52,6 +52,14 @@ fn a_broken_file_is_refused_at_its_step() {
     assert!(stderr.contains("collc::verify"), "{stderr}");
     assert!(stderr.contains("broken_ring.xml:"), "the diagnostic points into the file: {stderr}");
     assert!(stderr.contains("thread block 0") && stderr.contains("step "), "{stderr}");
+    // Rank 2's first reduction made a plain forward: the counterexample says what the chunk holds.
+    let at = text.find(r#"<gpu id="2""#).unwrap();
+    let dropped = format!("{}{}", &text[..at], text[at..].replacen(r#"type="rrs""#, r#"type="rcs""#, 1));
+    let dropped_file = TempFile::with("dropped_ring.xml", &dropped);
+    let (_, stderr) = out(&collc(&["import", dropped_file.path()]));
+    assert!(stderr.contains("collc::verify::postcondition"), "{stderr}");
+    assert!(stderr.contains("got:      x[0][1] + x[1][1] + x[3][1]; missing x[2][1]"), "{stderr}");
+    assert!(stderr.contains("thread block 0 (send 1, recv 3, channel 0), step 3"), "{stderr}");
     // `check` says the same, with exit status 1.
     assert_eq!(collc(&["check", file.path()]).status.code(), Some(1));
     // A file that is not there is a usage error.

@@ -113,3 +113,43 @@ fn ordered(program: &RankProgram, earlier: u32, later: u32, seen: &mut [u32], se
     }
     false
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ordered;
+    use crate::sched::{BufId, Instr, Op, Operand, RankProgram, NO_RANK};
+
+    fn copy() -> Instr {
+        let at = Operand::new(BufId::OUT, 0);
+        Instr {
+            op: Op::Copy,
+            channel: 0,
+            span: 0,
+            count: 1,
+            send_peer: NO_RANK,
+            recv_peer: NO_RANK,
+            src: at,
+            acc: Operand::NONE,
+            dst: at,
+        }
+    }
+
+    /// A chain 0 <- 1 <- 2 <- 3: instruction 3 comes after both 1 and 0, whichever is asked first. Asking for 1 first
+    /// used to leave 2 marked as visited, so the search for 0 stopped there (a race reported in an MSCCL file).
+    #[test]
+    fn a_search_does_not_reuse_another_searchs_marks() {
+        let mut program = RankProgram::default();
+        program.push(copy(), &[]);
+        for i in 0..3 {
+            program.push(copy(), &[i]);
+        }
+        let (mut seen, mut search) = (vec![0; program.len()], 0);
+        assert!(ordered(&program, 1, 3, &mut seen, &mut search));
+        assert!(ordered(&program, 0, 3, &mut seen, &mut search));
+        let mut unordered = RankProgram::default();
+        unordered.push(copy(), &[]);
+        unordered.push(copy(), &[]);
+        unordered.push(copy(), &[1]);
+        assert!(!ordered(&unordered, 0, 2, &mut vec![0; 3], &mut search));
+    }
+}

@@ -36,11 +36,24 @@ pub struct Imported {
     pub placements: Vec<Placement>,
 }
 
-/// Whether a text is MSCCL XML (by its name or its first element), which `import` reads.
+/// Whether a text is MSCCL XML (by its name, or its first element after any declaration and comments), which
+/// `import` reads.
 pub fn is_msccl(name: &str, text: &str) -> bool {
-    name.ends_with(".xml")
-        || text.trim_start().trim_start_matches(|c| c != '<').starts_with("<algo")
-        || (text.trim_start().starts_with("<!--") && text.contains("<algo "))
+    if name.ends_with(".xml") {
+        return true;
+    }
+    let mut rest = text.trim_start();
+    loop {
+        let skipped = match rest {
+            r if r.starts_with("<?") => r.find("?>").map(|end| &r[end + 2..]),
+            r if r.starts_with("<!--") => r.find("-->").map(|end| &r[end + 3..]),
+            _ => None,
+        };
+        match skipped {
+            Some(after) => rest = after.trim_start(),
+            None => return rest.starts_with("<algo"),
+        }
+    }
 }
 
 /// Reads an MSCCL XML file (either dialect) into an unverified schedule, in the first placement it declares.
@@ -104,4 +117,16 @@ fn locate(mut error: Error, lines: &SchedLines, origins: &[Vec<Origin>]) -> Erro
         });
     }
     error
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn msccl_files_are_told_by_name_or_first_element() {
+        assert!(super::is_msccl("a.xml", ""));
+        assert!(super::is_msccl("a", "<?xml version=\"1.0\"?>\n<!-- (c) -->\n<algo name=\"x\">"));
+        assert!(!super::is_msccl("a.sched", "collc-schedule 1\n"));
+        assert!(!super::is_msccl("a.coll", "## <algo> in a comment\nalgorithm ring for allreduce"));
+        assert!(!super::is_msccl("a", "<!-- never closed <algo"));
+    }
 }

@@ -23,7 +23,7 @@ enum FrCommand {
         /// The directory COLLC_DUMP_DIR named.
         dir: PathBuf,
         /// Also write the hang as a Chrome / Perfetto trace (open it in ui.perfetto.dev): per rank the instructions
-        /// done in its current tile, an open span on each it waits at, arrows for the messages both ends show. The
+        /// done in its current tile, an open span where each channel waits, arrows for the messages both ends show. The
         /// dumps carry no clock: times are laid out in order (the trace's metadata says so).
         #[arg(long, value_name = "FILE")]
         trace: Option<PathBuf>,

@@ -1,7 +1,7 @@
 //! `collc fr analyze DIR --trace FILE`: the hang the dumps show, as the same Chrome / Perfetto trace `collc run
-//! --trace` writes. Per rank in a call: a span per instruction done in its current tile, an open span on each it
-//! waits at (its args say for what), and an arrow per message whose send and receive are both done (or the receive
-//! waiting) in the same call and tile. The dumps carry no clock, so times are made up: each rank's instructions in
+//! --trace` writes. Per rank in a call: a span per instruction done in its current tile, an open span on the first
+//! it waits at on each channel (its args say for what), and an arrow per message whose send is done and whose
+//! receive is done or waiting, in the same call and tile. The dumps carry no clock, so times are made up: each rank's instructions in
 //! index order, a receive after the send it takes (the trace's metadata says so).
 
 use collc_runtime::recorder::{Current, Dump};
@@ -17,7 +17,7 @@ pub fn write(dumps: &BTreeMap<u32, Dump>) -> String {
     let mut parts: Vec<RankTrace> = dumps.values().map(part).collect();
     lay_out(&mut parts);
     let traced = "the call each rank was in when its flight recorder dumped: the instructions done in its current \
-                  tile, and an open span on each it waits at";
+                  tile, and an open span on the first it waits at on each channel";
     chrome::write(&parts, traced)
 }
 
@@ -62,8 +62,18 @@ fn call(dump: &Dump, current: &Current) -> CallTrace {
             send_pos: place(true, i.send_to, i.channel),
         })
         .collect();
+    // Where a channel is stuck: its first instruction waiting for a connection (those after it wait behind it on
+    // the same connections, or are ready only by their dependencies).
+    let mut stuck: Vec<u8> = Vec::new();
     let spans = (current.instructions.iter().enumerate())
-        .filter(|(_, i)| i.state == "done" || i.state == "waiting")
+        .filter(|(_, i)| match i.state.as_str() {
+            "done" => true,
+            "waiting" if !stuck.contains(&i.channel) => {
+                stuck.push(i.channel);
+                true
+            }
+            _ => false,
+        })
         .map(|(k, i)| SpanRecord {
             instr: k as u32,
             tile: current.tile as u32,

@@ -33,7 +33,8 @@ pub fn write(parts: &[RankTrace], traced: &str) -> String {
                 // The arrows meet the spans inside them (at their middle; an open span at its start).
                 let inside = if span.waiting.is_some() { start } else { (start + end) / 2 };
                 let at = (part.rank, instr.channel, micros(inside));
-                if let Some(to) = instr.send_to {
+                // An instruction that never ended sent nothing; it may wait with its message there (for room).
+                if let Some(to) = instr.send_to.filter(|_| span.waiting.is_none()) {
                     sends.insert((call.seq, part.rank, to, instr.channel, span.tile, instr.send_pos), at);
                 }
                 if let Some(from) = instr.recv_from {

@@ -179,17 +179,51 @@ impl<L: Link> Engine<L> for Interpret {
         hi: usize,
         stamp: Stamp,
         call: &Call,
-        mut trace: Option<&mut TraceLog>,
+        trace: Option<&mut TraceLog>,
     ) -> Result<Round, RuntimeError> {
+        // A loop for a recorded call and one for the others: a call not recorded checks for a trace log once a round.
+        let progressed = match trace {
+            None => self.fire_ready::<L, false>(plan, links, (lo, hi), stamp, call, None)?,
+            Some(log) => self.fire_ready::<L, true>(plan, links, (lo, hi), stamp, call, Some(log))?,
+        };
+        Ok(match (self.remaining, progressed) {
+            (0, _) => Round::Done,
+            (_, true) => Round::Progressed,
+            (_, false) => Round::Stalled,
+        })
+    }
+
+    fn waiting_at(&self, plan: &Plan) -> usize {
+        plan.waiting.first().copied().unwrap_or(0) as usize
+    }
+
+    fn snapshot(&self, plan: &Plan, seq: u64) -> Current {
+        snapshot(plan, seq)
+    }
+}
+
+impl Interpret {
+    /// Tries every instruction of the waiting list in turn, once, those that run making their dependents wait in
+    /// turn; whether any ran. With `TRACED`, each that runs is a span of `trace`.
+    fn fire_ready<L: Link, const TRACED: bool>(
+        &mut self,
+        plan: &mut Plan,
+        links: &mut [L],
+        (lo, hi): (usize, usize),
+        stamp: Stamp,
+        call: &Call,
+        mut trace: Option<&mut TraceLog>,
+    ) -> Result<bool, RuntimeError> {
         let mut progressed = false;
         let mut w = 0;
         while w < plan.waiting.len() {
             let i = plan.waiting[w];
-            if !try_fire(plan, links, i as usize, lo, hi, stamp, call, trace.as_deref_mut())? {
+            let log = if TRACED { trace.as_deref_mut() } else { None };
+            if !try_fire(plan, links, i as usize, lo, hi, stamp, call, log)? {
                 w += 1;
                 continue;
             }
-            if let Some(log) = trace.as_deref_mut() {
+            if let Some(log) = trace.as_deref_mut().filter(|_| TRACED) {
                 log.close(i as usize, plan.at_tile);
             }
             plan.waiting.remove(w);
@@ -204,19 +238,7 @@ impl<L: Link> Engine<L> for Interpret {
                 }
             }
         }
-        Ok(match (self.remaining, progressed) {
-            (0, _) => Round::Done,
-            (_, true) => Round::Progressed,
-            (_, false) => Round::Stalled,
-        })
-    }
-
-    fn waiting_at(&self, plan: &Plan) -> usize {
-        plan.waiting.first().copied().unwrap_or(0) as usize
-    }
-
-    fn snapshot(&self, plan: &Plan, seq: u64) -> Current {
-        snapshot(plan, seq)
+        Ok(progressed)
     }
 }
 

@@ -157,3 +157,88 @@ fn metadata(parts: &[RankTrace], traced: &str, messages: u64) -> Value {
         "messages": messages,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn instr(index: usize, op: &str, recv_from: Option<u32>, send_to: Option<u32>) -> InstrInfo {
+        InstrInfo {
+            index,
+            op: op.into(),
+            channel: 1,
+            line: 7,
+            operands: "src=in[0]".into(),
+            recv_from,
+            recv_pos: 0,
+            send_to,
+            send_pos: 0,
+        }
+    }
+
+    fn span(instr: u32, tile: u32, start_ns: u64, waiting: Option<&str>) -> SpanRecord {
+        SpanRecord { instr, tile, start_ns, end_ns: start_ns + 100, waiting: waiting.map(String::from) }
+    }
+
+    /// Rank `rank` of 3 in call #4 with `instrs` and `spans`.
+    fn part(rank: u32, instrs: Vec<InstrInfo>, spans: Vec<SpanRecord>) -> RankTrace {
+        let call = CallTrace { seq: 4, call: "allreduce".into(), algorithm: "ring".into(), tiles: 2, instrs, spans };
+        RankTrace {
+            rank,
+            n_ranks: 3,
+            host: "h".into(),
+            pid: 10 + rank,
+            dropped_spans: 0,
+            dropped_calls: 0,
+            synthetic: false,
+            calls: vec![call],
+        }
+    }
+
+    fn events(trace: &Value, ph: &str) -> Vec<Value> {
+        trace["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == ph).cloned().collect()
+    }
+
+    #[test]
+    fn a_send_and_its_receive_of_the_same_tile_share_an_arrow() {
+        // Rank 0 sends on tiles 0 and 1 and once more (to rank 2, which has no part); rank 1 receives both.
+        let sender = part(
+            0,
+            vec![instr(0, "Send", None, Some(1)), instr(1, "Send", None, Some(2))],
+            vec![span(0, 0, 1_000, None), span(0, 1, 2_000, None), span(1, 0, 3_000, None)],
+        );
+        let receiver =
+            part(1, vec![instr(0, "Recv", Some(0), None)], vec![span(0, 1, 2_500, None), span(0, 0, 1_500, None)]);
+        let trace: Value = serde_json::from_str(&write(&[sender, receiver], "test")).unwrap();
+        let (starts, finishes) = (events(&trace, "s"), events(&trace, "f"));
+        assert_eq!((starts.len(), finishes.len()), (2, 2));
+        for (start, finish) in starts.iter().zip(&finishes) {
+            assert_eq!(
+                (start["id"].clone(), start["pid"].clone(), finish["pid"].clone()),
+                (finish["id"].clone(), 0.into(), 1.into())
+            );
+            assert_eq!(finish["bp"], "e");
+            assert!(finish["ts"].as_f64() > start["ts"].as_f64(), "{start} {finish}");
+        }
+        let spans = events(&trace, "X");
+        assert_eq!(spans.len(), 5);
+        assert_eq!(spans[0]["ts"], 0.0, "times from the first span");
+        assert_eq!(spans[0]["dur"], 0.1);
+        assert_eq!((spans[0]["tid"].clone(), spans[0]["args"]["operands"].clone()), (1.into(), "src=in[0]".into()));
+        assert_eq!(trace["metadata"]["missing_ranks"], json!([2]));
+        assert_eq!(trace["metadata"]["messages"], 2);
+    }
+
+    #[test]
+    fn an_instruction_that_never_ended_is_an_open_span_that_sent_nothing() {
+        let stuck = part(0, vec![instr(0, "RecvCopySend", Some(1), Some(1))], vec![span(0, 0, 0, Some("a message"))]);
+        let peer = part(1, vec![instr(0, "Recv", Some(0), None)], vec![span(0, 0, 500, None)]);
+        let trace: Value = serde_json::from_str(&write(&[stuck, peer], "test")).unwrap();
+        let open = events(&trace, "B");
+        assert_eq!(open.len(), 1);
+        assert_eq!((open[0]["args"]["waiting_for"].clone(), open[0]["dur"].clone()), ("a message".into(), Value::Null));
+        assert!(events(&trace, "s").is_empty(), "an open span sent nothing");
+        let names: Vec<Value> = events(&trace, "M").iter().map(|e| e["args"]["name"].clone()).collect();
+        assert!(names.contains(&"rank 1".into()) && names.contains(&"channel 1".into()), "{names:?}");
+    }
+}

@@ -1,6 +1,9 @@
 //! `collc fr analyze DIR`: reads the flight-recorder dump of every rank (`collc-fr-rank<R>.json`, written on a
 //! timeout, an abort or SIGUSR1 into `COLLC_DUMP_DIR`) and says which ranks are missing or behind, where each rank
-//! in a call stands (instruction, `.coll` line, what it waits for), and on whom the others wait.
+//! in a call stands (instruction, `.coll` line, what it waits for), and on whom the others wait; with `--trace`,
+//! also the hang as a Chrome / Perfetto trace (`trace.rs`).
+
+mod trace;
 
 use clap::{Args, Subcommand};
 use collc_runtime::recorder::Dump;
@@ -19,11 +22,24 @@ enum FrCommand {
     Analyze {
         /// The directory COLLC_DUMP_DIR named.
         dir: PathBuf,
+        /// Also write the hang as a Chrome / Perfetto trace (open it in ui.perfetto.dev): per rank the instructions
+        /// done in its current tile, an open span where each channel waits, arrows for the messages both ends show. The
+        /// dumps carry no clock: times are laid out in order (the trace's metadata says so).
+        #[arg(long, value_name = "FILE")]
+        trace: Option<PathBuf>,
     },
 }
 
 pub fn run(args: FrArgs) -> u8 {
-    let FrCommand::Analyze { dir } = args.command;
+    let FrCommand::Analyze { dir, trace } = args.command;
+    // The trace's file is made first: a path that cannot be written is a usage error, before any analysis.
+    if let Some(Err(e)) = trace.as_ref().map(std::fs::File::create) {
+        eprintln!(
+            "error: --trace {}: cannot write it: {e}",
+            trace.as_ref().map_or("".into(), |p| p.display().to_string())
+        );
+        return 2;
+    }
     let dumps = match read(&dir) {
         Ok(dumps) => dumps,
         Err(message) => {
@@ -32,6 +48,12 @@ pub fn run(args: FrArgs) -> u8 {
         }
     };
     print!("{}", analyze(&dumps));
+    if let Some(path) = trace {
+        if let Err(e) = std::fs::write(&path, trace::write(&dumps)) {
+            eprintln!("error: --trace {}: cannot write it: {e}", path.display());
+            return 2;
+        }
+    }
     0
 }
 
@@ -197,6 +219,7 @@ mod tests {
                 index: 0,
                 op: "Send".into(),
                 line: 9,
+                channel: 0,
                 state: "done".into(),
                 waiting_for: None,
                 recv_from: None,
@@ -206,6 +229,7 @@ mod tests {
                 index: 1,
                 op: "RecvReduceSend".into(),
                 line: 11,
+                channel: 0,
                 state: if waits_on.is_some() { "waiting" } else { "done" }.into(),
                 waiting_for: waits_on.map(|p| format!("a message from rank {p} on channel 0")),
                 recv_from: waits_on,

@@ -1,36 +1,12 @@
 //! The flight recorder end to end: a job that hangs dumps every waiting rank's state on its timeout, SIGUSR1
 //! dumps a running job without stopping it, and `collc fr analyze` names the rank the others wait on.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+mod hang;
+
+use hang::{dump_dir, rank, signal, wait_within};
+use std::path::Path;
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-fn dump_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("collc-fr-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
-}
-
-/// Rank `rank` of a shm job started by hand (collc's own launcher variables).
-fn rank(job: &str, rank: usize, ranks: usize, dir: &Path, args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_collc"))
-        .args(["run", "allreduce/ring", "--transport", "shm"])
-        .args(args)
-        .env("COLLC_RANK", rank.to_string())
-        .env("COLLC_WORLD_SIZE", ranks.to_string())
-        .env("COLLC_JOB", job)
-        .env("COLLC_TIMEOUT", "3")
-        .env("COLLC_DUMP_DIR", dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("collc starts")
-}
-
-fn signal(child: &Child, signal: i32) {
-    // SAFETY: signalling a child this test started and has not reaped.
-    unsafe { libc::kill(child.id() as i32, signal) };
-}
 
 fn analyze(dir: &Path) -> String {
     let out = Command::new(env!("CARGO_BIN_EXE_collc")).args(["fr", "analyze"]).arg(dir).output().expect("runs");
@@ -38,31 +14,9 @@ fn analyze(dir: &Path) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-fn wait_within(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        assert!(Instant::now() < deadline, "a rank ran past {limit:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn a_hang_is_dumped_on_the_timeout_and_analyze_names_the_stopped_rank() {
-    let dir = dump_dir("hang");
-    let job = format!("fr-hang-{}", std::process::id());
-    let endless = ["-b", "1M", "-e", "1M", "-n", "1000000", "-w", "1", "-c", "0"];
-    let mut ranks: Vec<Child> = (0..3).map(|r| rank(&job, r, 3, &dir, &endless)).collect();
-    std::thread::sleep(Duration::from_millis(1500));
-    signal(&ranks[2], libc::SIGSTOP);
-    for child in &mut ranks[..2] {
-        assert!(!wait_within(child, Duration::from_secs(20)).success());
-    }
-    signal(&ranks[2], libc::SIGKILL);
-    let _ = ranks[2].wait();
-    collc_runtime::Shm::remove_job(&job);
+    let dir = hang::hang("hang");
     let report = analyze(&dir);
     assert!(report.contains("2 of 3 ranks dumped"), "{report}");
     assert!(report.contains("rank 2: MISSING"), "{report}");

@@ -275,6 +275,9 @@ pub struct Communicator {
     published_source: u64,
     /// What this rank learns from live calls, when `COLLC_LEARN=1`.
     live: Option<crate::select::Live>,
+    /// The run trace (`enable_tracing`), and whether the calls from now on are recorded in it.
+    tracer: Option<Arc<crate::trace::Tracer>>,
+    tracing_calls: bool,
 }
 
 impl Communicator {
@@ -467,11 +470,33 @@ impl Communicator {
             answered: std::cell::Cell::new(crate::recorder::requests()),
             published_source: 0,
             live: crate::select::live_enabled().map_err(RuntimeError::Config)?.then(Default::default),
+            tracer: None,
+            tracing_calls: false,
         })
     }
 
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// Keeps a run trace (`crate::trace`): when each instruction of the calls `trace_calls` selects moved its data.
+    /// Before the first call, so every plan carries it; its buffer (`trace::MAX_SPANS` spans) is allocated here.
+    pub fn enable_tracing(&mut self) -> Result<(), RuntimeError> {
+        if !self.plans.is_empty() {
+            return Err(RuntimeError::Config("tracing is enabled before the first call".into()));
+        }
+        self.tracer.get_or_insert_with(|| crate::trace::Tracer::new(self.rank, self.n_ranks));
+        Ok(())
+    }
+
+    /// Whether the calls from now on are recorded in the run trace (once `enable_tracing` made one).
+    pub fn trace_calls(&mut self, on: bool) {
+        self.tracing_calls = on;
+    }
+
+    /// What the run trace holds so far (emptied), for `trace::chrome::write`; `None` without `enable_tracing`.
+    pub fn take_trace(&self) -> Option<crate::trace::RankTrace> {
+        self.tracer.as_ref().map(|tracer| tracer.take())
     }
 
     pub fn n_ranks(&self) -> u32 {
@@ -757,6 +782,10 @@ impl Communicator {
         let info = CallInfo { seq: self.seq, count: shape.count as u64, kind, root: shape.root, fingerprint };
         self.bootstrap.publish_call(self.rank, info);
         self.recorder.start(&info, executor.plan_mut().recorded_as);
+        if let Some(tracer) = &self.tracer {
+            let described = crate::link::describe_kind(kind, info.count, info.root);
+            tracer.begin_call(self.tracing_calls, self.seq, described, executor.plan_mut());
+        }
         let (bootstrap, seq, timeout, spins) = (self.bootstrap.as_ref(), self.seq, self.options.timeout, self.spins);
         let (recorder, answered) = (self.recorder.as_ref(), &self.answered);
         let call = Call { bootstrap, seq, info, timeout, spins, recorder, answered };
@@ -813,6 +842,7 @@ impl Communicator {
             plan.recorded_as = self.recorder.intern(&plan.algorithm);
             plan.channels = shared.channels;
             plan.jit = self.options.executor == HostExecutor::Jit;
+            plan.tracer = self.tracer.clone();
             let (bootstrap, rank, timeout) = (self.bootstrap.clone(), self.rank, self.options.timeout);
             let barriers = &mut self.barriers;
             let mut gather = |blob: &[u8]| {

@@ -31,6 +31,7 @@ pub mod log;
 pub mod recorder;
 pub mod reference;
 pub mod select;
+pub mod trace;
 pub mod transport;
 mod wait;
 

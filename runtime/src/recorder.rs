@@ -34,6 +34,9 @@ pub struct InstrState {
     pub index: usize,
     pub op: String,
     pub line: usize,
+    /// Its channel (0 in dumps of collc builds that wrote none).
+    #[serde(default)]
+    pub channel: u8,
     /// `done` (in the current tile), `waiting` (ready; its connection is not), `blocked` (on its dependencies).
     pub state: String,
     /// For a waiting instruction: what it waits for.

@@ -42,8 +42,8 @@ fn with_report(f: impl FnOnce(&mut Report)) {
 }
 
 /// Runs the sweep on one rank; rank 0 prints the header at once and each row as it is measured. Returns the exit
-/// code.
-fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
+/// code. With `--trace`, the rank's part of the trace goes on as `threads` says (`trace::hand_over`).
+fn rank_main(mut comm: Communicator, job: &Job, threads: bool) -> u8 {
     let rank = comm.rank();
     if rank == 0 {
         let report = Report::start(job, &header(&comm, job));
@@ -52,6 +52,10 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
     let on_row = &mut |row| with_report(|report| report.row(row));
     let on_stage = &mut |stage: &str, slow: bool| with_report(|report| report.stage(stage, slow));
     let outcome = sweep::sweep(&mut comm, job, on_row, on_stage);
+    let traced = match &job.trace {
+        Some(trace) => super::trace::hand_over(&comm, trace, threads).inspect_err(|message| say_error(message)),
+        None => Ok(()),
+    };
     let mut wrong = false;
     if rank == 0 {
         with_report(|report| {
@@ -60,7 +64,7 @@ fn rank_main(mut comm: Communicator, job: &Job) -> u8 {
         });
     }
     match outcome {
-        Ok(()) => u8::from(wrong),
+        Ok(()) => u8::from(wrong || traced.is_err()),
         Err(error) => {
             let text = error.to_string();
             match text.starts_with("rank ") {
@@ -115,13 +119,17 @@ pub fn run_threads(job: &Job) -> u8 {
                 let comm = configure(comm, job);
                 std::thread::Builder::new()
                     .name(format!("rank {}", comm.rank()))
-                    .spawn_scoped(scope, move || rank_main(comm, job))
+                    .spawn_scoped(scope, move || rank_main(comm, job, true))
                     .expect("a thread per rank")
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap_or(101)).collect()
     });
-    codes.into_iter().max().unwrap_or(0)
+    let traced = match &job.trace {
+        Some(trace) => super::trace::write_threads(trace).inspect_err(|message| say_error(message)),
+        None => Ok(()),
+    };
+    codes.into_iter().max().unwrap_or(0).max(u8::from(traced.is_err()))
 }
 
 fn fail(error: &RuntimeError) -> u8 {
@@ -143,7 +151,7 @@ pub fn run_one_rank(job: &Job, launch: &Launch) -> u8 {
     }
     watch_interrupts(Some((job.transport, launch.job.clone())), launcher.filter(|_| launch.launcher == "collc"));
     match job.transport.join(launch, job.options.clone()) {
-        Ok(comm) => rank_main(configure(comm, job), job),
+        Ok(comm) => rank_main(configure(comm, job), job, false),
         Err(error) => fail(&error),
     }
 }
@@ -205,7 +213,11 @@ pub fn spawn_ranks(job: &Job) -> u8 {
     }
     let code = watch(&mut children, &id, job);
     backend.remove_job(&id);
-    code
+    let traced = match &job.trace {
+        Some(trace) => super::trace::merge_processes(trace, job.n_ranks).inspect_err(|message| say_error(message)),
+        None => Ok(()),
+    };
+    code.max(u8::from(traced.is_err()))
 }
 
 /// The launcher's pid, for a spawned rank to tell that it has gone.

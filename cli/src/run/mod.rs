@@ -6,6 +6,7 @@ mod launch;
 mod resources;
 mod sweep;
 mod table;
+mod trace;
 
 use crate::args::{parse_size, size_sweep};
 use crate::library;
@@ -118,6 +119,18 @@ pub struct RunArgs {
     #[arg(long, value_name = "LEVEL", num_args = 0..=1, require_equals = true, default_missing_value = "replicas",
           value_parser = crate::args::determinism_parser())]
     pub deterministic: Option<collc_compiler::replicas::Determinism>,
+    /// Write a Chrome / Perfetto trace (Trace Event Format JSON: open it in ui.perfetto.dev or chrome://tracing) of
+    /// what each rank did: a process per rank, a thread per channel, a span per instruction and tile from when its
+    /// data started to move to when it was done (waits are the gaps), an arrow from each send to its receive.
+    /// Recorded: the last --trace-iters timed calls of each row and placement (not warm-up or data-check calls), at
+    /// most 65536 spans and 4096 calls per rank and the first 4 tiles of each call (the trace's metadata says what
+    /// was left out). Every host executor and the twin record; a cuda GPU's instructions are not traced. Rank
+    /// processes write FILE.rankN.json, merged into FILE when they exit (under another launcher the parts stay).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
+    /// With --trace: how many of the last timed calls of each row and placement are recorded.
+    #[arg(long, value_name = "N", default_value_t = 1)]
+    pub trace_iters: u32,
 }
 
 /// One algorithm and the sizes it runs (up to `max_bytes`, after the previous choice's), with its bindings.
@@ -157,6 +170,8 @@ pub struct Job {
     pub options: Options,
     /// What runs: the named algorithm, or the cost model's choice per size range, in size order.
     pub algorithms: Algorithms,
+    /// `--trace`: the file and the calls recorded.
+    pub trace: Option<trace::TraceJob>,
 }
 
 impl Job {
@@ -200,6 +215,16 @@ pub fn run(args: RunArgs) -> u8 {
             return code;
         }
     };
+    // The trace's file (a rank process's part of it) can be written, before any rank starts.
+    if let Some(trace) = &job.trace {
+        let path = match &launched {
+            Some(launch) => trace::part_path(&trace.path, launch.rank),
+            None => trace.path.clone(),
+        };
+        if let Err(message) = trace::check_writable(&path) {
+            return usage(&message);
+        }
+    }
     match launched {
         Some(launch) => launch::run_one_rank(&job, &launch),
         None if job.transport.processes() => launch::spawn_ranks(&job),
@@ -254,6 +279,9 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
     if args.iters == 0 {
         return Err(usage("-n 0: at least one timed iteration".into()));
     }
+    if args.trace_iters == 0 {
+        return Err(usage("--trace-iters 0: give at least 1 (or leave out --trace)".into()));
+    }
     let root = args.root.unwrap_or(0);
     if root >= n_ranks {
         return Err(usage(format!("-r {root}: the root must be below the rank count {n_ranks}")));
@@ -301,6 +329,7 @@ fn resolve(args: &RunArgs, n_ranks: u32, per_node: u32, launched: bool) -> Resul
         one_host: per_node == n_ranks,
         options,
         algorithms,
+        trace: args.trace.clone().map(|path| trace::TraceJob { path, iters: args.trace_iters }),
     };
     // A launcher's job runs one rank here; spawned or threaded, all of them.
     let local_ranks = if launched { 1 } else { n_ranks };
@@ -702,6 +731,9 @@ fn select(
 
 /// A communicator set up with the job's algorithm.
 pub fn configure(mut comm: Communicator, job: &Job) -> Communicator {
+    if job.trace.is_some() {
+        comm.enable_tracing().expect("a communicator before its first call");
+    }
     if let Some(selection) = &job.algorithms.selection {
         comm.set_selection(selection.clone());
         return comm;

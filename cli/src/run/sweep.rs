@@ -286,9 +286,14 @@ fn measure(
     }
     comm.barrier()?;
     let started = Instant::now();
-    for _ in 0..job.iters {
+    for k in 0..job.iters {
+        // `--trace`: the last timed calls are recorded (the check after them is not).
+        if let Some(trace) = &job.trace {
+            comm.trace_calls(trace.records(k, job.iters));
+        }
         scratch.call(comm, shape, &windows, in_place)?;
     }
+    comm.trace_calls(false);
     let seconds = started.elapsed().as_secs_f64() / job.iters as f64;
     // Every rank stops its clock before any rank goes on to the data check: with more ranks than cores, a rank
     // still in its last call would otherwise wait for a core while the others fill their buffers for the check.

@@ -8,6 +8,7 @@ use super::{answer_dump_request, Call, Executor};
 use crate::error::RuntimeError;
 use crate::link::{CallInfo, Link, LinkFault, Stamp};
 use crate::recorder::{Current, InstrState};
+use crate::trace::{TraceLog, MAX_TILES};
 use crate::wait::{Backoff, Fault};
 use collc_compiler::sched::Op;
 use collc_kernels::host::{self, Factor};
@@ -113,6 +114,7 @@ pub(crate) fn instr_state(plan: &Plan, i: usize, state: &str, waiting: bool) -> 
         index: label.index,
         op: label.op.name().to_string(),
         line: label.line,
+        channel: step.channel,
         state: state.to_string(),
         waiting_for: waiting.then(|| waiting_for(plan, i)),
         recv_from: peer(step.recv, false),
@@ -125,7 +127,9 @@ pub(crate) fn instr_state(plan: &Plan, i: usize, state: &str, waiting: bool) -> 
 pub(crate) trait Engine<L> {
     /// Tile `plan.at_tile` starts: every instruction waits for its dependencies again.
     fn start_tile(&mut self, plan: &mut Plan);
-    /// Runs what can run of tile `lo..hi`, until nothing more can.
+    /// Runs what can run of tile `lo..hi`, until nothing more can; each instruction that runs is a span of `trace`,
+    /// when the call is recorded.
+    #[allow(clippy::too_many_arguments)]
     fn round(
         &mut self,
         plan: &mut Plan,
@@ -134,6 +138,7 @@ pub(crate) trait Engine<L> {
         hi: usize,
         stamp: Stamp,
         call: &Call,
+        trace: Option<&mut TraceLog>,
     ) -> Result<Round, RuntimeError>;
     /// The first instruction that waits for a connection, for the errors of a wait that failed.
     fn waiting_at(&self, plan: &Plan) -> usize;
@@ -174,27 +179,13 @@ impl<L: Link> Engine<L> for Interpret {
         hi: usize,
         stamp: Stamp,
         call: &Call,
+        trace: Option<&mut TraceLog>,
     ) -> Result<Round, RuntimeError> {
-        let mut progressed = false;
-        let mut w = 0;
-        while w < plan.waiting.len() {
-            let i = plan.waiting[w];
-            if !try_fire(plan, links, i as usize, lo, hi, stamp, call)? {
-                w += 1;
-                continue;
-            }
-            plan.waiting.remove(w);
-            self.remaining -= 1;
-            progressed = true;
-            let (start, end) = (plan.dependents_start[i as usize], plan.dependents_start[i as usize + 1]);
-            for d in start..end {
-                let dependent = plan.dependents[d as usize];
-                plan.unmet[dependent as usize] -= 1;
-                if plan.unmet[dependent as usize] == 0 {
-                    plan.waiting.push(dependent);
-                }
-            }
-        }
+        // A loop for a recorded call and one for the others: a call not recorded checks for a trace log once a round.
+        let progressed = match trace {
+            None => self.fire_ready::<L, false>(plan, links, (lo, hi), stamp, call, None)?,
+            Some(log) => self.fire_ready::<L, true>(plan, links, (lo, hi), stamp, call, Some(log))?,
+        };
         Ok(match (self.remaining, progressed) {
             (0, _) => Round::Done,
             (_, true) => Round::Progressed,
@@ -208,6 +199,46 @@ impl<L: Link> Engine<L> for Interpret {
 
     fn snapshot(&self, plan: &Plan, seq: u64) -> Current {
         snapshot(plan, seq)
+    }
+}
+
+impl Interpret {
+    /// Tries every instruction of the waiting list in turn, once, those that run making their dependents wait in
+    /// turn; whether any ran. With `TRACED`, each that runs is a span of `trace`.
+    fn fire_ready<L: Link, const TRACED: bool>(
+        &mut self,
+        plan: &mut Plan,
+        links: &mut [L],
+        (lo, hi): (usize, usize),
+        stamp: Stamp,
+        call: &Call,
+        mut trace: Option<&mut TraceLog>,
+    ) -> Result<bool, RuntimeError> {
+        let mut progressed = false;
+        let mut w = 0;
+        while w < plan.waiting.len() {
+            let i = plan.waiting[w];
+            let log = if TRACED { trace.as_deref_mut() } else { None };
+            if !try_fire(plan, links, i as usize, lo, hi, stamp, call, log)? {
+                w += 1;
+                continue;
+            }
+            if let Some(log) = trace.as_deref_mut().filter(|_| TRACED) {
+                log.close(i as usize, plan.at_tile);
+            }
+            plan.waiting.remove(w);
+            self.remaining -= 1;
+            progressed = true;
+            let (start, end) = (plan.dependents_start[i as usize], plan.dependents_start[i as usize + 1]);
+            for d in start..end {
+                let dependent = plan.dependents[d as usize];
+                plan.unmet[dependent as usize] -= 1;
+                if plan.unmet[dependent as usize] == 0 {
+                    plan.waiting.push(dependent);
+                }
+            }
+        }
+        Ok(progressed)
     }
 }
 
@@ -226,6 +257,9 @@ pub(crate) fn drive<L: Link, E: Engine<L>>(
 ) -> Result<(), RuntimeError> {
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
     let mut wait = Backoff::new(call.timeout, call.spins);
+    // A recorded call holds its rank's trace log for the whole call: no lock per instruction.
+    let tracer = plan.tracer.clone().filter(|tracer| tracer.recording());
+    let mut log = tracer.as_deref().map(crate::trace::Tracer::log);
     L::start(links, &call.info);
     for t in 0..plan.n_tiles {
         plan.at_tile = t;
@@ -233,7 +267,8 @@ pub(crate) fn drive<L: Link, E: Engine<L>>(
         let hi = (lo + plan.tile).min(plan.capacity);
         engine.start_tile(plan);
         loop {
-            match engine.round(plan, links, lo, hi, stamp, call)? {
+            let trace = log.as_deref_mut().filter(|_| t < MAX_TILES);
+            match engine.round(plan, links, lo, hi, stamp, call, trace)? {
                 Round::Done => break,
                 Round::Progressed => {
                     wait.reset();
@@ -383,8 +418,10 @@ pub(crate) fn waiting_for(plan: &Plan, i: usize) -> String {
     what.join(" and ")
 }
 
-/// Runs step `i` on tile `lo..hi` if its connections allow; returns whether it ran.
+/// Runs step `i` on tile `lo..hi` if its connections allow; returns whether it ran. `trace` learns when its data
+/// starts to move.
 #[inline]
+#[allow(clippy::too_many_arguments)]
 fn try_fire<L: Link>(
     plan: &mut Plan,
     links: &mut [L],
@@ -393,6 +430,7 @@ fn try_fire<L: Link>(
     hi: usize,
     stamp: Stamp,
     call: &Call,
+    trace: Option<&mut TraceLog>,
 ) -> Result<bool, RuntimeError> {
     let step = plan.steps[i];
     let mut refs = false;
@@ -425,6 +463,9 @@ fn try_fire<L: Link>(
     } else {
         std::ptr::null_mut()
     };
+    if let Some(log) = trace {
+        log.open();
+    }
     let pieces = &plan.pieces[step.first_piece as usize..(step.first_piece + step.n) as usize];
     // Single copy: where the source's tile of each chunk is, when the receiver may read a whole tile there (it reads
     // as many elements as a message of bytes holds) and can read it in place.

@@ -23,6 +23,7 @@ use super::{Call, Executor};
 use crate::error::RuntimeError;
 use crate::link::{Link, Ring, Stamp, SLOTS};
 use crate::recorder::Current;
+use crate::trace::TraceLog;
 use collc_compiler::sched::Op;
 use collc_kernels::{DataType, ReduceOp};
 use cranelift_codegen::ir::condcodes::{FloatCC, IntCC};
@@ -73,6 +74,9 @@ struct Frame {
     /// For `step_data`: the plan, and per link what a reference plus it is here.
     plan: *const Plan,
     deref: *const u64,
+    /// The call's trace log while it is recorded (null otherwise), and the tile its spans are of.
+    trace: *mut TraceLog,
+    tile: u64,
 }
 
 // SAFETY: the pointers are the executor's own state (set per call), used by the thread running the call.
@@ -159,6 +163,8 @@ pub(crate) fn executor<L: Link + 'static>(plan: Plan, mut links: Vec<L>) -> Box<
                 remaining: 0,
                 plan: std::ptr::null(),
                 deref: std::ptr::null(),
+                trace: std::ptr::null_mut(),
+                tile: 0,
             });
             let tokens = vec![u64::MAX; plan.pieces.len()];
             let state = State { frame, done: vec![0; n], unmet: vec![0; n], tokens, deref, _spec: spec };
@@ -272,9 +278,12 @@ impl<L: Link> Engine<L> for Compiled<'_> {
         hi: usize,
         stamp: Stamp,
         call: &Call,
+        trace: Option<&mut TraceLog>,
     ) -> Result<Round, RuntimeError> {
         let frame = &mut *self.state.frame;
         (frame.lo, frame.hi) = (lo as u64, hi as u64);
+        frame.trace = trace.map_or(std::ptr::null_mut(), |log| log as *mut TraceLog);
+        frame.tile = plan.at_tile as u64;
         // SAFETY: the code was compiled for this plan and these links' rings; the frame points at the call's buffers
         // and the executor's state (`State::frame_for`).
         let outcome = unsafe { (self.code.entry)(frame) };
@@ -322,6 +331,21 @@ unsafe extern "C" fn step_data(frame: *const Frame, i: u32, incoming: *const u8,
     }
 }
 
+/// What the compiled code calls where the frame has a trace log: `event` is twice the instruction's index, plus one
+/// once it is done (zero as its data starts to move).
+unsafe extern "C" fn trace_step(frame: *const Frame, event: usize) {
+    // SAFETY: the compiled code passes its frame, whose `trace` is the log `round` holds for this call (not null,
+    // or the code would not call).
+    unsafe {
+        let frame = &*frame;
+        let log = &mut *frame.trace;
+        match event % 2 {
+            0 => log.open(),
+            _ => log.close(event / 2, frame.tile as usize),
+        }
+    }
+}
+
 unsafe extern "C" fn copy_kernel(dst: *mut u8, src: *const u8, len: usize) {
     // SAFETY: the compiled code's operands, inside their buffers and slots.
     unsafe { collc_kernels::host::copy(dst, src, len) }
@@ -347,12 +371,13 @@ unsafe extern "C" fn reduce_kernel(
 }
 
 /// The helpers the code calls: name, address, parameters.
-fn helpers() -> [(&'static str, *const u8, usize); 4] {
+fn helpers() -> [(&'static str, *const u8, usize); 5] {
     [
         ("collc_step_data", step_data as *const u8, 5),
         ("collc_copy", copy_kernel as *const u8, 3),
         ("collc_copy_streaming", copy_streaming_kernel as *const u8, 3),
         ("collc_reduce", reduce_kernel as *const u8, 5),
+        ("collc_trace", trace_step as *const u8, 2),
     ]
 }
 
@@ -423,7 +448,7 @@ struct Gen<'f, 'b> {
     rings: &'f [Ring],
     ptr: Type,
     spec: *const (DataType, ReduceOp),
-    /// `collc_step_data`, `collc_copy`, `collc_copy_streaming`, `collc_reduce`.
+    /// `collc_step_data`, `collc_copy`, `collc_copy_streaming`, `collc_reduce`, `collc_trace`.
     calls: Vec<FuncRef>,
     /// Per step: the step before it on its receiving and its sending link.
     before: Vec<(Option<usize>, Option<usize>)>,
@@ -437,6 +462,8 @@ struct Gen<'f, 'b> {
     done: Value,
     unmet: Value,
     tokens: Value,
+    /// The frame's trace log: null unless the call is recorded.
+    trace: Value,
     progress: Variable,
     any: Variable,
     /// Whether the call is one tile: then `lo` and `hi` are constants, and so is every length.
@@ -488,6 +515,7 @@ impl<'f, 'b> Gen<'f, 'b> {
             done: placeholder,
             unmet: placeholder,
             tokens: placeholder,
+            trace: placeholder,
             progress,
             any,
             whole: plan.n_tiles == 1,
@@ -522,6 +550,7 @@ impl<'f, 'b> Gen<'f, 'b> {
         self.done = self.load(self.ptr, frame, frame_at!(done));
         self.unmet = self.load(self.ptr, frame, frame_at!(unmet));
         self.tokens = self.load(self.ptr, frame, frame_at!(tokens));
+        self.trace = self.load(self.ptr, frame, frame_at!(trace));
         let zero = self.b.ins().iconst(types::I8, 0);
         self.b.def_var(self.any, zero);
         let pass = self.b.create_block();
@@ -639,6 +668,8 @@ impl<'f, 'b> Gen<'f, 'b> {
             let data = self.b.ins().iadd_imm_s(slot, i64::from(ring.data_at));
             outgoing = Some((posted_at, posted, slot, data));
         }
+        // Its message and room are there: its span starts.
+        self.trace_event(2 * i);
         let fired = self.b.create_block();
         if let (true, Some((posted_at, posted, slot, data))) = (self.by_reference(&step), outgoing) {
             self.send_references(&step, (posted_at, posted, slot, data), fired);
@@ -667,7 +698,20 @@ impl<'f, 'b> Gen<'f, 'b> {
         self.b.ins().jump(fired, &[]);
         self.b.switch_to_block(fired);
         self.mark_done(i);
+        self.trace_event(2 * i + 1);
         self.b.ins().jump(next, &[]);
+    }
+
+    /// `collc_trace(frame, event)` where the frame has a trace log: a load and a branch when it has none.
+    fn trace_event(&mut self, event: usize) {
+        let (record, after) = (self.b.create_block(), self.b.create_block());
+        self.b.ins().brif(self.trace, record, &[], after, &[]);
+        self.b.switch_to_block(record);
+        let event = self.konst(event as u64);
+        let call = self.calls[4];
+        self.b.ins().call(call, &[self.frame, event]);
+        self.b.ins().jump(after, &[]);
+        self.b.switch_to_block(after);
     }
 
     /// The address of the slot of message `msg` on `ring`.

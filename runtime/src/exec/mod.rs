@@ -19,7 +19,7 @@ pub(crate) use device::{twin_executor, TwinConns, TwinLaunchers};
 
 pub(crate) use jit::executor;
 pub use plan::Plan;
-pub(crate) use plan::{prepare, Origin, PlanInput};
+pub(crate) use plan::{prepare, Origin, PlanInput, NONE as NO_LINK};
 
 use crate::error::RuntimeError;
 use crate::link::{Bootstrap, CallInfo};

@@ -74,12 +74,15 @@ pub(crate) struct Piece {
     pub dst: Place,
 }
 
-/// How a step is named in errors: index, instruction and `.coll` line.
+/// How a step is named in errors and traces: index, instruction, `.coll` line, and its operands as scheduled
+/// (src, acc, dst; `count` chunks each).
 #[derive(Clone, Debug)]
 pub(crate) struct StepLabel {
     pub index: usize,
     pub op: Op,
     pub line: usize,
+    pub operands: [Operand; 3],
+    pub count: u32,
 }
 
 pub struct Plan {
@@ -137,9 +140,32 @@ pub struct Plan {
     pub(crate) bases: Vec<*mut u8>,
     /// Whether a host transport runs it compiled (`exec/jit.rs`), set by the communicator.
     pub(crate) jit: bool,
+    /// The schedule's buffer names, for the operands a trace shows.
+    pub(crate) buffer_names: Vec<String>,
+    /// The communicator's run trace, set by it (`crate::trace`); the executors record the calls it records.
+    pub(crate) tracer: Option<std::sync::Arc<crate::trace::Tracer>>,
+    /// Its instructions as a trace names them, made at the first recorded call.
+    pub(crate) trace_instrs: Option<std::sync::Arc<[crate::trace::InstrInfo]>>,
 }
 
 unsafe impl Send for Plan {}
+
+impl Plan {
+    /// `src=out[1] dst=out[1] n=2`: a step's operands as the `.sched` text writes them.
+    pub(crate) fn operands_text(&self, label: &StepLabel) -> String {
+        let mut text = Vec::new();
+        for (key, operand) in ["src", "acc", "dst"].into_iter().zip(label.operands) {
+            if let Some(operand) = operand.get() {
+                let name = self.buffer_names.get(operand.buf.0 as usize).map_or("?", String::as_str);
+                text.push(format!("{key}={name}[{}]", { operand.index }));
+            }
+        }
+        if label.count != 1 {
+            text.push(format!("n={}", label.count));
+        }
+        text.join(" ")
+    }
+}
 
 /// The text a schedule came from, for the lines errors name: its `.coll` source (the schedule's spans point into
 /// it), or the `.sched` file it was read from (each instruction's own line there).
@@ -256,6 +282,9 @@ pub(crate) fn prepare(sched: &VerifiedSchedule, input: PlanInput) -> Result<Plan
         widest_slot: (widest * tile * elem).next_power_of_two(),
         bases,
         jit: false,
+        buffer_names: sched.buffers.iter().map(|b| b.name.clone()).collect(),
+        tracer: None,
+        trace_instrs: None,
     })
 }
 
@@ -404,7 +433,8 @@ fn translate(
             by_reference: stays[index],
             recv_by_reference: false,
         });
-        labels.push(StepLabel { index, op: instr.op, line: origin.line(sched, rank, index) });
+        let (line, operands) = (origin.line(sched, rank, index), [instr.src, instr.acc, instr.dst]);
+        labels.push(StepLabel { index, op: instr.op, line, operands, count: instr.count });
     }
     let unscaled = match premul {
         true => input.unwritten_output(sched, rank, layout),

@@ -104,7 +104,8 @@ pub(crate) fn twin_executor(
         let ranks = (0..n_ranks).collect();
         launchers.entry(plan.fingerprint).or_insert_with(|| Arc::new(Launcher::new(TwinTarget, ranks))).clone()
     };
-    let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone() };
+    let tracer = plan.tracer.clone();
+    let entry = TwinEntry { image: image.clone(), state: state.clone(), bases: bases.clone(), tracer };
     let token = launcher.register(plan.rank, entry);
     Ok(Box::new(Twin { plan, image, state, bases, launcher, token, _conns: conns }))
 }
@@ -114,6 +115,8 @@ pub(crate) struct TwinEntry {
     image: Arc<Image>,
     state: Arc<[AtomicU64]>,
     bases: Arc<[AtomicU64]>,
+    /// Its rank's run trace, if the communicator keeps one.
+    tracer: Option<Arc<crate::trace::Tracer>>,
 }
 
 /// The host as a launch target: every block of the launch polled in turn by the thread that launches.
@@ -148,9 +151,14 @@ impl launch::Target for TwinTarget {
                 seq: call.seq,
             })
             .collect();
+        // The recorded ranks' trace logs, held for the launch (their ranks wait for it).
+        let mut logs: Vec<_> = (entries.iter())
+            .map(|(_, e)| e.tracer.as_deref().filter(|tracer| tracer.recording()).map(crate::trace::Tracer::log))
+            .collect();
+        let mut traces: Vec<_> = logs.iter_mut().map(|log| log.as_deref_mut()).collect();
         // SAFETY: every entry's state holds its plan's buffers (checked by each rank's call against its plan) and the
         // records of its connections, which the executors keep alive and which wait for this launch.
-        unsafe { twin::run_all(&launches) };
+        unsafe { twin::run_all(&launches, &mut traces) };
         Ok(launch::most_telling(controls.len(), |report, w| controls[report][w].load(Ordering::Acquire)))
     }
 }

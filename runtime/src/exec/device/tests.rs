@@ -190,7 +190,7 @@ fn run_one_launch(sched: &VerifiedSchedule, shape: CallShape, case: Case) -> (Ve
                 let control: Vec<AtomicU64> = (0..CONTROL_WORDS).map(|_| AtomicU64::new(0)).collect();
                 let launch = Launch { image: &image, state: &state, bases: &bases, control: &control, seq };
                 // SAFETY: the state points at live buffers of the sizes the plans need and at the records above.
-                unsafe { twin::run_all(std::slice::from_ref(&launch)) };
+                unsafe { twin::run_all(std::slice::from_ref(&launch), &mut []) };
                 control.iter().map(|w| w.load(Ordering::Relaxed)).collect()
             }
             Runner::Cuda => cuda_launch(&image, &state, &bases, seq, case.timeout_ns, case.abort),

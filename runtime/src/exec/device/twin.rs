@@ -14,6 +14,7 @@
 use super::encode::{
     self, code, conn, control, BlockDesc, DInstr, DPlace, Image, PlanDesc, NONE_LINK, NO_BUF_ID, RECORD_BYTES, SLOTS,
 };
+use crate::trace::TraceLog;
 use collc_compiler::sched::Op;
 use collc_kernels::host::{self, Factor};
 use collc_kernels::operator::UserOp;
@@ -98,11 +99,12 @@ impl Block {
         (tile, first.unwrap_or(self.desc.first))
     }
 
-    /// One round: every instruction of the current tile not yet done is tried once.
+    /// One round: every instruction of the current tile not yet done is tried once; each that runs is a span of
+    /// `trace` (its rank's log) when the call is recorded.
     ///
     /// # Safety
     /// The state's addresses (buffers, connection records and their slots) are live and large enough for the plan.
-    pub unsafe fn poll(&mut self, launch: &Launch) -> Poll {
+    pub unsafe fn poll(&mut self, launch: &Launch, mut trace: Option<&mut TraceLog>) -> Poll {
         let (image, state) = (launch.image, launch.state);
         let plan = self.plan;
         match self.phase {
@@ -133,10 +135,13 @@ impl Block {
                         continue;
                     }
                     // SAFETY: forwarded from the caller.
-                    match unsafe { try_fire(launch, &plan, self.desc.lane, i, t) } {
+                    match unsafe { try_fire(launch, &plan, self.desc.lane, i, t, trace.as_deref_mut()) } {
                         Fire::Fired => {
                             done.store(gen, Ordering::Release);
                             fired = true;
+                            if let Some(log) = trace.as_deref_mut() {
+                                log.close(i as usize, t as usize);
+                            }
                         }
                         Fire::NotYet => pending = true,
                         Fire::Fault => return Poll::Idle,
@@ -235,7 +240,7 @@ pub fn give_up(launch: &Launch, block: &Block, what: u64) {
 
 /// # Safety
 /// As `Block::poll`.
-unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) -> Fire {
+unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32, trace: Option<&mut TraceLog>) -> Fire {
     let (image, state) = (launch.image, launch.state);
     let instr = image.instr(plan, i);
     for k in 0..instr.n_deps {
@@ -293,6 +298,9 @@ unsafe fn try_fire(launch: &Launch, plan: &PlanDesc, lane: u32, i: u32, t: u32) 
         // SAFETY: as above.
         outgoing = (unsafe { slots_of(record) } + slot as u64 * link.slot_bytes as u64) as *mut u8;
         send_at = Some((record, tail, m, slot));
+    }
+    if let Some(log) = trace {
+        log.open();
     }
     // SAFETY: the places are inside the buffers the state points at (caller's contract).
     unsafe { execute(launch, plan, &instr, t, incoming, outgoing) };
@@ -442,9 +450,11 @@ unsafe fn epilogue_share(launch: &Launch, plan: &PlanDesc, block: &BlockDesc) {
 /// or the protocol (verified schedules have none, and nothing else touches this memory meanwhile): it is recorded as
 /// a timeout at the first stuck block.
 ///
+/// Each block's instructions are spans of `traces[e]`, its launch's rank's trace log, where there is one.
+///
 /// # Safety
 /// As `Block::poll`, for every plan of every image.
-pub unsafe fn run_all(launches: &[Launch]) {
+pub unsafe fn run_all(launches: &[Launch], traces: &mut [Option<&mut TraceLog>]) {
     let mut blocks: Vec<(usize, Block)> = launches
         .iter()
         .enumerate()
@@ -454,8 +464,9 @@ pub unsafe fn run_all(launches: &[Launch]) {
         let mut moved = false;
         let mut all_done = true;
         for (e, block) in &mut blocks {
+            let trace = traces.get_mut(*e).and_then(|log| log.as_deref_mut());
             // SAFETY: forwarded from the caller.
-            match unsafe { block.poll(&launches[*e]) } {
+            match unsafe { block.poll(&launches[*e], trace) } {
                 Poll::Progressed => moved = true,
                 Poll::Idle => {}
                 Poll::Done => continue,

@@ -6,6 +6,7 @@
 mod common;
 mod hang;
 
+use collc_runtime::trace::{MAX_CALLS, MAX_SPANS, MAX_TILES};
 use common::TempFile;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -123,7 +124,7 @@ fn check_run(trace: &Value) {
         let (rank, call) = (span["pid"].as_u64().unwrap(), span["args"]["call"].as_u64().unwrap());
         let shape = span["args"]["shape"].as_str().expect("the call's shape");
         let placement = usize::from(shape.ends_with(" in-place"));
-        let tiles = span["args"]["tiles"].as_u64().unwrap().min(4) as usize;
+        let tiles = (span["args"]["tiles"].as_u64().unwrap() as usize).min(MAX_TILES);
         per_call.entry((rank, call)).or_insert((0, counts[placement][rank as usize] * tiles)).0 += 1;
     }
     for rank in 0..4 {
@@ -160,6 +161,14 @@ fn the_jit_traces_as_the_interpreter_does() {
 #[test]
 fn the_twin_traces_each_block() {
     check_run(&traced_run("twin", &["--transport", "twin"]));
+}
+
+#[test]
+fn the_help_states_the_limits_the_recorder_has() {
+    let out = collc().args(["run", "--help"]).output().expect("collc runs");
+    let help = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let limits = format!("at most {MAX_SPANS} spans and {MAX_CALLS} calls per rank and the first {MAX_TILES} tiles");
+    assert!(help.contains(&limits), "{help}");
 }
 
 #[test]

@@ -1,7 +1,8 @@
 //! The host executor: runs a `Plan` on one rank, tile by tile. Within a tile every instruction starts as soon as
 //! its dependencies are done and its connections allow (dataflow order, not program order); a message is reduced
 //! or copied straight out of the sender's FIFO slot, and fused instructions write their result straight into the
-//! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long.
+//! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long (a call the run trace records
+//! takes its rank's trace log once, and reads the clock twice per instruction run: `crate::trace`).
 
 use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
 use super::{answer_dump_request, Call, Executor};

@@ -259,7 +259,7 @@ pub(crate) fn drive<L: Link, E: Engine<L>>(
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
     let mut wait = Backoff::new(call.timeout, call.spins);
     // A recorded call holds its rank's trace log for the whole call: no lock per instruction.
-    let tracer = plan.tracer.clone().filter(|tracer| tracer.recording());
+    let tracer = plan.tracer.as_ref().filter(|tracer| tracer.recording()).cloned();
     let mut log = tracer.as_deref().map(crate::trace::Tracer::log);
     L::start(links, &call.info);
     for t in 0..plan.n_tiles {

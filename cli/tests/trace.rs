@@ -195,6 +195,13 @@ fn fr_analyze_writes_the_hang_as_a_trace() {
     assert_eq!(trace["metadata"]["missing_ranks"], serde_json::json!([2]));
     assert!(trace["metadata"]["clock"].as_str().unwrap().starts_with("synthetic"));
     for rank in [0, 1] {
+        // A span per instruction the rank's dump has done in its current tile.
+        let dump = std::fs::read_to_string(dir.join(format!("collc-fr-rank{rank}.json"))).expect("a dump");
+        let dump: Value = serde_json::from_str(&dump).expect("JSON");
+        let instructions = dump["current"]["instructions"].as_array().expect("in a call");
+        let done = instructions.iter().filter(|i| i["state"] == "done").count();
+        let spans = events(&trace).iter().filter(|e| e["ph"] == "X" && e["pid"] == rank).count();
+        assert_eq!(spans, done, "rank {rank}");
         let stuck: Vec<&Value> = events(&trace).iter().filter(|e| e["ph"] == "B" && e["pid"] == rank).collect();
         assert!(!stuck.is_empty(), "rank {rank} has an open span where it waits");
         for span in stuck {

@@ -1,7 +1,8 @@
 //! `collc run --trace` and `collc fr analyze --trace`: the Chrome / Perfetto trace each writes, read back and checked
-//! for its structure: a named process per rank, a span per instruction and tile of each recorded call (as many as
-//! the rank's schedule has instructions), spans of a channel that never overlap, and every message's arrow from a
-//! send to the receive of the rank it sends to, which ends after the send began. On every host executor and the twin.
+//! for its structure: a named process per rank and thread per channel, a span per instruction and tile of each
+//! recorded call (as many as the rank's schedule has instructions), spans of a channel that never overlap, and every
+//! message's arrow from a send to the receive of the rank it sends to, which ends after the send began. On every host
+//! executor and the twin.
 
 mod common;
 mod hang;
@@ -71,6 +72,18 @@ fn check_structure(trace: &Value, ranks: &[u64]) {
         for key in ["ph", "ts", "pid", "tid"] {
             assert!(!event[key].is_null(), "{key} missing in {event}");
         }
+    }
+    // A thread per channel, `channel C` with tid C + 1 (Perfetto reads tid 0 as none given).
+    for span in events.iter().filter(|e| e["ph"] == "X" || e["ph"] == "B") {
+        let channel = span["args"]["channel"].as_u64().expect("a channel");
+        assert_eq!(span["tid"], channel + 1, "{span}");
+        let named = events.iter().any(|e| {
+            e["name"] == "thread_name"
+                && e["pid"] == span["pid"]
+                && e["tid"] == span["tid"]
+                && e["args"]["name"] == format!("channel {channel}")
+        });
+        assert!(named, "the thread of {span} is named");
     }
     let spans: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     let mut by_thread: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();

@@ -116,6 +116,8 @@ fn check_structure(trace: &Value, ranks: &[u64]) {
     for start in events.iter().filter(|e| e["ph"] == "s") {
         let finish = finishes.get(&start["id"].as_u64().unwrap()).unwrap_or_else(|| panic!("no f for {start}"));
         assert_eq!(finish["bp"], "e");
+        // Perfetto reads events in time order: an arrow that ended before it began would be lost.
+        assert!(finish["ts"].as_f64() >= start["ts"].as_f64(), "{start} goes forward to {finish}");
         let send = enclosing(start).unwrap_or_else(|| panic!("no span holds {start}"));
         let receive = enclosing(finish).unwrap_or_else(|| panic!("no span holds {finish}"));
         assert_eq!(finish["pid"], send["args"]["send_to"], "{send} sends to the rank of {receive}");

@@ -36,15 +36,21 @@ pub fn write(parts: &[RankTrace], traced: &str) -> String {
                 let Some(instr) = call.instrs.get(span.instr as usize) else { continue };
                 let (start, end) = (since(span.start_ns), since(span.end_ns.max(span.start_ns)));
                 events.push(span_event(part.rank, call, instr, span, start, end));
-                // The arrows meet the spans inside them (at their middle; an open span at its start).
-                let inside = if span.waiting.is_some() { start } else { (start + end) / 2 };
-                let at = (part.rank, thread_of(instr.channel), micros(inside));
+                // Perfetto binds an arrow's end to the slice open at its time, after sorting by time: a send's arrow
+                // leaves 1 ns into its span, a receive's arrives 1 ns before its end (an open span's, after its
+                // start), so the arrow goes forward (a receive ends after the send it takes began) and each end
+                // lies inside its span.
+                let thread = thread_of(instr.channel);
+                let leaves = start + 1.min(end - start);
+                let arrives = if span.waiting.is_some() { start + 1 } else { end - 1.min(end - start) };
                 // An instruction that never ended sent nothing; it may wait with its message there (for room).
                 if let Some(to) = instr.send_to.filter(|_| span.waiting.is_none()) {
-                    sends.insert((call.seq, part.rank, to, instr.channel, span.tile, instr.send_pos), at);
+                    let key = (call.seq, part.rank, to, instr.channel, span.tile, instr.send_pos);
+                    sends.insert(key, (part.rank, thread, micros(leaves)));
                 }
                 if let Some(from) = instr.recv_from {
-                    receives.insert((call.seq, from, part.rank, instr.channel, span.tile, instr.recv_pos), at);
+                    let key = (call.seq, from, part.rank, instr.channel, span.tile, instr.recv_pos);
+                    receives.insert(key, (part.rank, thread, micros(arrives)));
                 }
             }
         }

@@ -1,11 +1,13 @@
 //! `collc run --trace` and `collc fr analyze --trace`: the Chrome / Perfetto trace each writes, read back and checked
-//! for its structure: a named process per rank, a span per instruction and tile of each recorded call (as many as
-//! the rank's schedule has instructions), spans of a channel that never overlap, and every message's arrow from a
-//! send to the receive of the rank it sends to, which ends after the send began. On every host executor and the twin.
+//! for its structure: a named process per rank and thread per channel, a span per instruction and tile of each
+//! recorded call (as many as the rank's schedule has instructions), spans of a channel that never overlap, and every
+//! message's arrow from a send to the receive of the rank it sends to, which ends after the send began. On every host
+//! executor and the twin.
 
 mod common;
 mod hang;
 
+use collc_runtime::trace::{MAX_CALLS, MAX_SPANS, MAX_TILES};
 use common::TempFile;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -71,6 +73,18 @@ fn check_structure(trace: &Value, ranks: &[u64]) {
             assert!(!event[key].is_null(), "{key} missing in {event}");
         }
     }
+    // A thread per channel, `channel C` with tid C + 1 (Perfetto reads tid 0 as none given).
+    for span in events.iter().filter(|e| e["ph"] == "X" || e["ph"] == "B") {
+        let channel = span["args"]["channel"].as_u64().expect("a channel");
+        assert_eq!(span["tid"], channel + 1, "{span}");
+        let named = events.iter().any(|e| {
+            e["name"] == "thread_name"
+                && e["pid"] == span["pid"]
+                && e["tid"] == span["tid"]
+                && e["args"]["name"] == format!("channel {channel}")
+        });
+        assert!(named, "the thread of {span} is named");
+    }
     let spans: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     let mut by_thread: BTreeMap<(u64, u64), Vec<(f64, f64)>> = BTreeMap::new();
     for span in &spans {
@@ -102,6 +116,8 @@ fn check_structure(trace: &Value, ranks: &[u64]) {
     for start in events.iter().filter(|e| e["ph"] == "s") {
         let finish = finishes.get(&start["id"].as_u64().unwrap()).unwrap_or_else(|| panic!("no f for {start}"));
         assert_eq!(finish["bp"], "e");
+        // Perfetto reads events in time order: an arrow that ended before it began would be lost.
+        assert!(finish["ts"].as_f64() >= start["ts"].as_f64(), "{start} goes forward to {finish}");
         let send = enclosing(start).unwrap_or_else(|| panic!("no span holds {start}"));
         let receive = enclosing(finish).unwrap_or_else(|| panic!("no span holds {finish}"));
         assert_eq!(finish["pid"], send["args"]["send_to"], "{send} sends to the rank of {receive}");
@@ -123,7 +139,7 @@ fn check_run(trace: &Value) {
         let (rank, call) = (span["pid"].as_u64().unwrap(), span["args"]["call"].as_u64().unwrap());
         let shape = span["args"]["shape"].as_str().expect("the call's shape");
         let placement = usize::from(shape.ends_with(" in-place"));
-        let tiles = span["args"]["tiles"].as_u64().unwrap().min(4) as usize;
+        let tiles = (span["args"]["tiles"].as_u64().unwrap() as usize).min(MAX_TILES);
         per_call.entry((rank, call)).or_insert((0, counts[placement][rank as usize] * tiles)).0 += 1;
     }
     for rank in 0..4 {
@@ -163,6 +179,14 @@ fn the_twin_traces_each_block() {
 }
 
 #[test]
+fn the_help_states_the_limits_the_recorder_has() {
+    let out = collc().args(["run", "--help"]).output().expect("collc runs");
+    let help = String::from_utf8_lossy(&out.stdout).split_whitespace().collect::<Vec<_>>().join(" ");
+    let limits = format!("at most {MAX_SPANS} spans and {MAX_CALLS} calls per rank and the first {MAX_TILES} tiles");
+    assert!(help.contains(&limits), "{help}");
+}
+
+#[test]
 fn an_unwritable_trace_path_is_refused_before_the_run() {
     let out = collc()
         .args(["run", "allreduce/ring", "--ranks", "2", "-b", "1K", "-e", "1K", "-n", "1"])
@@ -186,6 +210,13 @@ fn fr_analyze_writes_the_hang_as_a_trace() {
     assert_eq!(trace["metadata"]["missing_ranks"], serde_json::json!([2]));
     assert!(trace["metadata"]["clock"].as_str().unwrap().starts_with("synthetic"));
     for rank in [0, 1] {
+        // A span per instruction the rank's dump has done in its current tile.
+        let dump = std::fs::read_to_string(dir.join(format!("collc-fr-rank{rank}.json"))).expect("a dump");
+        let dump: Value = serde_json::from_str(&dump).expect("JSON");
+        let instructions = dump["current"]["instructions"].as_array().expect("in a call");
+        let done = instructions.iter().filter(|i| i["state"] == "done").count();
+        let spans = events(&trace).iter().filter(|e| e["ph"] == "X" && e["pid"] == rank).count();
+        assert_eq!(spans, done, "rank {rank}");
         let stuck: Vec<&Value> = events(&trace).iter().filter(|e| e["ph"] == "B" && e["pid"] == rank).collect();
         assert!(!stuck.is_empty(), "rank {rank} has an open span where it waits");
         for span in stuck {

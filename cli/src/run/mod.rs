@@ -129,7 +129,7 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
     /// With --trace: how many of the last timed calls of each row and placement are recorded.
-    #[arg(long, value_name = "N", default_value_t = 1)]
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "trace")]
     pub trace_iters: u32,
 }
 

@@ -1,7 +1,8 @@
 //! The host executor: runs a `Plan` on one rank, tile by tile. Within a tile every instruction starts as soon as
 //! its dependencies are done and its connections allow (dataflow order, not program order); a message is reduced
 //! or copied straight out of the sender's FIFO slot, and fused instructions write their result straight into the
-//! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long.
+//! next FIFO. No allocation, no lock, no syscall on the way unless a wait runs long (a call the run trace records
+//! takes its rank's trace log once, and reads the clock twice per instruction run: `crate::trace`).
 
 use super::plan::{Piece, Place, Plan, Step, NONE, NO_BUF};
 use super::{answer_dump_request, Call, Executor};
@@ -258,7 +259,7 @@ pub(crate) fn drive<L: Link, E: Engine<L>>(
     let stamp = Stamp { seq: call.seq, fingerprint: plan.fingerprint };
     let mut wait = Backoff::new(call.timeout, call.spins);
     // A recorded call holds its rank's trace log for the whole call: no lock per instruction.
-    let tracer = plan.tracer.clone().filter(|tracer| tracer.recording());
+    let tracer = plan.tracer.as_ref().filter(|tracer| tracer.recording()).cloned();
     let mut log = tracer.as_deref().map(crate::trace::Tracer::log);
     L::start(links, &call.info);
     for t in 0..plan.n_tiles {

@@ -1,6 +1,7 @@
 //! The Chrome / Perfetto trace (the Trace Event Format's JSON object form, which ui.perfetto.dev and
-//! chrome://tracing open) of every rank's `RankTrace`: a process per rank (`rank N`), a thread per channel
-//! (`channel C`), a complete event (`X`) per instruction and tile named by its op, with its index, peers, operands,
+//! chrome://tracing open) of every rank's `RankTrace`: a process per rank (`rank N`, pid N), a thread per channel
+//! (`channel C`, tid C + 1: Perfetto reads tid 0 as none given and files it under tid = pid, which would merge
+//! channel 0 of rank r with its channel r), a complete event (`X`) per instruction and tile named by its op, with its index, peers, operands,
 //! tile and line as args; an instruction that never ended (a hang) an open `B` event saying what it waits for; and
 //! a flow arrow (`s` on the sender's span, `f` bound to the receiver's) per message both ends show, the k-th send of
 //! a connection in a tile being its k-th receive there.
@@ -12,8 +13,13 @@ use std::collections::{BTreeMap, BTreeSet};
 /// A message: call, sender, receiver, channel, tile, and its place among the connection's messages in the tile.
 type MessageKey = (u64, u32, u32, u8, u32, u32);
 
-/// Where a flow arrow starts or ends: rank, channel, time (µs).
-type End = (u32, u8, f64);
+/// Where a flow arrow starts or ends: rank, thread (`thread_of` a channel), time (µs).
+type End = (u32, u32, f64);
+
+/// The thread of `channel`: never 0, which Perfetto reads as no thread.
+fn thread_of(channel: u8) -> u32 {
+    u32::from(channel) + 1
+}
 
 /// The trace of `parts` as JSON; `traced` says in its metadata which calls were recorded.
 pub fn write(parts: &[RankTrace], traced: &str) -> String {
@@ -30,15 +36,21 @@ pub fn write(parts: &[RankTrace], traced: &str) -> String {
                 let Some(instr) = call.instrs.get(span.instr as usize) else { continue };
                 let (start, end) = (since(span.start_ns), since(span.end_ns.max(span.start_ns)));
                 events.push(span_event(part.rank, call, instr, span, start, end));
-                // The arrows meet the spans inside them (at their middle; an open span at its start).
-                let inside = if span.waiting.is_some() { start } else { (start + end) / 2 };
-                let at = (part.rank, instr.channel, micros(inside));
+                // Perfetto binds an arrow's end to the slice open at its time, after sorting by time: a send's arrow
+                // leaves 1 ns into its span, a receive's arrives 1 ns before its end (an open span's, after its
+                // start), so the arrow goes forward (a receive ends after the send it takes began) and each end
+                // lies inside its span.
+                let thread = thread_of(instr.channel);
+                let leaves = start + 1.min(end - start);
+                let arrives = if span.waiting.is_some() { start + 1 } else { end - 1.min(end - start) };
                 // An instruction that never ended sent nothing; it may wait with its message there (for room).
                 if let Some(to) = instr.send_to.filter(|_| span.waiting.is_none()) {
-                    sends.insert((call.seq, part.rank, to, instr.channel, span.tile, instr.send_pos), at);
+                    let key = (call.seq, part.rank, to, instr.channel, span.tile, instr.send_pos);
+                    sends.insert(key, (part.rank, thread, micros(leaves)));
                 }
                 if let Some(from) = instr.recv_from {
-                    receives.insert((call.seq, from, part.rank, instr.channel, span.tile, instr.recv_pos), at);
+                    let key = (call.seq, from, part.rank, instr.channel, span.tile, instr.recv_pos);
+                    receives.insert(key, (part.rank, thread, micros(arrives)));
                 }
             }
         }
@@ -68,7 +80,7 @@ fn names(part: &RankTrace) -> Vec<Value> {
     let channels: BTreeSet<u8> = part.calls.iter().flat_map(|c| &c.instrs).map(|i| i.channel).collect();
     for channel in channels {
         events.push(json!({
-            "ph": "M", "name": "thread_name", "pid": pid, "tid": channel, "ts": 0,
+            "ph": "M", "name": "thread_name", "pid": pid, "tid": thread_of(channel), "ts": 0,
             "args": {"name": format!("channel {channel}")},
         }));
     }
@@ -88,6 +100,7 @@ fn span_event(rank: u32, call: &CallTrace, instr: &InstrInfo, span: &SpanRecord,
         "shape": call.call,
         "algorithm": call.algorithm,
         "instr": instr.index,
+        "channel": instr.channel,
         "line": instr.line,
         "operands": instr.operands,
         "tile": span.tile,
@@ -101,7 +114,7 @@ fn span_event(rank: u32, call: &CallTrace, instr: &InstrInfo, span: &SpanRecord,
     }
     let mut event = json!({
         "name": instr.op, "cat": "instr", "ph": "X", "ts": micros(start), "dur": micros(end - start),
-        "pid": rank, "tid": instr.channel,
+        "pid": rank, "tid": thread_of(instr.channel),
     });
     if let Some(waiting) = &span.waiting {
         args["waiting_for"] = json!(waiting);
@@ -114,9 +127,9 @@ fn span_event(rank: u32, call: &CallTrace, instr: &InstrInfo, span: &SpanRecord,
 }
 
 /// One end of message `id`'s arrow: `s` on the sender's span, `f` bound to the receiver's enclosing span.
-fn flow(ph: &str, id: u64, (rank, channel, ts): End) -> Value {
+fn flow(ph: &str, id: u64, (rank, thread, ts): End) -> Value {
     let mut event =
-        json!({"name": "message", "cat": "message", "ph": ph, "id": id, "ts": ts, "pid": rank, "tid": channel});
+        json!({"name": "message", "cat": "message", "ph": ph, "id": id, "ts": ts, "pid": rank, "tid": thread});
     if ph == "f" {
         event["bp"] = json!("e");
     }
@@ -224,7 +237,8 @@ mod tests {
         assert_eq!(spans.len(), 5);
         assert_eq!(spans[0]["ts"], 0.0, "times from the first span");
         assert_eq!(spans[0]["dur"], 0.1);
-        assert_eq!((spans[0]["tid"].clone(), spans[0]["args"]["operands"].clone()), (1.into(), "src=in[0]".into()));
+        let (thread, args) = (&spans[0]["tid"], &spans[0]["args"]);
+        assert_eq!((thread, &args["channel"], &args["operands"]), (&json!(2), &json!(1), &json!("src=in[0]")));
         assert_eq!(trace["metadata"]["missing_ranks"], json!([2]));
         assert_eq!(trace["metadata"]["messages"], 2);
     }
@@ -238,7 +252,9 @@ mod tests {
         assert_eq!(open.len(), 1);
         assert_eq!((open[0]["args"]["waiting_for"].clone(), open[0]["dur"].clone()), ("a message".into(), Value::Null));
         assert!(events(&trace, "s").is_empty(), "an open span sent nothing");
-        let names: Vec<Value> = events(&trace, "M").iter().map(|e| e["args"]["name"].clone()).collect();
-        assert!(names.contains(&"rank 1".into()) && names.contains(&"channel 1".into()), "{names:?}");
+        let names: Vec<(Value, Value)> =
+            events(&trace, "M").iter().map(|e| (e["tid"].clone(), e["args"]["name"].clone())).collect();
+        assert!(names.contains(&(json!(0), json!("rank 1"))), "{names:?}");
+        assert!(names.contains(&(json!(2), json!("channel 1"))), "channel C is thread C + 1, never 0: {names:?}");
     }
 }

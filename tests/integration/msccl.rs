@@ -223,8 +223,12 @@ fn mutated_files_never_panic() {
     let huge = "<algo name=\"x\" proto=\"Simple\" nchannels=\"1\" nchunksperloop=\"2147483647\" ngpus=\"65536\" \
                 coll=\"allreduce\" inplace=\"1\"></algo>";
     let laughs = "<!DOCTYPE a [<!ENTITY a \"aaaa\"><!ENTITY b \"&a;&a;&a;\">]><algo name=\"&b;\"/>";
+    let wide = "<algo name=\"x\" proto=\"Simple\" nchannels=\"1\" nchunksperloop=\"2147483647\" ngpus=\"1\" \
+                coll=\"allreduce\" inplace=\"1\"><gpu id=\"0\" i_chunks=\"2147483647\" o_chunks=\"0\" \
+                s_chunks=\"2147483647\"><tb id=\"0\" send=\"-1\" recv=\"-1\" chan=\"0\"><step s=\"0\" type=\"cpy\" \
+                srcbuf=\"i\" srcoff=\"2147483646\" dstbuf=\"s\" dstoff=\"0\" cnt=\"1\"/></tb></gpu></algo>";
     let big = " ".repeat(msccl::MAX_BYTES + 1);
-    for hostile in [deep.as_str(), attrs.as_str(), huge, laughs, "", "<", big.as_str()] {
+    for hostile in [deep.as_str(), attrs.as_str(), huge, wide, laughs, "", "<", big.as_str()] {
         assert!(msccl::import(hostile, &limits).is_err());
     }
 }

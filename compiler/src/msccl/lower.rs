@@ -79,10 +79,27 @@ pub fn placements_of(algo: &Algo) -> Vec<Placement> {
 }
 
 /// Lowers a read file into a schedule, its instructions' lines in `text`, and their origins.
-pub fn lower(algo: &Algo, text: &str, placement: Placement) -> Result<(Schedule, SchedLines, Vec<Vec<Origin>>), Error> {
+pub fn lower(
+    algo: &Algo,
+    text: &str,
+    placement: Placement,
+    max_slots: u64,
+) -> Result<(Schedule, SchedLines, Vec<Vec<Origin>>), Error> {
     let (collective, chunks) = collective_of(algo)?;
     let (in_chunks, out_chunks) = collective.buffer_chunks(algo.n_gpus, chunks);
     let scratch = algo.gpus.iter().map(|g| g.s_chunks).max().unwrap_or(0);
+    let slots = algo.n_gpus as u64 * (in_chunks as u64 + out_chunks as u64 + scratch as u64);
+    if slots > max_slots {
+        return Err(Error::new(
+            "collc::msccl::chunks",
+            format!(
+                "{} GPUs of {in_chunks} + {out_chunks} + {scratch} chunks are {slots} chunk slots; at most {max_slots}",
+                algo.n_gpus
+            ),
+            "raise --max-slots for a file this large",
+        )
+        .at(algo.span, "here"));
+    }
     let mut buffers = vec![
         BufferDecl { name: "in".into(), chunks: in_chunks },
         BufferDecl { name: "out".into(), chunks: out_chunks },

@@ -66,7 +66,7 @@ pub fn import_as(text: &str, limits: &Limits, placement: Option<Placement>) -> R
     let algo = read::read(text, limits.max_ranks)?;
     let placements = lower::placements_of(&algo);
     let placement = placement.unwrap_or(placements[0]);
-    let (schedule, lines, origins) = lower::lower(&algo, text, placement)?;
+    let (schedule, lines, origins) = lower::lower(&algo, text, placement, limits.max_slots)?;
     Ok(Imported {
         schedule,
         lines,

@@ -12,6 +12,9 @@
 use crate::sched::{BufId, Operand, Schedule};
 use std::collections::HashMap;
 
+/// The most scratch chunks the new layout may take (the verifier's own bound on chunk slots is far below it).
+const MAX_SCRATCH: u64 = 1 << 30;
+
 /// Moves scratch operands so that every instruction's operands keep one position; grows scratch to fit.
 pub fn keep_positions(sched: &mut Schedule) {
     let c = sched.chunks.max(1);
@@ -32,7 +35,12 @@ pub fn keep_positions(sched: &mut Schedule) {
     if classes.iter().all(|&d| d == 0) {
         return;
     }
-    let block = (scratch + c).div_ceil(c) * c;
+    let block = (scratch as u64 + c as u64).div_ceil(c as u64) * c as u64;
+    if classes.len() as u64 * block > MAX_SCRATCH {
+        // Too large to lay out anew: left as written, the verifier names the operands whose positions differ.
+        return;
+    }
+    let block = block as u32;
     let region = |d: u32| classes.binary_search(&d).map_or(0, |j| j as u32 * block + d);
     for (program, positions) in sched.ranks.iter_mut().zip(&positions) {
         for (instr, &p) in program.instrs.iter_mut().zip(positions) {

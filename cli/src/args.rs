@@ -47,6 +47,55 @@ impl ParamArgs {
     }
 }
 
+/// How an algorithm is compiled where a subcommand takes an algorithm or a schedule file (`collc diff`, `collc
+/// viz`): the binding, placement, fusion and limits of `collc build`, the rank count optional (a schedule file has
+/// its own).
+#[derive(Args)]
+pub struct CompileArgs {
+    /// Rank count an algorithm is compiled at (a schedule file carries its own).
+    #[arg(long)]
+    pub ranks: Option<u32>,
+    #[command(flatten)]
+    pub bind: BindArgs,
+    /// Compile the in-place variant (NCCL's sendbuff == recvbuff layout).
+    #[arg(long)]
+    pub in_place: bool,
+    /// Skip the Recv+Reduce+Send fusion pass.
+    #[arg(long)]
+    pub no_fuse: bool,
+    #[command(flatten)]
+    pub limits: LimitArgs,
+}
+
+impl CompileArgs {
+    /// What `collc build` would compile with these flags.
+    pub fn build_options(&self) -> collc_compiler::BuildOptions {
+        collc_compiler::BuildOptions {
+            placement: if self.in_place { Placement::InPlace } else { Placement::OutOfPlace },
+            root: self.bind.root,
+            peer: self.bind.params.peer,
+            params: self.bind.params.set.clone(),
+            pipeline: self.bind.params.pipeline,
+            fuse: !self.no_fuse,
+            limits: self.limits.limits(),
+        }
+    }
+
+    /// A source's verified schedule: a schedule file (`.sched`, MSCCL XML) as it stands, else the algorithm built at
+    /// `n_ranks`.
+    pub fn verified(
+        &self,
+        source: &crate::library::Source,
+        n_ranks: u32,
+    ) -> Result<VerifiedSchedule, collc_compiler::Errors> {
+        let options = self.build_options();
+        match crate::library::is_schedule(source) {
+            true => crate::library::verify_schedule(source, &options.limits).map(|(verified, _)| verified),
+            false => collc_compiler::build(&source.text, n_ranks, &options),
+        }
+    }
+}
+
 pub fn parse_set(text: &str) -> Result<(String, i64), String> {
     let (name, value) = text.split_once('=').ok_or_else(|| format!("`{text}` is not NAME=VALUE"))?;
     let value = value.trim().parse::<i64>().map_err(|_| format!("`{value}` is not an integer"))?;

@@ -4,13 +4,13 @@
 
 mod align;
 
-use crate::args::{check_rank_count, BindArgs, LimitArgs};
+use crate::args::{check_rank_count, CompileArgs};
 use crate::library::{self, Source};
 use crate::report;
 use align::{align, Edit, MAX_EDITS};
 use clap::Args;
 use collc_compiler::emit::write_sched;
-use collc_compiler::{BuildOptions, Placement, Schedule, VerifiedSchedule};
+use collc_compiler::{Schedule, VerifiedSchedule};
 use std::fmt::Write;
 
 #[derive(Args)]
@@ -20,19 +20,8 @@ pub struct DiffArgs {
     pub old: String,
     /// The new schedule, in any of the same forms.
     pub new: String,
-    /// Rank count the algorithms are compiled at (a `.sched` file carries its own).
-    #[arg(long)]
-    pub ranks: Option<u32>,
     #[command(flatten)]
-    pub bind: BindArgs,
-    /// Compile the algorithms in place (NCCL's sendbuff == recvbuff layout).
-    #[arg(long)]
-    pub in_place: bool,
-    /// Compile the algorithms without the Recv+Reduce+Send fusion pass.
-    #[arg(long)]
-    pub no_fuse: bool,
-    #[command(flatten)]
-    pub limits: LimitArgs,
+    pub compile: CompileArgs,
 }
 
 /// 0 when the two schedules are equal, 1 when they differ (or one does not compile or verify), 2 on usage errors.
@@ -48,8 +37,7 @@ pub fn run(args: DiffArgs) -> u8 {
         eprintln!("error: {message}");
         return 2;
     }
-    let options = build_options(&args);
-    let [old, new] = sides.each_ref().map(|side| schedule_of(side, args.ranks, &options));
+    let [old, new] = sides.each_ref().map(|side| schedule_of(side, &args.compile));
     let (Some(old), Some(new)) = (old, new) else { return 1 };
     let comparison = compare(&old, &new);
     print!("{}", comparison.render([&sides[0].name, &sides[1].name], [&old, &new]));
@@ -83,8 +71,8 @@ fn git_show(arg: &str, rev: &str, path: &str) -> Result<Source, String> {
 
 /// `--ranks` is needed for an algorithm, and must be a rank count `--max-ranks` allows.
 fn check_ranks(args: &DiffArgs, sides: &[Source; 2]) -> Result<(), String> {
-    match (args.ranks, sides.iter().find(|side| !library::is_schedule(side))) {
-        (Some(n_ranks), _) => check_rank_count(n_ranks, args.limits.max_ranks),
+    match (args.compile.ranks, sides.iter().find(|side| !library::is_schedule(side))) {
+        (Some(n_ranks), _) => check_rank_count(n_ranks, args.compile.limits.max_ranks),
         (None, Some(algorithm)) => Err(format!(
             "`{}` is an algorithm: give --ranks N to compile it at (a .sched file carries its own)",
             algorithm.name
@@ -93,26 +81,11 @@ fn check_ranks(args: &DiffArgs, sides: &[Source; 2]) -> Result<(), String> {
     }
 }
 
-/// What `collc build` would compile with these flags.
-fn build_options(args: &DiffArgs) -> BuildOptions {
-    BuildOptions {
-        placement: if args.in_place { Placement::InPlace } else { Placement::OutOfPlace },
-        root: args.bind.root,
-        peer: args.bind.params.peer,
-        params: args.bind.params.set.clone(),
-        pipeline: args.bind.params.pipeline,
-        fuse: !args.no_fuse,
-        limits: args.limits.limits(),
-    }
-}
-
 /// A side's verified schedule, or `None` after printing why it has none.
-fn schedule_of(side: &Source, n_ranks: Option<u32>, options: &BuildOptions) -> Option<VerifiedSchedule> {
-    let outcome = match (library::is_schedule(side), n_ranks) {
-        (true, _) => library::verify_schedule(side, &options.limits).map(|(verified, _)| verified),
-        // `check_ranks` asked for --ranks; without it lowering would say that 0 ranks is no rank count.
-        (false, n_ranks) => collc_compiler::build(&side.text, n_ranks.unwrap_or(0), options),
-    };
+fn schedule_of(side: &Source, compile: &CompileArgs) -> Option<VerifiedSchedule> {
+    // `check_ranks` asked for --ranks where a side is an algorithm; without it lowering would say that 0 ranks is no
+    // rank count.
+    let outcome = compile.verified(side, compile.ranks.unwrap_or(0));
     outcome.map_err(|errors| report::print_all(&errors, &side.name, &side.text)).ok()
 }
 
@@ -306,6 +279,7 @@ impl Comparison {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use collc_compiler::BuildOptions;
 
     fn ring(hop: &str) -> String {
         format!(

@@ -49,7 +49,7 @@ fn buf_name(value: &str) -> &'static str {
 }
 
 impl<'a> Machine<'a> {
-    fn new(plan: &'a Value, n_ranks: usize, chunks: u32, collective: Collective) -> Self {
+    fn new(plan: &'a Value, n_ranks: usize) -> Self {
         let gpus = plan["gpus"].as_array().expect("gpus");
         let mut buffers = Vec::new();
         let mut inbound = Vec::new();
@@ -73,7 +73,6 @@ impl<'a> Machine<'a> {
                     .collect(),
             );
         }
-        let _ = (chunks, collective);
         // A rank's k-th channel to a peer pairs with the peer's k-th channel to it.
         let peers: Vec<Vec<usize>> = gpus
             .iter()
@@ -196,13 +195,8 @@ impl<'a> Machine<'a> {
 
 /// Runs a plan to the end (every thread block of every rank round-robin, an operation at a time) and returns each
 /// rank's buffers.
-fn run(
-    plan: &Value,
-    n_ranks: usize,
-    chunks: u32,
-    collective: Collective,
-) -> Vec<HashMap<&'static str, Vec<Option<u64>>>> {
-    let mut machine = Machine::new(plan, n_ranks, chunks, collective);
+fn run(plan: &Value, n_ranks: usize) -> Vec<HashMap<&'static str, Vec<Option<u64>>>> {
+    let mut machine = Machine::new(plan, n_ranks);
     let mut tbs = Vec::new();
     for (rank, gpu) in plan["gpus"].as_array().unwrap().iter().enumerate() {
         for (t, tb) in gpu["threadblocks"].as_array().unwrap().iter().enumerate() {
@@ -272,7 +266,7 @@ fn every_library_algorithm_runs_as_an_mscclpp_plan() {
             };
             let plan: Value = serde_json::from_str(&text).expect("the plan is JSON");
             assert_eq!(plan["collective"], verified.collective.name());
-            let buffers = run(&plan, n_ranks as usize, verified.chunks, verified.collective);
+            let buffers = run(&plan, n_ranks as usize);
             let chunks = verified.chunks;
             for (rank, bufs) in buffers.iter().enumerate() {
                 for (c, got) in bufs["o"].iter().enumerate() {

@@ -6,11 +6,11 @@ mod html;
 mod layout;
 mod svg;
 
-use crate::args::{BindArgs, LimitArgs};
+use crate::args::CompileArgs;
 use crate::library;
 use crate::report;
 use clap::Args;
-use collc_compiler::{Options, Placement, VerifiedSchedule};
+use collc_compiler::{Placement, VerifiedSchedule};
 use std::path::{Path, PathBuf};
 
 /// More lanes than this would not be legible; the page's tables grow with ranks x chunks x steps.
@@ -23,22 +23,12 @@ const MAX_PAGE_CELLS: u64 = 500_000;
 pub struct VizArgs {
     /// A library name such as `allreduce/ring`, a `.coll` file, or a schedule file (drawn as it stands).
     pub algorithm: String,
-    /// Number of ranks (a schedule file has its own; if given, it must agree).
-    #[arg(long)]
-    pub ranks: Option<u32>,
+    // The binding, placement and fusion `collc build` takes (a schedule file's --ranks, if given, must agree).
     #[command(flatten)]
-    pub bind: BindArgs,
-    /// Draw the in-place variant (NCCL's sendbuff == recvbuff layout).
-    #[arg(long)]
-    pub in_place: bool,
-    /// Skip the Recv+Reduce+Send fusion pass.
-    #[arg(long)]
-    pub no_fuse: bool,
+    pub compile: CompileArgs,
     /// Where to write: `FILE.svg` (the picture) or `FILE.html` (a page stepping through it).
     #[arg(long, value_name = "FILE.svg|FILE.html")]
     pub output: PathBuf,
-    #[command(flatten)]
-    pub limits: LimitArgs,
 }
 
 /// What `--output`'s extension asks for.
@@ -96,33 +86,28 @@ fn usage(message: &str) -> u8 {
 /// The schedule to draw: a schedule file verified as it stands, else the algorithm compiled for the binding (as
 /// `collc build` does). Diagnostics are printed here; the error is the exit status.
 fn verified(args: &VizArgs, source: &library::Source) -> Result<VerifiedSchedule, u8> {
-    let limits = args.limits.limits();
-    if library::is_schedule(source) {
-        let verified = library::verify_schedule(source, &limits).map_err(|errors| {
-            report::print_all(&errors, &source.name, &source.text);
-            1
-        })?;
-        let verified = verified.0;
-        return match args.ranks {
-            Some(n) if n != verified.n_ranks => {
-                Err(usage(&format!("--ranks {n}: {} is a schedule of {} ranks", source.name, verified.n_ranks)))
+    let ranks = args.compile.ranks;
+    let n_ranks = match (library::is_schedule(source), ranks) {
+        (true, _) => 0,
+        (false, Some(n)) => {
+            crate::args::check_rank_count(n, args.compile.limits.max_ranks).map_err(|message| usage(&message))?;
+            if n > MAX_LANES {
+                return Err(usage(&format!("--ranks {n}: collc viz draws at most {MAX_LANES} ranks legibly")));
             }
-            _ => Ok(verified),
-        };
-    }
-    let Some(n_ranks) = args.ranks else {
-        return Err(usage(&format!("{}: say how many ranks to draw with --ranks N", source.name)));
+            n
+        }
+        (false, None) => return Err(usage(&format!("{}: say how many ranks to draw with --ranks N", source.name))),
     };
-    crate::args::check_rank_count(n_ranks, args.limits.max_ranks).map_err(|message| usage(&message))?;
-    if n_ranks > MAX_LANES {
-        return Err(usage(&format!("--ranks {n_ranks}: collc viz draws at most {MAX_LANES} ranks legibly")));
-    }
-    let placement = if args.in_place { Placement::InPlace } else { Placement::OutOfPlace };
-    let options = Options { fuse: !args.no_fuse, ..args.bind.options(placement) };
-    collc_compiler::compile(&source.text, &args.bind.bindings(n_ranks), options, &limits).map_err(|errors| {
+    let verified = args.compile.verified(source, n_ranks).map_err(|errors| {
         report::print_all(&errors, &source.name, &source.text);
         1
-    })
+    })?;
+    match ranks {
+        Some(n) if n != verified.n_ranks => {
+            Err(usage(&format!("--ranks {n}: {} is a schedule of {} ranks", source.name, verified.n_ranks)))
+        }
+        _ => Ok(verified),
+    }
 }
 
 /// A usage error for a schedule too large to draw (a schedule file's ranks are known only once it is read).

@@ -53,7 +53,6 @@ pub fn export(verified: &VerifiedSchedule, limits: &Limits) -> Result<String, Er
         let gpu = Gpu::new(sched, rank, &channels);
         gpus.push(gpu.plan(sched, &bases, &slots, scratch_chunks[rank as usize])?);
     }
-    let (in_chunks, out_chunks) = (sched.buffer(BufId::IN).chunks, sched.buffer(BufId::OUT).chunks);
     let plan = json!({
         "name": sched.algorithm,
         "collective": sched.collective.name(),
@@ -67,7 +66,6 @@ pub fn export(verified: &VerifiedSchedule, limits: &Limits) -> Result<String, Er
         "max_message_size": u64::MAX,
         "gpus": gpus,
     });
-    let _ = (in_chunks, out_chunks);
     Ok(serde_json::to_string_pretty(&plan).expect("JSON values serialise") + "\n")
 }
 
@@ -222,14 +220,13 @@ impl Gpu {
             })
             .collect();
         channels.sort_by_key(|&(peer, c, kind)| (peer, c, kind == Kind::Ack));
-        let mut remote: Vec<u32> = sched.ranks[rank as usize]
+        let remote: Vec<u32> = sched.ranks[rank as usize]
             .instrs
             .iter()
             .filter_map(Instr::send_peer)
             .collect::<BTreeSet<_>>()
             .into_iter()
             .collect();
-        remote.dedup();
         Gpu { rank, channels, remote, semaphores: 0 }
     }
 
